@@ -1,0 +1,36 @@
+# Two entry points on a fresh clone: `make demo` and `make test`.
+# Everything they need (virtual environment, CRIU, PostgreSQL for the store
+# tests) is provisioned here, so CI and a new user run the same steps.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CUTBENCH := $(BIN)/cutbench
+DEMO_SCENARIO ?= $(shell $(BIN)/python -m harness.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
+
+.PHONY: venv criu postgres demo test test-fast clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,pg]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Uses a CRIU >= 4.2 on PATH, else fetches Debian's package into .criu/.
+criu: venv
+	$(CUTBENCH) criu install
+
+# The PostgreSQL store tests start a throwaway cluster; they need the server
+# binaries, which this installs from Debian when absent.
+postgres:
+	@sh .ci/provision-postgres.sh
+
+demo: criu
+	$(CUTBENCH) run $(DEMO_SCENARIO)
+
+test: criu postgres
+	$(BIN)/pytest -q -ra
+
+clean:
+	rm -rf $(VENV) .criu build *.egg-info
