@@ -1,0 +1,418 @@
+"""The receiver service: an asyncio server with one group-committing writer.
+
+Reads happen on the event loop; every write request (open_trial, publish,
+prepare, commit, abort, fence) is queued for the single writer task, which
+takes everything queued so far, decides it with the ``Ledger``, commits the
+whole batch in one store transaction on a worker thread and only then sends
+the acks. While one batch is being fsynced the next one accumulates: that is
+the group commit that keeps throughput up with many clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from harness.errors import CutbenchError, InvalidArgument
+
+from . import protocol as P
+from .ledger import Changes, Command, Ledger
+from .schema import EXPORT_COLUMNS
+from .stores import Store, open_store
+
+log = logging.getLogger("cutbench.receiver")
+
+TOKEN_ENV = "CUTBENCH_RECEIVER_TOKEN"
+MAX_BATCH = 4096  # commands per transaction; bounds latency of one commit
+PAUSE_AT = 2048  # outstanding requests per connection before we stop reading it
+EXPORT_PAGE = 1000
+CONNS_PER_BOOT = 1_000_000  # connection_id = boot * CONNS_PER_BOOT + n
+
+
+def parse_listen(listen: str) -> tuple[str, str, int]:
+    """Split a listen address into ("unix", path, 0) or ("tcp", host, port)."""
+    if not isinstance(listen, str) or not listen:
+        raise InvalidArgument(f"listen address must be a non-empty string, got {listen!r}")
+    if listen.startswith("unix:"):
+        path = listen[5:]
+        if not path:
+            raise InvalidArgument("listen address unix: needs a socket path, e.g. unix:/tmp/r.sock")
+        return ("unix", path, 0)
+    host, sep, port_s = listen.rpartition(":")
+    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise InvalidArgument(f"listen address {listen!r}: expected HOST:PORT (PORT 0 picks one) or unix:PATH")
+    return ("tcp", host.strip("[]"), int(port_s))
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names only this machine (127/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def check_exposure(listen: str, token: str | None, allow_remote: bool) -> None:
+    """Refuse a non-loopback bind unless ``allow_remote`` and a token are both given."""
+    kind, host, _ = parse_listen(listen)
+    if kind == "tcp" and not is_loopback(host):
+        if not allow_remote:
+            raise InvalidArgument(
+                f"refusing to listen on non-loopback address {host!r}: pass --allow-remote and --token"
+            )
+        if not token:
+            raise InvalidArgument(f"listening on non-loopback address {host!r} needs a shared-secret --token")
+
+
+def write_ready_file(path: str, address: str) -> None:
+    """Write ``address`` to ``path`` atomically (temporary file, fsync, rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(address + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: splits frames and hands each to the service."""
+
+    def __init__(self, service: "Service"):
+        self.service = service
+        self.decoder = P.FrameDecoder(service.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.connection_id = 0
+        self.client = ""
+        self.authed = service.token is None
+        self.outstanding = 0  # requests accepted but not yet answered
+        self.read_paused = False
+        self.write_blocked = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.connection_id = self.service.new_connection_id()
+        self.service.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.service.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        for body in self.decoder.feed(data):
+            self.service.handle(self, body)
+        if self.decoder.broken is not None:
+            err = self.decoder.broken
+            self.send(P.error_reply(err.code, err.message + "; closing connection"))
+            self.transport.close()  # flushes the error reply first
+
+    def pause_writing(self) -> None:
+        # The peer does not read its replies: stop reading its requests until it does.
+        self.write_blocked = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_blocked = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        want_pause = self.write_blocked or self.outstanding >= PAUSE_AT or self.service.stopping
+        if want_pause and not self.read_paused:
+            t.pause_reading()
+            self.read_paused = True
+        elif not want_pause and self.read_paused:
+            t.resume_reading()
+            self.read_paused = False
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.send_bytes(P.encode(msg))
+
+    def send_bytes(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
+
+    def request_started(self) -> None:
+        self.outstanding += 1
+        if self.outstanding >= PAUSE_AT:
+            self._update_reading()
+
+    def request_done(self) -> None:
+        self.outstanding -= 1
+        if self.read_paused:
+            self._update_reading()
+
+
+class Service:
+    """State of one running receiver: store, ledger, connections, writer queue."""
+
+    def __init__(self, store: Store, store_url: str, boot: int, ledger: Ledger, *, token: str | None,
+                 max_frame: int):
+        self.store = store
+        self.store_kind = "sqlite" if store_url.startswith("sqlite:") else "postgresql"
+        self.store_url = store_url
+        self.boot = boot
+        self.ledger = ledger
+        self.committed_seq = ledger.last_seq  # high-water mark: last seq durably committed
+        self.token = token
+        self.max_frame = max_frame
+        self.connections: set[_Connection] = set()
+        self.stopping = False
+        self.started = time.time()
+        self._conn_counter = 0
+        self._pending: list[tuple[Command, _Connection]] = []
+        self._wake = asyncio.Event()
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="receiver-writer")
+        self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="receiver-reader")
+        self._reader: Store | None = None
+        self.batches = 0
+        self.written = 0
+
+    def new_connection_id(self) -> int:
+        self._conn_counter += 1
+        return self.boot * CONNS_PER_BOOT + self._conn_counter
+
+    # -- request dispatch ------------------------------------------------------------
+
+    def handle(self, conn: _Connection, body: bytes) -> None:
+        """Answer or enqueue one frame body; every intact frame gets exactly one reply."""
+        received_at = time.time()
+        rid: int | None = None
+        re: str | None = None
+        try:
+            msg = P.parse_body(body)
+            rid = P.request_id(msg)
+            if isinstance(msg.get("type"), str) and msg["type"] in P.REQUEST_TYPES:
+                re = msg["type"]
+            mtype = P.validate(msg)
+            if not conn.authed and mtype != "hello":
+                raise P.ProtocolError("unauthorized", "this receiver needs a token: send hello with it first")
+            if mtype in P.WRITE_TYPES:
+                conn.request_started()
+                self._pending.append((Command(mtype, msg, conn.connection_id, conn.client, received_at), conn))
+                self._wake.set()
+            elif mtype == "export":
+                conn.request_started()
+                asyncio.get_running_loop().create_task(self._export(conn, msg, rid))
+            else:
+                conn.send(self._read_request(conn, mtype, msg, rid))
+        except P.ProtocolError as exc:
+            conn.send(P.error_reply(exc.code, exc.message, re=re, rid=rid))
+        except Exception as exc:  # a bug must cost one reply, never the service
+            log.exception("internal error handling a request")
+            conn.send(P.error_reply("internal", f"internal error: {type(exc).__name__}", re=re, rid=rid))
+
+    def _read_request(self, conn: _Connection, mtype: str, msg: dict, rid: int | None) -> dict:
+        if mtype == "hello":
+            if self.token is not None:
+                given = msg.get("token")
+                if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
+                    raise P.ProtocolError("unauthorized", "wrong or missing token")
+                conn.authed = True
+            conn.client = msg.get("client") or ""
+            return P.reply("result", "hello", rid, server="cutbench-receiver", version=P.VERSION,
+                           connection_id=conn.connection_id, boot=self.boot, max_frame=self.max_frame,
+                           modes=list(P.MODES))
+        if mtype == "health":
+            return P.reply("result", "health", rid, status="stopping" if self.stopping else "ok",
+                           pid=os.getpid(), boot=self.boot, store=self.store_kind,
+                           uptime_s=round(time.time() - self.started, 3), high_water_mark=self.committed_seq,
+                           connections=len(self.connections), queued=len(self._pending),
+                           batches=self.batches, written=self.written)
+        if mtype == "query":
+            if msg["what"] == "high_water_mark":
+                return P.reply("result", "query", rid, what="high_water_mark", value=self.committed_seq)
+            if not msg.get("trial"):
+                raise P.ProtocolError("bad_argument", "query what=trial needs field 'trial'")
+            return P.reply("result", "query", rid, what="trial", value=self.ledger.trial_info(msg["trial"]))
+        raise AssertionError(mtype)  # pragma: no cover - validate() admits no other type
+
+    async def _export(self, conn: _Connection, msg: dict, rid: int | None) -> None:
+        loop = asyncio.get_running_loop()
+        limit = msg.get("limit") or EXPORT_PAGE
+        try:
+            rows = await loop.run_in_executor(
+                self._read_pool, self._export_rows, msg.get("trial"), msg.get("after_seq") or 0, limit
+            )
+            # Shrink the page until it fits in a frame; the client asks for the rest.
+            while True:
+                more = len(rows) >= limit
+                out = P.reply("result", "export", rid, columns=list(EXPORT_COLUMNS), rows=rows,
+                              next_after=rows[-1][0] if rows and more else None)
+                data = P.encode(out)
+                if len(data) - 4 <= self.max_frame or len(rows) <= 1:
+                    break
+                limit = max(1, len(rows) // 2)
+                rows = rows[:limit]
+            conn.send_bytes(data)
+        except Exception as exc:
+            log.warning("export failed: %s", exc)
+            conn.send(P.error_reply("store_error", f"export failed: {str(exc)[:200]}", re="export", rid=rid))
+        finally:
+            conn.request_done()
+
+    def _export_rows(self, trial: str | None, after_seq: int, limit: int) -> list[list]:
+        if self._reader is None:
+            self._reader = open_store(self.store_url)
+        return [list(r) for r in self._reader.export_rows(trial, after_seq, limit)]
+
+    # -- the writer ------------------------------------------------------------------
+
+    async def writer(self) -> None:
+        """Group-commit loop; returns once ``stopping`` is set and the queue is empty."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                if self.stopping:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            changes = Changes(last_seq=self.ledger.last_seq)
+            replies: list[tuple[_Connection, dict]] = []
+            for cmd, conn in batch:
+                try:
+                    replies.append((conn, self.ledger.apply(cmd, changes)))
+                except P.ProtocolError as exc:
+                    replies.append((conn, P.error_reply(exc.code, exc.message, re=cmd.mtype,
+                                                        rid=cmd.msg.get("id"))))
+            if changes or changes.last_seq != self.committed_seq:
+                try:
+                    await loop.run_in_executor(self._write_pool, self.store.write, changes)
+                    self.committed_seq = changes.last_seq
+                    self.batches += 1
+                    self.written += len(batch)
+                except Exception as exc:
+                    log.error("store write failed, batch of %d refused: %s", len(batch), exc)
+                    msg = f"store write failed, nothing from this request was stored: {str(exc)[:200]}"
+                    replies = [(c, P.error_reply("store_error", msg, re=r.get("re"), rid=r.get("id")))
+                               for c, r in replies]
+                    # The ledger ran ahead of the store: rebuild it from the store, the truth.
+                    self.ledger = await loop.run_in_executor(self._write_pool, self.store.load_ledger)
+                    self.committed_seq = self.ledger.last_seq
+            self._send_grouped(replies)
+
+    @staticmethod
+    def _send_grouped(replies: list[tuple[_Connection, dict]]) -> None:
+        # One write per connection per batch: far fewer syscalls under load.
+        frames: dict[_Connection, list[bytes]] = {}
+        for conn, r in replies:
+            frames.setdefault(conn, []).append(P.encode(r))
+        for conn, parts in frames.items():
+            conn.send_bytes(b"".join(parts))
+            for _ in parts:
+                conn.request_done()
+
+    def close_pools(self) -> None:
+        self._write_pool.shutdown(wait=True)
+        if self._reader is not None:
+            self._read_pool.submit(self._reader.close).result()
+        self._read_pool.shutdown(wait=True)
+
+
+async def _serve(store_url: str, listen: str, token: str | None, ready_file: str | None, max_frame: int) -> None:
+    loop = asyncio.get_running_loop()
+    kind, host, port = parse_listen(listen)
+    store = open_store(store_url)
+    try:
+        boot = store.begin_boot()
+        service = Service(store, store_url, boot, store.load_ledger(), token=token, max_frame=max_frame)
+        if kind == "unix":
+            server = await loop.create_unix_server(lambda: _Connection(service), host)
+            os.chmod(host, 0o600)  # only this user's processes may publish
+            address = f"unix:{host}"
+        else:
+            server = await loop.create_server(lambda: _Connection(service), host, port, reuse_address=True)
+            sockname = server.sockets[0].getsockname()
+            address = f"[{sockname[0]}]:{sockname[1]}" if ":" in sockname[0] else f"{sockname[0]}:{sockname[1]}"
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        writer = loop.create_task(service.writer())
+        if ready_file:
+            write_ready_file(ready_file, address)
+        log.info("receiver boot %d listening on %s, store %s", boot, address, service.store_kind)
+        done, _ = await asyncio.wait({writer, loop.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if writer in done:
+            writer.result()  # the writer only ends early by raising: report it
+        # Clean shutdown: stop accepting and reading, let the writer commit and ack what it has.
+        server.close()
+        service.stopping = True
+        for conn in list(service.connections):
+            conn._update_reading()
+        service._wake.set()
+        await writer
+        for conn in list(service.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await asyncio.sleep(0.05)  # let the transports flush their last acks
+        service.close_pools()
+        if kind == "unix":
+            try:
+                os.unlink(host)
+            except FileNotFoundError:
+                pass
+        log.info("receiver boot %d stopped after %d writes in %d batches", boot, service.written, service.batches)
+    finally:
+        store.close()
+
+
+def serve(store_url: str, listen: str, *, token: str | None = None, allow_remote: bool = False,
+          ready_file: str | None = None, max_frame: int = P.MAX_FRAME) -> None:
+    """Run the receiver until SIGTERM/SIGINT; returns after a clean shutdown.
+
+    ``listen`` is ``HOST:PORT`` (PORT 0 picks a free one) or ``unix:PATH``. Once
+    listening, the actual address is written atomically to ``ready_file``.
+    Raises ``InvalidArgument`` for a bad address, a non-loopback bind without
+    ``allow_remote`` and ``token``, or a bad ``max_frame``.
+    """
+    check_exposure(listen, token, allow_remote)
+    if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not 64 <= max_frame <= (1 << 30):
+        raise InvalidArgument(f"max_frame must be an int in 64..2**30, got {max_frame!r}")
+    if token is not None and not token:
+        raise InvalidArgument("token must not be empty")
+    asyncio.run(_serve(store_url, listen, token, ready_file, max_frame))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m receivers serve --store URL --listen ADDR ...``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m receivers", description="cutbench receiver service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the receiver until SIGTERM")
+    s.add_argument("--store", required=True, help="sqlite:PATH or postgresql://...")
+    s.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (0 picks one) or unix:PATH")
+    s.add_argument("--token", default=None, help=f"shared secret clients must present (or env {TOKEN_ENV})")
+    s.add_argument("--allow-remote", action="store_true", help="permit a non-loopback address (needs a token)")
+    s.add_argument("--ready-file", default=None, help="file to write the actual address to once listening")
+    s.add_argument("--max-frame", type=int, default=P.MAX_FRAME, help="largest accepted frame body in bytes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s receiver[%(process)d] %(levelname)s %(message)s")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    try:
+        serve(args.store, args.listen, token=token, allow_remote=args.allow_remote,
+              ready_file=args.ready_file, max_frame=args.max_frame)
+    except CutbenchError as exc:
+        print(f"receiver: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"receiver: error: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
