@@ -1,0 +1,249 @@
+"""The ``cutbench`` command line.
+
+Exit codes (DESIGN.md): 0 all valid, 1 invalid found, 2 unknown only,
+254 bad arguments or an unusable environment, 255 internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from harness.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, InvalidArgument, Unavailable
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+@click.group()
+@click.version_option(package_name="cutbench", message="cutbench %(version)s")
+def cli() -> None:
+    """cutbench: does a GPU checkpoint restore the application at one coherent instant?"""
+
+
+def _progress_printer(as_json: bool):
+    """A progress callback: a rich bar on a terminal, one line per trial otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    state: dict[str, Any] = {"findings": 0, "progress": None, "task": None}
+
+    def callback(result: Any, done: int, total: int) -> None:
+        state["findings"] += len(result.verdict.findings)
+        if as_json:
+            return
+        if console.is_terminal:
+            if state["progress"] is None:
+                state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+                                             TextColumn("findings {task.fields[findings]}"), TimeRemainingColumn(),
+                                             console=console, transient=True)
+                state["progress"].start()
+                state["task"] = state["progress"].add_task("run", total=total, findings=0)
+            state["progress"].update(state["task"], completed=done, findings=state["findings"])
+            if done == total:
+                state["progress"].stop()
+        else:
+            console.print(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
+                          f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
+                          f"({len(result.verdict.findings)} findings) {result.record['error'][:120]}", highlight=False)
+
+    def stop() -> None:
+        if state["progress"] is not None:
+            state["progress"].stop()
+
+    callback.stop = stop  # type: ignore[attr-defined]
+    return callback
+
+
+def _report_run(outcome: Any, as_json: bool) -> int:
+    trials = outcome.trials
+    code = outcome.exit_code()
+    counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
+    if as_json:
+        click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete, "outcomes": counts,
+                               "exit_code": code, "skipped_arms": outcome.skipped_arms}))
+    else:
+        console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
+        console.print(f"results: {outcome.run.path}" + ("" if outcome.complete else "  [yellow](partial)[/]"))
+    return code
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Run every trial of SCENARIO and store the results under --out."""
+    from harness.runner import run_scenario
+    from harness.scenario import load_scenario
+
+    scen = load_scenario(scenario, list(overrides))
+    progress = _progress_printer(as_json)
+    try:
+        outcome = run_scenario(scen, out, progress=progress)
+    finally:
+        progress.stop()
+    sys.exit(_report_run(outcome, as_json))
+
+
+@cli.command()
+@click.argument("trial_file", type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="results", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def replay(trial_file: str, out: str, as_json: bool) -> None:
+    """Rerun exactly the trial stored in TRIAL_FILE and say whether its verdict reproduced."""
+    from harness.analysis import verdict_key
+    from harness.results import read_trial_file
+    from harness.runner import TrialSpec, execute
+    from harness.scenario import Scenario
+
+    stored = read_trial_file(trial_file)
+    spec = TrialSpec.from_dict(stored["spec"])
+    scen = Scenario(name=f"replay-{spec.trial_id}", workload=spec.workload, params=spec.params, store="sqlite",
+                    backends=(spec.backend,), modes=(spec.receiver_mode,), source_path=str(trial_file))
+    outcome = execute(scen, [spec], out, name=f"replay-{spec.trial_id}")
+    new = outcome.run.trial_records()
+    if not new:
+        _fail("replay was interrupted", 130)
+    same = verdict_key(new[0]["verdict"]) == verdict_key(stored["verdict"])
+    result = {"trial": spec.trial_id, "stored": stored["verdict"]["outcome"], "replayed": new[0]["verdict"]["outcome"],
+              "reproduced": same, "run_dir": str(outcome.run.path)}
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        console.print(f"stored {result['stored']}, replayed {result['replayed']}: "
+                      + ("[green]verdict reproduced[/]" if same else "[red]verdict differs[/]"))
+    sys.exit(outcome.exit_code())
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def analyze(run_dir: str, as_json: bool) -> None:
+    """Recompute every verdict of RUN_DIR from stored data; exit 1 if any differs."""
+    from harness.analysis import reanalyze
+    from harness.results import RunDir
+
+    result = reanalyze(RunDir.open(run_dir))
+    diffs = result.differences
+    if as_json:
+        click.echo(json.dumps({"trials": len(result.rows), "differences": diffs}))
+    else:
+        console.print(f"{len(result.rows)} trials re-analysed, {len(diffs)} verdicts differ")
+        for d in diffs:
+            console.print(f"  {d['trial_id']}: stored {d['stored']}, recomputed {d['recomputed']}")
+    sys.exit(1 if diffs else 0)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json: bool) -> None:
+    """Check CRIU, privileges, GPU, driver and packages; say how to fix what is missing."""
+    from harness import doctor as doc
+
+    checks = doc.run_checks()
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        click.echo(doc.format_checks(checks))
+    sys.exit(1 if doc.problems(checks) else 0)
+
+
+@cli.group()
+def criu() -> None:
+    """Provision and inspect CRIU."""
+
+
+@criu.command("install")
+@click.option("--prefix", type=click.Path(file_okay=False), default=None, help="Install prefix (default: .criu/ in the checkout).")
+@click.option("--download-only", type=click.Path(file_okay=False), default=None, help="Only download the .debs into DIR.")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True), default=None, help="Install from .debs in DIR (no network).")
+@click.option("--suite", default="unstable", show_default=True, help="Debian suite carrying CRIU >= 4.2.")
+@click.option("--force", is_flag=True, help="Reinstall even if a working CRIU is present.")
+@click.option("--mirror", default=None, help="Debian mirror URL (default: read from this machine's apt configuration).")
+def criu_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool, mirror: str | None) -> None:
+    """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
+    from harness import criu_tool
+
+    result = criu_tool.install(Path(prefix) if prefix else None, download_only=Path(download_only) if download_only else None,
+                               from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror)
+    if result is None:
+        console.print(f"downloaded CRIU packages into {download_only}")
+    else:
+        console.print(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}", highlight=False)
+
+
+@cli.group()
+def receiver() -> None:
+    """The transactional receiver service."""
+
+
+@receiver.command("serve", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def receiver_serve(ctx: click.Context) -> None:
+    """Run the receiver service in the foreground (see ``cutbench receiver serve --help``)."""
+    from receivers import server
+
+    sys.exit(server.main(["serve", *ctx.args]) or 0)
+
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["workloads", "backends", "scenarios"]))
+def list_(what: str) -> None:
+    """List known workloads, backends (with availability) or scenario files."""
+    if what == "workloads":
+        from workloads import api
+
+        for name, target in sorted(api.available().items()):
+            click.echo(f"{name}\t{target}")
+    elif what == "backends":
+        from harness import checkpointers
+        from harness.scenario import BACKENDS
+
+        for name in BACKENDS:
+            try:
+                reason = checkpointers.get(name).unavailable_reason()
+            except Unavailable as exc:
+                reason = str(exc)
+            click.echo(f"{name}\t{'available' if reason is None else 'unavailable: ' + reason}")
+    else:
+        for path in sorted(Path("scenarios").glob("*.toml")):
+            click.echo(str(path))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the CLI and maps errors to DESIGN.md's exit codes."""
+    try:
+        # standalone_mode=False: click's usage errors would exit 2, which
+        # DESIGN.md reserves for "unknown only"; bad arguments exit 254.
+        rv = cli.main(args=argv, prog_name="cutbench", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("interrupted", 130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_BAD_ARGUMENTS)
+    except (InvalidArgument, Unavailable) as exc:
+        _fail(str(exc))
+    except CutbenchError as exc:
+        _fail(str(exc), EXIT_INTERNAL)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # an internal error: keep the traceback for bug reports
+        import traceback
+
+        traceback.print_exc()
+        _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Process plumbing for the harness: subreaper, spawning, waiting, killing.
+
+Workloads are spawned in their own session with all standard streams on
+/dev/null: CRIU dumps a session leader without ``--shell-job``, and no pipe
+or growing file ties the workload to the harness (a restored process would
+need it back). The harness is a child subreaper, so a workload that CRIU
+restores (``restore -d``, whose parent is the exiting criu) is re-parented to
+the harness and can still be waited for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper; return True on success."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:
+        return False
+
+
+def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> "Child":
+    """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    # The Popen object is kept (never polled) only so that its finaliser does
+    # not reap the pid behind our back; Child waits with os.waitpid.
+    return Child(pid=proc.pid, _popen=proc)
+
+
+@dataclass
+class Child:
+    """A process the harness must wait for: spawned by it or re-parented to it."""
+
+    pid: int
+    returncode: int | None = None
+    history: list[int] = field(default_factory=list)  # earlier pids (before restores)
+    _popen: object = field(default=None, repr=False)
+
+    def poll(self) -> int | None:
+        """The exit status if it has exited (reaping it), else None."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Not our child (or already reaped elsewhere): alive iff signalable.
+            if _alive(self.pid):
+                return None
+            self.returncode = -1
+            return self.returncode
+        if pid == 0:
+            return None
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds; return the exit status or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rc = self.poll()
+            if rc is not None or time.monotonic() >= deadline:
+                return rc
+            time.sleep(0.005)
+
+    def alive(self) -> bool:
+        """True while the process has not exited."""
+        return self.poll() is None
+
+    def kill(self, timeout: float = 5.0) -> int | None:
+        """SIGKILL the process and its process group, then reap; return its status."""
+        if self.returncode is None:
+            for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
+                try:
+                    target()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return self.wait(timeout)
+
+    def replaced_by(self, pid: int) -> None:
+        """Point this handle at a restored process ``pid``."""
+        self.history.append(self.pid)
+        self.pid = pid
+        self.returncode = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_zombie_or_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except OSError as exc:  # pragma: no cover - racy /proc reads
+        return exc.errno == errno.ESRCH

@@ -1,0 +1,122 @@
+"""The public workload API: the protocol a workload implements and how it is found.
+
+A workload is a class with a ``name``, the state ``domains`` it uses, its
+``phases``, parameter ``defaults``, and four methods: ``setup``, ``run_op``,
+``report`` and the class method ``reference``. The runtime drives it; the
+harness never imports anything but the class attributes and ``reference``.
+
+Registration: built-in workloads are listed in ``BUILTIN``; third-party ones
+are found through the entry-point group ``cutbench.workloads`` or named by an
+import path ``"package.module:Class"`` in a scenario file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from workloads.control import PHASES
+
+ENTRY_POINT_GROUP = "cutbench.workloads"
+
+# State domains a workload may declare and a checkpointer may cover.
+DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "uvm", "disk")
+
+BUILTIN: dict[str, str] = {
+    "counter": "workloads.counter:Counter",
+}
+
+
+@runtime_checkable
+class Reference(Protocol):
+    """Ground truth of an uninterrupted run, computed without running the workload."""
+
+    def payload(self, op: int) -> str:
+        """The payload digest effect ``op`` must carry."""
+        ...
+
+    def checksum(self, op: int) -> str:
+        """The state checksum after ``op`` operations (``op == 0``: initial state)."""
+        ...
+
+
+class Workload(Protocol):
+    """What a workload class provides. See README "Workload API" for a full example."""
+
+    name: ClassVar[str]
+    domains: ClassVar[frozenset[str]]
+    phases: ClassVar[tuple[str, ...]]
+    defaults: ClassVar[dict[str, Any]]
+
+    def __init__(self, rt: Any, params: dict[str, Any]) -> None: ...
+
+    def setup(self) -> None:
+        """Allocate state; called once before op 1."""
+
+    def run_op(self, op: int) -> None:
+        """Execute operation ``op``, calling ``rt.point(op, phase)`` after each phase."""
+
+    def report(self) -> dict[str, Any]:
+        """Final report: at least ``host_op``, ``checksum``, ``pointers_initial``, ``pointers_final``."""
+        ...
+
+    @classmethod
+    def reference(cls, params: dict[str, Any]) -> Reference: ...
+
+
+class WorkloadError(ValueError):
+    """A workload name, import path or parameter set is not usable."""
+
+
+def available() -> dict[str, str]:
+    """Every known workload name mapped to its import path (built-ins and entry points)."""
+    found = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def load(name: str) -> type:
+    """The workload class for a registered ``name`` or an import path ``"mod:Class"``.
+
+    Raises :class:`WorkloadError` naming the allowed workloads when not found.
+    """
+    target = available().get(name, name if ":" in name else None)
+    if target is None:
+        allowed = ", ".join(sorted(available()))
+        raise WorkloadError(f"unknown workload {name!r}; allowed: {allowed}, or an import path 'module:Class'")
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise WorkloadError(f"workload {name!r}: cannot import {target!r}: {exc}") from exc
+    for required in ("name", "domains", "phases", "defaults", "reference", "run_op"):
+        if not hasattr(cls, required):
+            raise WorkloadError(f"workload {target!r} lacks {required!r} (see the Workload protocol)")
+    unknown_phases = [p for p in cls.phases if not isinstance(p, str)]
+    if unknown_phases or not cls.phases:
+        raise WorkloadError(f"workload {target!r}: phases must be a non-empty tuple of names")
+    return cls
+
+
+def resolve_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """``cls.defaults`` updated with ``params``, type-checked; unknown keys are errors."""
+    out = dict(cls.defaults)
+    for key, value in params.items():
+        if key not in cls.defaults:
+            allowed = ", ".join(sorted(cls.defaults))
+            raise WorkloadError(f"workload {cls.name!r} has no parameter {key!r}; allowed: {allowed}")
+        default = cls.defaults[key]
+        ok = isinstance(value, type(default)) or (isinstance(default, float) and isinstance(value, int))
+        if isinstance(default, int) and isinstance(value, bool):
+            ok = isinstance(default, bool)
+        if not ok:
+            raise WorkloadError(
+                f"workload {cls.name!r} parameter {key!r} = {value!r}: expected {type(default).__name__}"
+            )
+        out[key] = value
+    return out
+
+
+__all__ = ["PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "load", "resolve_params"]

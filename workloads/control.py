@@ -1,0 +1,100 @@
+"""The shared-file control channel between the harness and a workload.
+
+A small file that both sides map with ``MAP_SHARED``. The harness arms a cut
+point, the workload parks there and says so, the harness runs the checkpoint
+pipeline and releases it. A shared *file* mapping is used (not a pipe, not
+anonymous shared memory) because CRIU re-maps the same file on restore, so
+the restored workload and the harness still talk through it afterwards.
+
+Every field is a little-endian signed 64-bit slot; aligned 8-byte stores are
+not torn on the machines cutbench runs on. Only the harness writes the
+``arm_*``/``release_seq``/``incarnation``/``stop`` slots and only the workload
+writes ``parked_seq`` and the ``progress_*`` slots, so no locking is needed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+# Phases of one operation, in order (DESIGN.md "Operation lifecycle"). A cut
+# point is the boundary *after* the phase.
+PHASES: tuple[str, ...] = ("admit", "launch", "device_done", "record", "publish", "ack", "commit")
+
+MAGIC = 0x6375_7462_656E_6368  # "cutbench"
+VERSION = 1
+SIZE = 4096
+_SLOTS = (
+    "magic",
+    "version",
+    "arm_seq",  # bumped by the harness each time it arms a cut
+    "arm_op",
+    "arm_phase",  # index into the workload's phase list
+    "parked_seq",  # the workload sets it to arm_seq when parked
+    "release_seq",  # the harness sets it to arm_seq to release
+    "progress_op",
+    "progress_phase",
+    "progress_count",  # monotonic count of cut points passed (watchdog input)
+    "incarnation",  # epoch: bumped by the harness after every restore
+    "pid",  # the workload's pid, written at start
+    "stop",  # harness asks the workload to stop at the next point
+    "done",  # workload finished its last op and wrote its report
+)
+_INDEX = {name: i for i, name in enumerate(_SLOTS)}
+
+
+class ControlFile:
+    """A mapped control file. ``ControlFile.create(path)`` makes a fresh one."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            # The fd is closed right away: CRIU restores the mapping from the
+            # path, and an open fd would be one more file to restore.
+            self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        if self.get("magic") != MAGIC:
+            raise ValueError(f"{self.path} is not a cutbench control file")
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str]) -> "ControlFile":
+        """Write a zeroed control file at ``path`` and map it."""
+        buf = bytearray(SIZE)
+        struct.pack_into("<q", buf, 0, MAGIC - (1 << 64) if MAGIC >= 1 << 63 else MAGIC)
+        struct.pack_into("<q", buf, 8, VERSION)
+        Path(path).write_bytes(bytes(buf))
+        return cls(path)
+
+    def get(self, name: str) -> int:
+        """The value of slot ``name``."""
+        (value,) = struct.unpack_from("<q", self._map, 8 * _INDEX[name])
+        return value & ((1 << 64) - 1) if name == "magic" else value
+
+    def set(self, name: str, value: int) -> None:
+        """Store ``value`` in slot ``name``."""
+        struct.pack_into("<q", self._map, 8 * _INDEX[name], value)
+
+    def snapshot(self) -> dict[str, int]:
+        """All slots as a dict (for logs and timelines)."""
+        return {name: self.get(name) for name in _SLOTS}
+
+    # -- harness side -------------------------------------------------------
+    def arm(self, op: int, phase_index: int) -> int:
+        """Arm a park at ``(op, phase)``; return the arm sequence number to wait for."""
+        self.set("arm_op", op)
+        self.set("arm_phase", phase_index)
+        seq = self.get("arm_seq") + 1
+        self.set("arm_seq", seq)  # written last: the workload checks it first
+        return seq
+
+    def release(self, seq: int) -> None:
+        """Let a workload parked at arm sequence ``seq`` continue."""
+        self.set("release_seq", seq)
+
+    def close(self) -> None:
+        """Unmap the file."""
+        self._map.close()

@@ -1,0 +1,51 @@
+"""Entry point of a workload process: ``python -m workloads.launch CONFIG.json``.
+
+Exit codes: 0 finished and reported; 1 the workload raised (traceback in its
+log); 3 stopped by the harness; 4 a park was never released.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from workloads import api
+from workloads.control import ControlFile
+from workloads.runtime import Runtime, WorkloadConfig, format_exception
+from workloads.xp import get_xp
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the workload described by the config file; return the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m workloads.launch CONFIG.json", file=sys.stderr)
+        return 2
+    config = WorkloadConfig.load(args[0])
+    control = ControlFile(config.control_path)
+    control.set("pid", os.getpid())
+    cls = api.load(config.workload)
+    rt = Runtime(config=config, control=control, xp=get_xp(config.array_backend), phases=tuple(cls.phases))
+    try:
+        if config.receiver:
+            from receivers.client import ReceiverClient
+
+            rt.receiver = ReceiverClient(config.receiver)
+        workload = cls(rt, config.params)
+        workload.setup()
+        rt.log(f"start {cls.name} ops={config.params.get('ops')}")
+        for op in range(1, int(config.params["ops"]) + 1):
+            workload.run_op(op)
+        rt.write_report(workload.report())
+        rt.log("done")
+        return 0
+    except SystemExit as stop:
+        rt.log(f"stopped with code {stop.code}")
+        return int(stop.code or 0)
+    except BaseException:
+        rt.log("failed:\n" + format_exception())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The small runtime every workload imports.
+
+It owns the things a workload must not get wrong for a checkpoint to be
+judged fairly: cut points (``rt.point(op, phase)``), the epoch, the receiver
+client, the durable commit marker, the log and the final report. The harness
+decides where to park; the workload only announces where it is.
+
+Files are never held open across a cut point: CRIU checks the size of every
+open regular file on restore, and a log that grew after a ``leave_running``
+dump would make the restore fail for a reason that has nothing to do with
+the tool under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from workloads.control import PHASES, ControlFile
+
+# A parked workload gives up after this long without a release: a harness that
+# died must not leave a spinning process behind forever.
+PARK_TIMEOUT_S = 600.0
+
+
+@dataclass
+class WorkloadConfig:
+    """Everything a workload process is started with (written as JSON by the harness)."""
+
+    workload: str
+    trial: str
+    params: dict[str, Any]
+    control_path: str
+    report_path: str
+    marker_path: str
+    log_path: str
+    receiver: str | None = None  # receiver address, e.g. "127.0.0.1:4321"
+    array_backend: str = "auto"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "WorkloadConfig":
+        """Read a config written by :meth:`dump`."""
+        return cls(**json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write this config as JSON to ``path``."""
+        Path(path).write_text(json.dumps(self.__dict__, indent=2, sort_keys=True))
+
+
+@dataclass
+class Runtime:
+    """What a running workload sees: control channel, array module, receiver, files."""
+
+    config: WorkloadConfig
+    control: ControlFile
+    xp: ModuleType
+    phases: tuple[str, ...] = PHASES
+    receiver: Any = None
+    # Which arm sequence this process is parked on; process memory, so it is
+    # part of the image and a restored process resumes its own park.
+    _parked_seq: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def epoch(self) -> int:
+        """The incarnation of this process: 0 at start, bumped by the harness at each restore."""
+        return self.control.get("incarnation")
+
+    @property
+    def trial(self) -> str:
+        """The trial ID the harness gave this run."""
+        return self.config.trial
+
+    def point(self, op: int, phase: str) -> None:
+        """Announce that ``phase`` of ``op`` is complete; park here if the harness armed it."""
+        idx = self.phases.index(phase)
+        c = self.control
+        c.set("progress_op", op)
+        c.set("progress_phase", idx)
+        c.set("progress_count", c.get("progress_count") + 1)
+        seq = c.get("arm_seq")
+        if seq > c.get("release_seq") and c.get("arm_op") == op and c.get("arm_phase") == idx:
+            self._park(seq)
+        if c.get("stop"):
+            raise SystemExit(3)
+
+    def _park(self, seq: int) -> None:
+        self._parked_seq = seq
+        self.control.set("parked_seq", seq)
+        deadline = time.monotonic() + PARK_TIMEOUT_S
+        while self.control.get("release_seq") < seq:
+            if time.monotonic() > deadline:
+                self.log(f"park at seq {seq} never released; exiting")
+                raise SystemExit(4)
+            time.sleep(0.0005)
+
+    def log(self, message: str) -> None:
+        """Append one line to the workload log (opened and closed per line, see module doc)."""
+        with open(self.config.log_path, "a") as fh:
+            fh.write(f"{time.time():.6f} pid={os.getpid()} epoch={self.epoch} {message}\n")
+
+    def commit_marker(self, op: int) -> None:
+        """Durably record that ``op`` is committed (write, fsync, atomic rename)."""
+        path = Path(self.config.marker_path)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            fh.write(str(op))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def write_report(self, report: dict[str, Any]) -> None:
+        """Write the final report as JSON (atomic rename) and mark the run done."""
+        path = Path(self.config.report_path)
+        tmp = path.with_suffix(".tmp")
+        body = dict(report)
+        body.setdefault("pid", os.getpid())
+        body.setdefault("epoch", self.epoch)
+        tmp.write_text(json.dumps(body, sort_keys=True))
+        os.replace(tmp, path)
+        self.control.set("done", 1)
+
+
+def read_marker(path: str | os.PathLike[str]) -> int:
+    """The op number in a commit marker file, or 0 when there is none."""
+    try:
+        return int(Path(path).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def format_exception() -> str:
+    """The current exception's traceback as text (for the workload log)."""
+    return traceback.format_exc()
