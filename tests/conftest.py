@@ -1,0 +1,72 @@
+"""Suite-wide test policy.
+
+- ``gpu`` tests skip, with the reason, where no usable GPU and driver
+  checkpoint API exist (CI has none).
+- ``criu`` tests never skip: the ``criu`` fixture raises when CRIU cannot be
+  used, so a CI machine without CRIU fails loudly instead of reporting green.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_skip_reason() -> str | None:
+    """Why GPU tests cannot run here, or None when they can."""
+    try:
+        from harness import gpu_probe
+
+        facts = gpu_probe.probe()
+    except Exception as exc:  # a probe failure is a reason to skip, shown to the user
+        return f"GPU probe failed: {exc}"
+    if facts.get("usable"):
+        return None
+    return "no usable NVIDIA GPU with CuPy and the CUDA driver checkpoint API here"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = None
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            reason = reason or gpu_skip_reason()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def criu():
+    """The CRIU install the tests use; raises (fails the test) when CRIU is unusable."""
+    from harness import criu_tool
+
+    return criu_tool.require_criu()
+
+
+@pytest.fixture
+def results_root(tmp_path: Path) -> Path:
+    """A fresh results root for one test."""
+    root = tmp_path / "results"
+    root.mkdir()
+    return root
+
+
+def workload_processes() -> list[tuple[int, str]]:
+    """Live (non-zombie) processes that are cutbench workloads or receivers started by tests."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and ("workloads.launch" in cmd or "receivers serve" in cmd) and int(proc.name) != os.getpid():
+            found.append((int(proc.name), cmd.strip()))
+    return found
