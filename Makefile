@@ -30,7 +30,7 @@ demo: criu
 	$(CUTBENCH) run $(DEMO_SCENARIO)
 
 test: criu postgres
-	$(BIN)/pytest -q -ra
+	CUTBENCH_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -ra
 
 clean:
 	rm -rf $(VENV) .criu build *.egg-info
