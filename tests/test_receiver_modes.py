@@ -86,6 +86,8 @@ def test_idempotent_applies_each_op_once(live) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_fenced_never_commits_past_the_fence(live) -> None:
+    seen = {"committed": 0, "rejected": 0, "aborted": 0}
+
     @SETTINGS
     @given(
         prepares=st.lists(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), min_size=1, max_size=15),
@@ -139,5 +141,9 @@ def test_fenced_never_commits_past_the_fence(live) -> None:
         for a in commit_acks:
             if a["decision"] == "rejected":
                 assert "fence" in a["reason"] or "prepared" in a["reason"]
+        for k in seen:
+            seen[k] += int((df.decision == k).sum())
 
     check()
+    print(f"\nfenced property: rows over all examples {seen}")
+    assert all(seen.values()), "the examples never exercised commit, rejection and abort"
