@@ -93,6 +93,7 @@ class ReceiverClient:
         self.client_name = _check_text("client_name", client_name or f"pid:{os.getpid()}")
         self.max_frame = max_frame
         self._sock: socket.socket | None = None
+        self._poller: select.poll | None = None
         self._decoder = P.FrameDecoder(max_frame)
         self._next_id = 1
         # (trial, op_id) -> {"msg": publish/prepare message, "sent": bool}; insertion order = resend order
@@ -356,6 +357,8 @@ class ReceiverClient:
         # Blocking sends with a bound: a receiver that stops reading must not hang us forever.
         sock.settimeout(max(self.ack_timeout, 1.0))
         self._sock = sock
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
         self._decoder = P.FrameDecoder(self.max_frame)
         self._ack_for_id.clear()
         self._replies.clear()
@@ -379,10 +382,9 @@ class ReceiverClient:
     def _pump(self, until: float) -> bool:
         """Read and dispatch frames until at least one arrives or ``until``; False if none came."""
         sock = self._sock
-        if sock is None:
+        if sock is None or self._poller is None:
             raise _Lost()
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
+        poller = self._poller
         while True:
             wait_ms = max(0, int((until - time.monotonic()) * 1000))
             if not poller.poll(wait_ms):
@@ -424,6 +426,7 @@ class ReceiverClient:
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
+        self._poller = None
         if sock is not None:
             try:
                 sock.close()
