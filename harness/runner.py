@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness import checkpointers, environment, oracle, scheduler, summary
+from harness import checkpointers, environment, oracle, report, scheduler, summary
 from harness.checkpointers.base import CutContext
 from harness.errors import InvalidArgument, Unavailable
 from harness.pipeline import execute_cut
@@ -560,6 +560,10 @@ def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, 
     meta = dict(meta)
     meta.update(status="complete" if complete else "partial", finished=time.time(), duration_s=time.time() - started, n_trials=len(results))
     run.write_meta(meta)
-    run.write_text("summary.md", summary.render(meta, trials))
+    try:
+        report.write_all(run, meta, trials, timeline, effects)  # summary.md, plots/*.png, report.html
+    except Exception as exc:  # the tables are stored: `cutbench report RUN` can retry; never lose a run to a plot
+        run.write_text("summary.md", summary.render(meta, trials))
+        run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
     run.mark_latest()
     return trials

@@ -1,13 +1,64 @@
-"""Pure summaries of a trials table: rates per group and the markdown summary."""
+"""Pure summaries of a trials table: rates per group, the run's verdict, the markdown summary.
+
+Everything here takes frames and dicts and returns frames, dicts and text;
+the report, the comparison, the CLI and the pytest plugin all read their
+numbers from these functions so that they never disagree.
+"""
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from harness.oracle import FINDING_KINDS
+from harness.oracle import FINDING_KINDS, OUTCOMES
 from harness.stats import invalid_rate
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The headline of a run: a label, the invalid recovery rate with its Wilson 95% bounds, outcome counts."""
+
+    label: str  # "invalid" | "valid" | "unknown" | "empty"
+    text: str
+    rate: float
+    low: float
+    high: float
+    counts: dict[str, int]
+
+    @property
+    def with_verdict(self) -> int:
+        """Trials that had a verdict (valid + invalid): the rate's denominator."""
+        return self.counts["valid"] + self.counts["invalid"]
+
+
+def run_verdict(trials: pd.DataFrame) -> RunVerdict:
+    """The run's verdict from its trials table (``outcome`` column)."""
+    counts = {k: 0 for k in OUTCOMES}
+    if not trials.empty:
+        for key, n in trials["outcome"].value_counts().items():
+            counts[str(key)] = int(n)
+    rate, lo, hi = invalid_rate(counts["invalid"], counts["valid"])
+    if trials.empty:
+        label, text = "empty", "no trial finished"
+    elif counts["invalid"]:
+        label, text = "invalid", "INVALID recoveries found"
+    elif counts["valid"]:
+        label, text = "valid", "all recoveries valid"
+    elif counts["unknown"]:
+        label, text = "unknown", "no verdict (unknown only)"
+    else:
+        label, text = "valid", "every cut refused cleanly"
+    return RunVerdict(label, text, rate, lo, hi, counts)
+
+
+def group_columns(trials: pd.DataFrame) -> list[str]:
+    """How trials are grouped in tables: by ``arm``, and first by sweep ``variant`` when a run has several."""
+    if "variant" in trials and trials["variant"].fillna("").astype(str).str.len().gt(0).any():
+        return ["variant", "arm"]
+    return ["arm"]
 
 
 def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -38,43 +89,58 @@ def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
-    """The ``summary.md`` text for a run."""
-    scen = meta.get("scenario", {})
-    lines = [f"# cutbench run {meta.get('run_id', '')}", ""]
-    lines.append(f"- scenario: `{scen.get('name', '')}` ({scen.get('source_path', '')})")
-    lines.append(f"- status: **{meta.get('status', '')}**, {len(trials)} of {meta.get('n_trials_planned', '?')} trials, {meta.get('duration_s', 0):.1f} s")
-    crit = meta.get("environment", {}).get("criu", {})
-    if crit:
-        lines.append(f"- CRIU {crit.get('version')} ({crit.get('source')})")
+def finding_totals(trials: pd.DataFrame) -> dict[str, int]:
+    """Total findings per kind over the run (every kind present, zeros included)."""
+    return {k: int(trials[k].sum()) if k in trials else 0 for k in FINDING_KINDS}
+
+
+def replay_command(run_dir: Any, trial_id: str) -> str:
+    """The shell command that reruns one stored trial."""
+    return f"cutbench replay {shlex.quote(f'{run_dir}/trials/{trial_id}.json')}"
+
+
+def failing_trials(trials: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
+    """Invalid trials first, then unknown ones, in trial order (the first ``limit``)."""
     if trials.empty:
-        lines += ["", "No trial finished."]
-        return "\n".join(lines) + "\n"
-    counts = trials["outcome"].value_counts()
-    valid, invalid = int(counts.get("valid", 0)), int(counts.get("invalid", 0))
-    rate, lo, hi = invalid_rate(invalid, valid)
-    verdict = "INVALID recoveries found" if invalid else ("no verdict (unknown only)" if not valid else "all recoveries valid")
-    lines += ["", f"**{verdict}** — invalid recovery rate {_pct(rate)} (95% CI {_pct(lo)}–{_pct(hi)}); "
-              + ", ".join(f"{k} {int(counts.get(k, 0))}" for k in ("valid", "invalid", "refused", "unknown")), ""]
-    table = rates(trials, ["arm"])
-    lines += ["## By arm", "", table.to_markdown(index=False, floatfmt=".3f") if _has_tabulate() else table.to_string(index=False), ""]
-    for skipped in meta.get("skipped_arms", []):
-        lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
-    bad = trials[trials["outcome"].isin(["invalid", "unknown"])].head(20)
-    if not bad.empty:
-        lines += ["## First invalid or unknown trials", ""]
-        for row in bad.itertuples():
-            lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `cutbench replay {meta.get('run_dir', 'results/' + str(meta.get('run_id')))}/trials/{row.trial_id}.json`")
-    return "\n".join(lines) + "\n"
+        return trials
+    bad = trials[trials["outcome"].isin(["invalid", "unknown"])]
+    bad = bad.assign(_rank=(bad["outcome"] != "invalid").astype(int)).sort_values(["_rank", "trial_id"]).drop(columns="_rank")
+    return bad if limit is None else bad.head(limit)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A rate as a percentage with one decimal ("n/a" for NaN)."""
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
 
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
+    """The ``summary.md`` text for a run."""
+    scen = meta.get("scenario", {})
+    run_dir = meta.get("run_dir", "results/" + str(meta.get("run_id")))
+    lines = [f"# cutbench run {meta.get('run_id', '')}", ""]
+    lines.append(f"- scenario: `{scen.get('name', '')}` ({scen.get('source_path', '')})")
+    status = meta.get("status", "")
+    note = " — interrupted, the trials below are those that finished" if status == "partial" else ""
+    lines.append(f"- status: **{status}**{note}, {len(trials)} of {meta.get('n_trials_planned', '?')} trials, {meta.get('duration_s', 0):.1f} s")
+    crit = meta.get("environment", {}).get("criu", {})
+    if crit:
+        lines.append(f"- CRIU {crit.get('version')} ({crit.get('source')})")
+    for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
+        lines.append(f"- sweep axis `{axis}`: {', '.join(map(str, values))}")
+    if trials.empty:
+        lines += ["", "No trial finished."]
+        return "\n".join(lines) + "\n"
+    v = run_verdict(trials)
+    lines += ["", f"**{v.text}** — invalid recovery rate {pct(v.rate)} (95% CI {pct(v.low)}–{pct(v.high)}); "
+              + ", ".join(f"{k} {v.counts[k]}" for k in OUTCOMES), ""]
+    by = group_columns(trials)
+    table = rates(trials, by)
+    lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False, floatfmt=".3f"), ""]
+    for skipped in meta.get("skipped_arms", []):
+        lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
+    bad = failing_trials(trials, 20)
+    if not bad.empty:
+        lines += ["## First invalid or unknown trials", ""]
+        for row in bad.itertuples():
+            lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `{replay_command(run_dir, row.trial_id)}`")
+    return "\n".join(lines) + "\n"
