@@ -26,23 +26,18 @@ MAX_EXPORT_PAGE = 5000
 
 # Request types and the fields each one takes: name -> (kind, required).
 _TRIAL = ("text", True)
+_EFFECT = {  # publish and prepare carry the same effect
+    "trial": _TRIAL,
+    "op_id": ("uint", True),
+    "attempt": ("attempt", True),
+    "epoch": ("uint", True),
+    "digest": ("text0", True),
+}
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {"token": ("text", False), "client": ("text", False)},
     "open_trial": {"trial": _TRIAL, "mode": ("mode", True)},
-    "publish": {
-        "trial": _TRIAL,
-        "op_id": ("uint", True),
-        "attempt": ("attempt", True),
-        "epoch": ("uint", True),
-        "digest": ("text0", True),
-    },
-    "prepare": {
-        "trial": _TRIAL,
-        "op_id": ("uint", True),
-        "attempt": ("attempt", True),
-        "epoch": ("uint", True),
-        "digest": ("text0", True),
-    },
+    "publish": _EFFECT,
+    "prepare": _EFFECT,
     "commit": {"trial": _TRIAL, "op_id": ("uint", True), "epoch": ("uint", False)},
     "abort": {"trial": _TRIAL, "op_id": ("uint", False), "from_epoch": ("uint", False)},
     "fence": {"trial": _TRIAL, "fence": ("uint", True)},

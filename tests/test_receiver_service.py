@@ -183,7 +183,6 @@ def test_unreachable_receiver_raises_after_the_timeout() -> None:
     assert c.pending == [("t", 1)]
 
 
-@pytest.mark.postgres
 def test_wire_export_matches_the_store_export(store_url: str, tmp_path: Path) -> None:
     with start_receiver(store_url, tmp_path / "rcv") as h, ReceiverClient(h.address) as c:
         c.open_trial("big", "at_least_once")
