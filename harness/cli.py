@@ -67,12 +67,16 @@ def _report_run(outcome: Any, as_json: bool) -> int:
     trials = outcome.trials
     code = outcome.exit_code()
     counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
+    report_html = outcome.run.path / "report.html"
     if as_json:
         click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete, "outcomes": counts,
-                               "exit_code": code, "skipped_arms": outcome.skipped_arms}))
+                               "exit_code": code, "skipped_arms": outcome.skipped_arms,
+                               "report": str(report_html) if report_html.exists() else None}))
     else:
         console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
         console.print(f"results: {outcome.run.path}" + ("" if outcome.complete else "  [yellow](partial)[/]"))
+        if report_html.exists():
+            console.print(f"report: {report_html}", highlight=False)
     return code
 
 
@@ -145,6 +149,85 @@ def analyze(run_dir: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--axis", "axes", multiple=True, metavar="FIELD=V1,V2",
+              help="A sweep axis (repeatable): any scenario field and its values, e.g. workload.params.state_size=4096,65536 "
+                   "or 'plan.ops=[[2,2],[3,3]]'. The run covers their cartesian product.")
+@click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field at every point.")
+@click.option("--dry-run", is_flag=True, help="List the sweep points and their trial counts; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Run SCENARIO at every point of the cartesian product of --axis values (and of its own arms), in one run."""
+    from harness import sweep as sw
+
+    parsed = [sw.parse_axis(a) for a in axes]
+    if dry_run:
+        from harness.runner import build_specs
+
+        points = [{"variant": p.variant or "(base)", "arms": len(p.scenario.arms()),
+                   "trials": len(build_specs(p.scenario, p.scenario.arms()))} for p in sw.expand(scenario, parsed, list(overrides))]
+        if as_json:
+            click.echo(json.dumps({"points": points, "trials": sum(p["trials"] for p in points)}))
+        else:
+            for p in points:
+                click.echo(f"{p['variant']}\t{p['arms']} arms\t{p['trials']} trials")
+            click.echo(f"total\t{sum(p['trials'] for p in points)} trials")
+        sys.exit(0)
+    progress = _progress_printer(as_json)
+    try:
+        outcome = sw.run_sweep(scenario, parsed, out, overrides=list(overrides), progress=progress)
+    finally:
+        progress.stop()
+    sys.exit(_report_run(outcome, as_json))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the written paths and the verdict as JSON.")
+def report(run_dir: str, as_json: bool) -> None:
+    """Regenerate summary.md, plots/*.png and report.html of RUN_DIR from its stored data."""
+    from harness import report as rep
+    from harness.results import RunDir
+    from harness.summary import run_verdict
+
+    run = RunDir.open(run_dir)
+    files = rep.build(run)
+    v = run_verdict(run.table("trials"))
+    if as_json:
+        click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
+                               "invalid_rate": None if v.rate != v.rate else v.rate, "rate_low": v.low, "rate_high": v.high}))
+    else:
+        console.print(f"{v.text}: report {files.report}", highlight=False)
+        console.print(f"summary {files.summary}; plots in {files.report.parent / 'plots'}", highlight=False)
+
+
+@cli.command()
+@click.argument("run_a", type=click.Path(file_okay=False))
+@click.argument("run_b", type=click.Path(file_okay=False))
+@click.option("--fail-on-regression", is_flag=True, help="Exit 1 when a plan valid in RUN_A is invalid in RUN_B.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(run_a: str, run_b: str, fail_on_regression: bool, as_json: bool) -> None:
+    """Put RUN_B beside RUN_A on the plans both ran: rates, stage timings, plans whose outcome changed."""
+    from harness import compare as cmp
+    from harness.results import RunDir
+    from harness.summary import replay_command
+
+    a, b = RunDir.open(run_a), RunDir.open(run_b)
+    result = cmp.compare(a.table("trials"), b.table("trials"), f"{a.run_id} ({a.path})", f"{b.run_id} ({b.path})")
+    regressions = result.regressions
+    if as_json:
+        data = result.to_dict()
+        data["replay_regressions"] = [replay_command(b.path, t) for t in regressions["trial_b"]]
+        click.echo(json.dumps(data))
+    else:
+        click.echo(cmp.render(result))
+        for t in regressions["trial_b"]:
+            click.echo(f"regressed: {replay_command(b.path, t)}")
+    sys.exit(1 if fail_on_regression and len(regressions) else 0)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def doctor(as_json: bool) -> None:
     """Check CRIU, privileges, GPU, driver and packages; say how to fix what is missing."""
@@ -170,13 +253,18 @@ def criu() -> None:
 @click.option("--suite", default="unstable", show_default=True, help="Debian suite carrying CRIU >= 4.2.")
 @click.option("--force", is_flag=True, help="Reinstall even if a working CRIU is present.")
 @click.option("--mirror", default=None, help="Debian mirror URL (default: read from this machine's apt configuration).")
-def criu_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool, mirror: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the CRIU found or installed as JSON.")
+def criu_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool, mirror: str | None,
+                 as_json: bool) -> None:
     """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
     from harness import criu_tool
 
     result = criu_tool.install(Path(prefix) if prefix else None, download_only=Path(download_only) if download_only else None,
                                from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror)
-    if result is None:
+    if as_json:
+        click.echo(json.dumps({"downloaded_to": download_only} if result is None else
+                              {"version": result.version, "source": result.source, "argv": list(result.argv)}))
+    elif result is None:
         console.print(f"downloaded CRIU packages into {download_only}")
     else:
         console.print(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}", highlight=False)
@@ -198,13 +286,15 @@ def receiver_serve(ctx: click.Context) -> None:
 
 @cli.command("list")
 @click.argument("what", type=click.Choice(["workloads", "backends", "scenarios"]))
-def list_(what: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+def list_(what: str, as_json: bool) -> None:
     """List known workloads, backends (with availability) or scenario files."""
+    items: list[dict[str, Any]] = []
     if what == "workloads":
         from workloads import api
 
-        for name, target in sorted(api.available().items()):
-            click.echo(f"{name}\t{target}")
+        items = [{"name": name, "target": target} for name, target in sorted(api.available().items())]
+        lines = [f"{i['name']}\t{i['target']}" for i in items]
     elif what == "backends":
         from harness import checkpointers
         from harness.scenario import BACKENDS
@@ -214,10 +304,12 @@ def list_(what: str) -> None:
                 reason = checkpointers.get(name).unavailable_reason()
             except Unavailable as exc:
                 reason = str(exc)
-            click.echo(f"{name}\t{'available' if reason is None else 'unavailable: ' + reason}")
+            items.append({"name": name, "available": reason is None, "reason": reason})
+        lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
     else:
-        for path in sorted(Path("scenarios").glob("*.toml")):
-            click.echo(str(path))
+        items = [{"path": str(path)} for path in sorted(Path("scenarios").glob("*.toml"))]
+        lines = [i["path"] for i in items]
+    click.echo(json.dumps(items) if as_json else "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,7 +24,6 @@ from typing import Any
 import pandas as pd
 
 from harness import plots, summary
-from harness.oracle import FINDING_KINDS
 from harness.results import RunDir
 
 MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm
@@ -146,17 +145,6 @@ def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = 
 def _kv_table(pairs: list[tuple[str, Any]], table_id: str) -> str:
     rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in pairs if v not in (None, "", {}))
     return f'<table id="{_e(table_id)}" class="kv"><thead><tr><th>field</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
-
-
-def _rate_cell(frame: pd.DataFrame) -> pd.DataFrame:
-    """Compact a :func:`summary.rates` table: one rate column with its interval, one findings column."""
-    out = frame.copy()
-    out["invalid rate (95% CI)"] = [
-        f"{summary.pct(r)} ({summary.pct(lo)}–{summary.pct(hi)})" for r, lo, hi in zip(out["invalid_rate"], out["rate_low"], out["rate_high"])
-    ]
-    kinds = [k for k in FINDING_KINDS if k in out]
-    out["findings"] = [", ".join(f"{k} {int(rec[k])}" for k in kinds if rec[k]) for rec in out.to_dict("records")]
-    return out.drop(columns=["invalid_rate", "rate_low", "rate_high", *kinds])
 
 
 def _environment_pairs(meta: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -328,12 +316,12 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     else:
         by = summary.group_columns(trials)
         out.append(f'<h2 id="by-arm">Invalid recovery rate by {" and ".join(by)}</h2>')
-        table = _rate_cell(summary.rates(trials, by))
+        table = summary.compact_rates(summary.rates(trials, by))
         out.append(_html_table(table, "rates-by-arm"))
         with_cut = trials[trials["cut_phase"].notna()]
         if not with_cut.empty:
             out.append('<h2 id="by-phase">By cut phase and fault</h2>')
-            phase_table = _rate_cell(summary.rates(with_cut, ["cut_phase", "fault"]))
+            phase_table = summary.compact_rates(summary.rates(with_cut, ["cut_phase", "fault"]))
             order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"]))}
             phase_table = phase_table.sort_values(["cut_phase", "fault"], key=lambda s: s.map(order) if s.name == "cut_phase" else s)
             out.append(_html_table(phase_table, "rates-by-phase"))

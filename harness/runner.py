@@ -54,6 +54,7 @@ class TrialSpec:
     stage_timeout_s: float = 60.0
     images_dir: str = "/dev/shm"
     keep_images: bool = False
+    variant: str = ""  # the sweep point (``state_size=4096``) when a sweep runs several in one run
 
     def cut_plan(self) -> CutPlan:
         """The plan as a :class:`CutPlan`."""
@@ -413,6 +414,7 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
     row = {
         "trial_id": spec.trial_id,
         "index": spec.index,
+        "variant": spec.variant,
         "workload": spec.workload,
         "backend": spec.backend,
         "receiver_mode": spec.receiver_mode,
@@ -514,8 +516,12 @@ def execute(
     progress: ProgressFn | None = None,
     workdir: str | Path | None = None,
     name: str | None = None,
+    extra_meta: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`."""
+    """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
+
+    ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its axes there).
+    """
     run = RunDir.create(results_root, name or scenario.name)
     started = time.time()
     meta = {
@@ -528,6 +534,7 @@ def execute(
         "environment": environment.collect(),
         "skipped_arms": skipped or [],
         "n_trials_planned": len(specs),
+        **(extra_meta or {}),
     }
     run.write_meta(meta)
     results: list[TrialResult] = []

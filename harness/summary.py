@@ -89,6 +89,15 @@ def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def compact_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`rates` table made readable: one rate column with its 95% interval, one column naming the findings."""
+    out = table.copy()
+    out["invalid rate (95% CI)"] = [f"{pct(r)} ({pct(lo)}–{pct(hi)})" for r, lo, hi in zip(out["invalid_rate"], out["rate_low"], out["rate_high"])]
+    kinds = [k for k in FINDING_KINDS if k in out]
+    out["findings"] = [", ".join(f"{k} {int(rec[k])}" for k in kinds if rec[k]) for rec in out.to_dict("records")]
+    return out.drop(columns=["invalid_rate", "rate_low", "rate_high", *kinds])
+
+
 def finding_totals(trials: pd.DataFrame) -> dict[str, int]:
     """Total findings per kind over the run (every kind present, zeros included)."""
     return {k: int(trials[k].sum()) if k in trials else 0 for k in FINDING_KINDS}
@@ -134,8 +143,8 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     lines += ["", f"**{v.text}** — invalid recovery rate {pct(v.rate)} (95% CI {pct(v.low)}–{pct(v.high)}); "
               + ", ".join(f"{k} {v.counts[k]}" for k in OUTCOMES), ""]
     by = group_columns(trials)
-    table = rates(trials, by)
-    lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False, floatfmt=".3f"), ""]
+    table = compact_rates(rates(trials, by))
+    lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False), ""]
     for skipped in meta.get("skipped_arms", []):
         lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
     bad = failing_trials(trials, 20)
