@@ -281,7 +281,12 @@ def receiver_serve(ctx: click.Context) -> None:
     """Run the receiver service in the foreground (see ``cutbench receiver serve --help``)."""
     from receivers import server
 
-    sys.exit(server.main(["serve", *ctx.args]) or 0)
+    try:
+        rc = server.main(["serve", *ctx.args]) or 0
+    except SystemExit as exc:  # argparse reports bad arguments as exit 2
+        rc = exc.code if isinstance(exc.code, int) else 1
+    # Exit 2 means "unknown only" in cutbench; bad arguments are 254.
+    sys.exit(EXIT_BAD_ARGUMENTS if rc == 2 else rc)
 
 
 @cli.command("list")
