@@ -109,8 +109,7 @@ def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
     panels = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
     fig, axes = plt.subplots(1, len(panels), figsize=(1.6 + (1.0 + 1.3 * len(faults)) * len(panels), 1.4 + 0.45 * len(phases)),
                              sharey=True, squeeze=False)
-    cmap = matplotlib.colormaps["Reds"].copy()
-    cmap.set_bad("#dddddd")
+    cmap = matplotlib.colormaps["Reds"].with_extremes(bad="#dddddd")
     for ax, (backend, mode) in zip(axes[0], panels):
         grid = np.full((len(phases), len(faults)), np.nan)
         notes = [["" for _ in faults] for _ in phases]
