@@ -17,6 +17,7 @@ from rich.console import Console
 from harness.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, InvalidArgument, Unavailable
 
 console = Console(stderr=True, soft_wrap=True)
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: a partial run, stored and marked partial
 
 
 def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
@@ -65,7 +66,8 @@ def _progress_printer(as_json: bool):
 
 def _report_run(outcome: Any, as_json: bool) -> int:
     trials = outcome.trials
-    code = outcome.exit_code()
+    # An interrupted run is never a verdict, even if what finished was all valid.
+    code = outcome.exit_code() if outcome.complete else EXIT_INTERRUPTED
     counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
     report_html = outcome.run.path / "report.html"
     if as_json:
@@ -104,29 +106,23 @@ def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool) -> N
 @click.option("--out", "out", default="results", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def replay(trial_file: str, out: str, as_json: bool) -> None:
-    """Rerun exactly the trial stored in TRIAL_FILE and say whether its verdict reproduced."""
-    from harness.analysis import verdict_key
-    from harness.results import read_trial_file
-    from harness.runner import TrialSpec, execute
-    from harness.scenario import Scenario
+    """Rerun exactly the trial stored in TRIAL_FILE and say whether its verdict reproduced.
 
-    stored = read_trial_file(trial_file)
-    spec = TrialSpec.from_dict(stored["spec"])
-    scen = Scenario(name=f"replay-{spec.trial_id}", workload=spec.workload, params=spec.params, store="sqlite",
-                    backends=(spec.backend,), modes=(spec.receiver_mode,), source_path=str(trial_file))
-    outcome = execute(scen, [spec], out, name=f"replay-{spec.trial_id}")
-    new = outcome.run.trial_records()
-    if not new:
+    Reproduced means the same outcome and the same kinds of finding (counts
+    may differ where timing decides them). Exits with the rerun's exit code.
+    """
+    from harness.analysis import replay as replay_trial
+
+    result = replay_trial(trial_file, out)
+    if result.replayed is None:
         _fail("replay was interrupted", 130)
-    same = verdict_key(new[0]["verdict"]) == verdict_key(stored["verdict"])
-    result = {"trial": spec.trial_id, "stored": stored["verdict"]["outcome"], "replayed": new[0]["verdict"]["outcome"],
-              "reproduced": same, "run_dir": str(outcome.run.path)}
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps(result.to_dict()))
     else:
-        console.print(f"stored {result['stored']}, replayed {result['replayed']}: "
-                      + ("[green]verdict reproduced[/]" if same else "[red]verdict differs[/]"))
-    sys.exit(outcome.exit_code())
+        d = result.to_dict()
+        console.print(f"stored {d['stored']} {d['stored_findings']}, replayed {d['replayed']} {d['replayed_findings']}: "
+                      + ("[green]verdict reproduced[/]" if result.reproduced else "[red]verdict differs[/]"), highlight=False)
+    sys.exit(result.exit_code)
 
 
 @cli.command()

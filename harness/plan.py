@@ -31,6 +31,11 @@ class Cut:
     between the CUDA checkpoint and the CRIU dump (host code runs inside it).
     ``fault``: ``kill`` (dump, kill, restore), ``leave_running`` (dump, let it
     run ``crash_after_ms``, crash, restore), ``none`` (suspend/resume in place).
+    ``restore_target``: ``same`` GPU or ``other_gpu`` (GPU UUID remap on restore).
+    ``rank_skew_ms``: 0 is a coordinated cut of a multi-process workload (every
+    rank locked before any is checkpointed; restored and unlocked in the same
+    order); > 0 cuts the ranks one at a time, this long apart, letting the
+    workload run in between (an uncoordinated cut).
     """
 
     op: int
@@ -41,6 +46,7 @@ class Cut:
     fault: str = "kill"
     crash_after_ms: float = 0.0
     restore_target: str = "same"
+    rank_skew_ms: float = 0.0
 
     def __post_init__(self) -> None:
         validate_cut(self)
@@ -50,11 +56,17 @@ class Cut:
         return asdict(self)
 
 
-def validate_cut(cut: Cut, phases: tuple[str, ...] = PHASES) -> None:
-    """Raise :class:`InvalidArgument` naming the first bad field of ``cut``."""
+def validate_cut(cut: Cut, phases: tuple[str, ...] | None = None) -> None:
+    """Raise :class:`InvalidArgument` naming the first bad field of ``cut``.
+
+    ``phases``: the workload's phase names; None checks only that the phase
+    is a name (workloads may add phases to the standard ones, e.g. ``send``).
+    """
     if not isinstance(cut.op, int) or isinstance(cut.op, bool) or cut.op < 1:
         raise InvalidArgument(f"cut.op = {cut.op!r}: must be an integer >= 1")
-    if cut.phase not in phases:
+    if not isinstance(cut.phase, str) or not cut.phase:
+        raise InvalidArgument(f"cut.phase = {cut.phase!r}: must be a phase name such as {', '.join(PHASES)}")
+    if phases is not None and cut.phase not in phases:
         raise InvalidArgument(f"cut.phase = {cut.phase!r}: allowed {', '.join(phases)}")
     if cut.mode not in CUT_MODES:
         raise InvalidArgument(f"cut.mode = {cut.mode!r}: allowed {', '.join(CUT_MODES)}")
@@ -62,7 +74,7 @@ def validate_cut(cut: Cut, phases: tuple[str, ...] = PHASES) -> None:
         raise InvalidArgument(f"cut.fault = {cut.fault!r}: allowed {', '.join(FAULTS)}")
     if cut.restore_target not in RESTORE_TARGETS:
         raise InvalidArgument(f"cut.restore_target = {cut.restore_target!r}: allowed {', '.join(RESTORE_TARGETS)}")
-    for name in ("async_offset_ms", "split_window_ms", "crash_after_ms"):
+    for name in ("async_offset_ms", "split_window_ms", "crash_after_ms", "rank_skew_ms"):
         value = getattr(cut, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise InvalidArgument(f"cut.{name} = {value!r}: must be a number >= 0")
@@ -111,6 +123,28 @@ class CutPlan:
         except json.JSONDecodeError as exc:
             raise InvalidArgument(f"plan: not JSON: {exc}") from exc
 
+    def validate_for(self, phases: tuple[str, ...], ops: int | None = None) -> "CutPlan":
+        """Check the plan against a workload's ``phases`` (and op count); return it.
+
+        Raises :class:`InvalidArgument` for a phase the workload does not have,
+        an op beyond ``ops``, or cuts not at strictly increasing positions (a
+        restored workload runs forward from its cut, so a later cut at an
+        earlier point would never be reached).
+        """
+        last = -1
+        for i, cut in enumerate(self.cuts):
+            try:
+                validate_cut(cut, phases)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"plan.cuts[{i}]: {exc}") from None
+            if ops is not None and cut.op > ops:
+                raise InvalidArgument(f"plan.cuts[{i}]: cut.op = {cut.op} exceeds the workload's ops = {ops}")
+            pos = position(cut, phases)
+            if pos <= last:
+                raise InvalidArgument(f"plan.cuts[{i}] at {cut.op}/{cut.phase} is not after the previous cut")
+            last = pos
+        return self
+
     def describe(self) -> str:
         """A one-line human description, e.g. ``3/publish leave_running+150ms``."""
         parts = []
@@ -120,7 +154,16 @@ class CutPlan:
                 s += f"+{c.crash_after_ms:g}ms"
             if c.split_window_ms:
                 s += f" split={c.split_window_ms:g}ms"
+            if c.rank_skew_ms:
+                s += f" skew={c.rank_skew_ms:g}ms"
+            if c.restore_target != "same":
+                s += f" ->{c.restore_target}"
             if c.mode == "async":
                 s += f" async+{c.async_offset_ms:g}ms"
             parts.append(s)
         return "; ".join(parts) or "(no cut)"
+
+
+def position(cut: Cut, phases: tuple[str, ...]) -> int:
+    """The cut point's index in execution order: ``op * len(phases) + phase index``."""
+    return cut.op * len(phases) + phases.index(cut.phase)

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,11 @@ class TrialSpec:
             spec = cls(**data)
         except TypeError as exc:
             raise InvalidArgument(f"trial spec: {exc}") from None
-        spec.cut_plan()  # validates
+        try:
+            cls_ = workload_api.load(spec.workload)
+        except workload_api.WorkloadError as exc:
+            raise InvalidArgument(f"trial spec: workload: {exc}") from None
+        spec.cut_plan().validate_for(tuple(cls_.phases), spec.params.get("ops"))
         return spec
 
 
@@ -93,25 +97,28 @@ def build_specs(scenario: Scenario, arms: list[Arm], *, start_index: int = 0) ->
     for arm in arms:
         for plan in scheduler.plans(scenario, arm):
             i += 1
-            specs.append(
-                TrialSpec(
-                    trial_id=f"t{i:04d}",
-                    index=i,
-                    workload=scenario.workload,
-                    array=scenario.array,
-                    params=dict(scenario.params),
-                    backend=arm.backend,
-                    receiver_mode=arm.receiver_mode,
-                    arm=asdict(arm),
-                    plan=plan.to_dict(),
-                    watchdog_s=scenario.watchdog_s,
-                    trial_timeout_s=scenario.trial_timeout_s,
-                    stage_timeout_s=scenario.stage_timeout_s,
-                    images_dir=scenario.images_dir,
-                    keep_images=scenario.keep_images,
-                )
-            )
+            specs.append(spec_for(scenario, arm, plan, i))
     return specs
+
+
+def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSpec:
+    """The :class:`TrialSpec` of trial number ``index``: ``plan`` under ``arm`` of ``scenario``."""
+    return TrialSpec(
+        trial_id=f"t{index:04d}",
+        index=index,
+        workload=scenario.workload,
+        array=scenario.array,
+        params=dict(scenario.params),
+        backend=arm.backend,
+        receiver_mode=arm.receiver_mode,
+        arm=asdict(arm),
+        plan=plan.to_dict(),
+        watchdog_s=scenario.watchdog_s,
+        trial_timeout_s=scenario.trial_timeout_s,
+        stage_timeout_s=scenario.stage_timeout_s,
+        images_dir=scenario.images_dir,
+        keep_images=scenario.keep_images,
+    )
 
 
 class Session:
@@ -190,6 +197,7 @@ class TrialRunner:
         self.tdir = session.workdir / spec.trial_id
         self.timeline = Timeline(spec.trial_id, hwm=self._hwm)
         self.record: dict[str, Any] = {}
+        self.cut_targets: list[Child] = []  # single processes cut instead of the tree (killed at the end)
 
     def _hwm(self) -> int | None:
         return self.s.control_client.high_water_mark()
@@ -205,15 +213,21 @@ class TrialRunner:
         status, error, failed_stage = "completed", "", ""
         restores, outcomes = 0, []
         child: Child | None = None
+        companions: list[Child] = []
+        resumed_at: tuple[tuple[int, int], int] | None = None  # (position at the last cut, progress count after it)
         facts: dict[str, Any] = {}
         try:
             self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
             config = self._write_config()
+            companions = self._start_companions(config)
             seq = self._arm(control, plan, 0)
             with self.timeline.stage("spawn"):
                 child = spawn([sys.executable, "-m", "workloads.launch", str(config)], cwd=str(self.tdir))
             for i, cut in enumerate(plan.cuts):
                 reached = self._reach(control, child, cut, seq, i)
+                if reached == "deadlock":
+                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"
+                    break
                 if reached:
                     status, error = "unknown", reached
                     break
@@ -223,6 +237,7 @@ class TrialRunner:
                     cut_index=i,
                     cut=cut,
                     stage_timeout_s=spec.stage_timeout_s,
+                    control=control,
                 )
                 next_seq: list[int | None] = [None]
 
@@ -230,8 +245,20 @@ class TrialRunner:
                     control.set("incarnation", control.get("incarnation") + 1)
                     next_seq[0] = self._arm(control, plan, i + 1)
 
-                release = (lambda s=seq: control.release(s)) if seq is not None else (lambda: None)
-                outcome = execute_cut(backend, child, ctx, release=release, before_resume=before_resume, keep_images=spec.keep_images)
+                def release(i: int = i, s: int | None = seq, fault: str = cut.fault) -> None:
+                    if fault == "none" and next_seq[0] is None:
+                        # No restore follows: arm the next cut before the parked
+                        # workload moves on, or it may run past it first.
+                        next_seq[0] = self._arm(control, plan, i + 1)
+                    if s is not None:
+                        control.release(s)
+
+                target = self._cut_target(control, child)
+                at_cut = (control.get("progress_op"), control.get("progress_phase"))
+                outcome = execute_cut(backend, target, ctx, release=release, before_resume=before_resume, keep_images=spec.keep_images)
+                # Until the resumed workload passes a point, the slots may show where a
+                # crashed (leave_running) process got to; it really stands at the cut.
+                resumed_at = (at_cut, control.get("progress_count"))
                 outcomes.append(asdict(outcome))
                 for key, value in ctx.facts.items():
                     facts[key] = facts.get(key, 0) + value if isinstance(value, (int, float)) else value
@@ -240,14 +267,16 @@ class TrialRunner:
                 if outcome.status in ("refused", "failed"):
                     status = "refused" if outcome.status == "refused" else "unknown"
                     error, failed_stage = outcome.error, outcome.stage
+                    if next_seq[0] is not None:  # the plan stops here: do not leave the next cut armed
+                        control.release(next_seq[0])
                     break
-                if outcome.status == "resumed":
+                if outcome.status == "resumed" and next_seq[0] is None:
                     next_seq[0] = self._arm(control, plan, i + 1)
                 seq = next_seq[0]
-            if status != "unknown":
+            if status not in ("unknown", "deadlock"):
                 finished = self._finish(control, child)
                 if finished == "deadlock":
-                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s at op {control.get('progress_op')}"
+                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s"
                 elif finished and status == "completed":
                     status, error = "unknown", finished
                 elif finished and status == "refused" and "exit" in finished:
@@ -258,7 +287,14 @@ class TrialRunner:
         finally:
             if child is not None and child.alive():
                 child.kill()
-            progress_op = control.get("progress_op")
+            if child is not None:
+                child.kill_groups()  # also what an interrupted restore left behind
+            for companion in [*companions, *self.cut_targets]:
+                companion.kill()
+            progress_op, phase_index = control.get("progress_op"), control.get("progress_phase")
+            if resumed_at is not None and control.get("progress_count") == resumed_at[1]:
+                progress_op, phase_index = resumed_at[0]
+            progress_phase = self.phases[phase_index] if control.get("progress_count") and 0 <= phase_index < len(self.phases) else ""
             control.close()
         report = self._read_report()
         self.record = {
@@ -272,7 +308,9 @@ class TrialRunner:
             "report": report,
             "marker_op": read_marker(self.tdir / "marker"),
             "progress_op": progress_op,
-            "workload_domains": sorted(self.cls.domains),
+            "progress_phase": progress_phase,
+            # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
+            "workload_domains": sorted(workload_api.declared_domains(self.cls, spec.params) | set((report or {}).get("domains", ()))),
             "covered_domains": sorted(backend.covers),
             "duration_s": time.monotonic() - started,
             "facts": facts,
@@ -300,6 +338,28 @@ class TrialRunner:
         config.dump(path)
         return path
 
+    def _start_companions(self, config: Path) -> list[Child]:
+        """Start the workload's companions (``cls.companions``: modules run as
+        ``python -m MODULE CONFIG``), e.g. a peer it talks to. They run outside
+        the checkpointed process tree, in their own sessions, so neither a cut
+        nor a fault touches them; the trial kills them at its end."""
+        return [spawn([sys.executable, "-m", module, str(config)], cwd=str(self.tdir))
+                for module in getattr(self.cls, "companions", ())]
+
+    def _cut_target(self, control: ControlFile, child: Child) -> Child:
+        """The process a cut checkpoints: the workload's root, whose whole tree the
+        backend dumps (a coordinated cut), or the one child the workload named in
+        the ``cut_pid`` slot (an uncoordinated cut of a single rank). A restored
+        single process is re-parented to us, so it is killed at the end of the trial."""
+        pid = control.get("cut_pid")
+        if pid <= 0 or pid == child.pid:
+            return child
+        for known in self.cut_targets:
+            if known.pid == pid:
+                return known
+        self.cut_targets.append(Child(pid=pid))
+        return self.cut_targets[-1]
+
     def _arm(self, control: ControlFile, plan: CutPlan, index: int) -> int | None:
         """Arm cut ``index`` if it is precise; return its sequence (None: async or none left)."""
         if index >= len(plan.cuts) or plan.cuts[index].mode != "precise":
@@ -310,24 +370,39 @@ class TrialRunner:
     def _reach(self, control: ControlFile, child: Child, cut: Any, seq: int | None, i: int) -> str:
         """Wait until the workload is at the cut (parked, or past the async point + offset).
 
-        Returns "" when reached, else why not (the trial becomes ``unknown``).
+        Returns "" when reached, "deadlock" when a workload restored or resumed
+        by an earlier cut makes no progress within the watchdog, else why not
+        (the trial becomes ``unknown``).
         """
         deadline = time.monotonic() + self.spec.stage_timeout_s
         target = cut.op * len(self.phases) + self.phases.index(cut.phase)
+        # After a leave_running crash the progress slots still hold where the
+        # crashed process got to; only a count that moved since now is news.
+        baseline = last_count = control.get("progress_count")
+        last_change = time.monotonic()
         with self.timeline.stage("reach_cut", i) as extra:
             while True:
                 if seq is not None and control.get("parked_seq") >= seq:
                     extra["detail"] = f"parked at {cut.op}/{cut.phase}"
                     return ""
-                if seq is None:
-                    pos = control.get("progress_op") * len(self.phases) + control.get("progress_phase")
-                    if pos >= target and control.get("progress_count") > 0:
-                        time.sleep(cut.async_offset_ms / 1000.0)
-                        extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {cut.op}/{cut.phase}"
-                        return ""
+                count = control.get("progress_count")
+                fresh = count != baseline or (i == 0 and count > 0)
+                pos = control.get("progress_op") * len(self.phases) + control.get("progress_phase")
+                if seq is None and fresh and pos >= target:
+                    time.sleep(cut.async_offset_ms / 1000.0)
+                    extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {cut.op}/{cut.phase}"
+                    return ""
+                if seq is not None and fresh and pos > target:
+                    return f"workload passed cut {i} at {cut.op}/{cut.phase} before it could park there (after an async cut)"
                 rc = child.poll()
                 if rc is not None:
                     return f"workload exited ({rc}) before cut {i} at {cut.op}/{cut.phase}"
+                now = time.monotonic()
+                if count != last_count:
+                    last_count, last_change = count, now
+                elif i > 0 and now - last_change > self.spec.watchdog_s:
+                    extra["detail"] = "watchdog"
+                    return "deadlock"
                 if time.monotonic() > deadline:
                     return f"workload did not reach cut {i} at {cut.op}/{cut.phase} within {self.spec.stage_timeout_s:g}s"
                 time.sleep(POLL_S)
@@ -421,6 +496,8 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "fault": spec.arm.get("fault"),
         "crash_after_ms": spec.arm.get("crash_after_ms"),
         "split_window_ms": spec.arm.get("split_window_ms"),
+        "rank_skew_ms": spec.arm.get("rank_skew_ms", 0.0),
+        "restore_target": spec.arm.get("restore_target", "same"),
         "arm": Arm(**spec.arm).label(),
         "plan": plan.describe(),
         "plan_json": plan.to_json(),
@@ -443,7 +520,8 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
     }
     for kind, n in verdict.counts().items():
         row[kind] = n
-    for stage in ("criu_dump", "criu_restore", "cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock"):
+    for stage in ("criu_dump", "criu_restore", "cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock",
+                  "quiesce", "split_window", "app_save", "app_restore"):
         row[f"{stage}_s"] = durations.get(stage)
     return row
 
@@ -455,7 +533,7 @@ def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:
         "store": store if store == "sqlite" or store.startswith("sqlite:") else "postgresql",
         "spec": result.spec.to_dict(),
         "record": result.record,
-        "verdict": {"outcome": result.verdict.outcome, "findings": [f.to_dict() for f in result.verdict.findings]},
+        "verdict": result.verdict.to_dict(),
     }
 
 
@@ -466,24 +544,39 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     not allow skipping (``pipeline.skip_unavailable``).
     """
     reasons: dict[str, str | None] = {}
+    faults: dict[str, frozenset[str] | None] = {}
     for name in scenario.backends:
         try:
-            reasons[name] = checkpointers.get(name).unavailable_reason()
+            backend = checkpointers.get(name)
+            reasons[name] = backend.unavailable_reason()
+            faults[name] = getattr(backend, "faults", None)
         except Unavailable as exc:
             reasons[name] = str(exc)
+            faults[name] = None
+    # A workload that needs what this machine lacks (a GPU) skips every arm.
+    workload_reason = workload_api.unavailable_reason(workload_api.load(scenario.workload), scenario.array)
     runnable, skipped = [], []
     for arm in scenario.arms():
-        reason = reasons[arm.backend]
+        reason = workload_reason or reasons[arm.backend]
+        if faults[arm.backend] is not None and arm.fault not in faults[arm.backend]:
+            # Not a failure: e.g. the in-place `cuda` backend has no CPU image to restore after a kill.
+            skipped.append({"arm": arm.label(), "reason": f"backend {arm.backend!r} does not support fault {arm.fault!r}"})
+            continue
         if reason is None:
             runnable.append(arm)
         elif scenario.skip_unavailable:
             skipped.append({"arm": arm.label(), "reason": reason})
+        elif workload_reason:
+            raise Unavailable(f"workload {scenario.workload!r} cannot run here: {reason}")
         else:
             raise Unavailable(f"backend {arm.backend!r} cannot run here: {reason}")
     return runnable, skipped
 
 
 ProgressFn = Callable[[TrialResult, int, int], None]
+# An adaptive source's loop: gets ``run_one(spec) -> TrialResult`` (runs and
+# stores one trial) and the run directory; returns extra ``run.toml`` keys.
+Driver = Callable[[Callable[[TrialSpec], TrialResult], RunDir], "dict[str, Any] | None"]
 
 
 def run_scenario(
@@ -502,14 +595,25 @@ def run_scenario(
         from harness import search
 
         return search.run_hypothesis(scenario, results_root, progress=progress, workdir=workdir)
-    arms, skipped = check_backends(scenario)
-    specs = build_specs(scenario, arms)
+    specs, skipped = variant_specs([(v.variant, v) for v in scenario.variants] or [("", scenario)])
     return execute(scenario, specs, results_root, skipped=skipped, progress=progress, workdir=workdir)
+
+
+def variant_specs(points: list[tuple[str, Scenario]]) -> tuple[list[TrialSpec], list[dict[str, str]]]:
+    """The trial specs of several resolved scenarios run as one run, each labelled
+    with its variant name, and the arms skipped here (labelled likewise)."""
+    specs: list[TrialSpec] = []
+    skipped: list[dict[str, str]] = []
+    for variant, scenario in points:
+        arms, skipped_here = check_backends(scenario)
+        skipped += [{**s, "arm": f"{variant} {s['arm']}".strip()} for s in skipped_here]
+        specs += [replace(s, variant=variant) for s in build_specs(scenario, arms, start_index=len(specs))]
+    return specs, skipped
 
 
 def execute(
     scenario: Scenario,
-    specs: list[TrialSpec],
+    specs: "list[TrialSpec] | Driver",
     results_root: str | Path,
     *,
     skipped: list[dict[str, str]] | None = None,
@@ -517,10 +621,15 @@ def execute(
     workdir: str | Path | None = None,
     name: str | None = None,
     extra_meta: dict[str, Any] | None = None,
+    planned: int | None = None,
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
     ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its axes there).
+    ``specs`` is a list, or a :data:`Driver` that decides trial by trial (the
+    adaptive ``hypothesis`` source): it is called as ``driver(run_one, run)``
+    and may return more top-level keys for ``run.toml``; ``planned`` is then
+    the number of trials the progress display expects.
     """
     run = RunDir.create(results_root, name or scenario.name)
     started = time.time()
@@ -533,20 +642,29 @@ def execute(
         "scenario": scenario.to_dict(),
         "environment": environment.collect(),
         "skipped_arms": skipped or [],
-        "n_trials_planned": len(specs),
+        "n_trials_planned": len(specs) if isinstance(specs, list) else planned,
         **(extra_meta or {}),
     }
     run.write_meta(meta)
     results: list[TrialResult] = []
     complete = False
+    total = len(specs) if isinstance(specs, list) else (planned or 0)
     try:
         with Session(run.run_id, scenario.store, workdir=workdir) as session:
-            for spec in specs:
+
+            def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
                 results.append(result)
                 run.write_trial(spec.trial_id, trial_file(result, run.run_id, scenario.store))
                 if progress:
-                    progress(result, len(results), len(specs))
+                    progress(result, len(results), max(total, len(results)))
+                return result
+
+            if isinstance(specs, list):
+                for spec in specs:
+                    run_one(spec)
+            else:
+                meta.update(specs(run_one, run) or {})
         complete = True
     except KeyboardInterrupt:
         complete = False

@@ -8,30 +8,49 @@ lives in :mod:`harness.search` and uses :func:`cut_from_position` from here.
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 
 from harness.errors import InvalidArgument
 from harness.plan import Cut, CutPlan
 from harness.scenario import Arm, Scenario
+from workloads import api as workload_api
 
 
 def positions(scenario: Scenario) -> list[tuple[int, str]]:
     """Every cut point ``(op, phase)`` the scenario allows, in execution order."""
     lo, hi = scenario.plan_ops
-    return [(op, phase) for op in range(lo, hi + 1) for phase in scenario.plan_phases]
+    order = workload_api.load(scenario.workload).phases
+    phases = sorted(scenario.plan_phases, key=order.index)
+    return [(op, phase) for op in range(lo, hi + 1) for phase in phases]
 
 
-def cut_from_position(arm: Arm, op: int, phase: str, *, mode: str = "precise", async_offset_ms: float = 0.0) -> Cut:
-    """The cut at ``(op, phase)`` shaped by ``arm`` (fault, crash delay, split window)."""
+def cut_from_position(
+    arm: Arm,
+    op: int,
+    phase: str,
+    *,
+    mode: str = "precise",
+    async_offset_ms: float = 0.0,
+    crash_after_ms: float | None = None,
+    split_window_ms: float | None = None,
+) -> Cut:
+    """The cut at ``(op, phase)`` shaped by ``arm`` (fault, crash delay, split window).
+
+    ``crash_after_ms``/``split_window_ms`` override the arm's values (the
+    ``hypothesis`` source draws them per cut).
+    """
     return Cut(
         op=op,
         phase=phase,
         mode=mode,
         async_offset_ms=async_offset_ms,
-        split_window_ms=arm.split_window_ms,
+        split_window_ms=arm.split_window_ms if split_window_ms is None else split_window_ms,
         fault=arm.fault,
-        crash_after_ms=arm.crash_after_ms,
+        crash_after_ms=arm.crash_after_ms if crash_after_ms is None else crash_after_ms,
+        restore_target=arm.restore_target,
+        rank_skew_ms=arm.rank_skew_ms,
     )
 
 
@@ -49,37 +68,55 @@ def plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
 
 
 def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
-    """One single-cut plan per allowed position (× async offsets in async mode)."""
+    """Every plan of 1 to ``cuts_per_trial`` cuts over the allowed positions, in a fixed order.
+
+    Single-cut plans come first (position order, × async offsets in async
+    mode), then every pair of positions, and so on: bounded black-box
+    enumeration, as CrashMonkey enumerates small workloads. The count grows
+    as ``positions ** cuts_per_trial``; keep the op range small.
+    """
+    allowed = positions(scenario)
+    mode_choices = modes(scenario)
     out = []
-    for op, phase in positions(scenario):
-        for mode, offset in _modes(scenario):
-            out.append(CutPlan((cut_from_position(arm, op, phase, mode=mode, async_offset_ms=offset),)))
+    for size in range(1, min(scenario.cuts_per_trial, len(allowed)) + 1):
+        for combo in itertools.combinations(allowed, size):
+            for shape in itertools.product(mode_choices, repeat=size):
+                out.append(CutPlan(tuple(cut_from_position(arm, op, phase, mode=m, async_offset_ms=off)
+                                         for (op, phase), (m, off) in zip(combo, shape))))
     return out
 
 
 def random_plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
-    """``scenario.trials`` seeded plans of ``cuts_per_trial`` cuts at increasing positions.
+    """``scenario.trials`` seeded plans of 1 to ``cuts_per_trial`` cuts at increasing positions.
 
-    The seed mixes the scenario seed with the arm label, so each arm gets its
-    own reproducible stream and adding an arm does not change the others.
+    The seed mixes the scenario seed with the arm label (:func:`arm_seed`), so
+    each arm gets its own reproducible stream and adding an arm does not
+    change the others.
     """
-    rng = random.Random(zlib.crc32(f"{scenario.seed}:{arm.label()}".encode()))
+    rng = random.Random(arm_seed(scenario, arm))
     allowed = positions(scenario)
-    modes = _modes(scenario)
-    k = min(scenario.cuts_per_trial, len(allowed))
+    mode_choices = modes(scenario)
+    k_max = min(scenario.cuts_per_trial, len(allowed))
     out = []
     for _ in range(scenario.trials):
-        picks = sorted(rng.sample(range(len(allowed)), k))
+        size = rng.randint(1, k_max) if k_max > 1 else 1
+        picks = sorted(rng.sample(range(len(allowed)), size))
         cuts = []
         for idx in picks:
-            mode, offset = rng.choice(modes)
+            mode, offset = rng.choice(mode_choices)
             op, phase = allowed[idx]
             cuts.append(cut_from_position(arm, op, phase, mode=mode, async_offset_ms=offset))
         out.append(CutPlan(tuple(cuts)))
     return out
 
 
-def _modes(scenario: Scenario) -> list[tuple[str, float]]:
+def arm_seed(scenario: Scenario, arm: Arm) -> int:
+    """The seed of ``arm``'s plan stream: a hash of the scenario seed and the arm label."""
+    return zlib.crc32(f"{scenario.seed}:{arm.label()}".encode())
+
+
+def modes(scenario: Scenario) -> list[tuple[str, float]]:
+    """The ``(mode, async_offset_ms)`` choices ``plan.cut_mode`` allows for one cut."""
     precise = [("precise", 0.0)]
     asynchronous = [("async", off) for off in scenario.async_offset_ms]
     if scenario.cut_mode == "precise":

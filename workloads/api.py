@@ -25,7 +25,26 @@ DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "uvm", "di
 
 BUILTIN: dict[str, str] = {
     "counter": "workloads.counter:Counter",
+    "persistent_kernel": "workloads.persistent_kernel:PersistentKernel",
+    "nccl_ranks": "workloads.nccl_ranks:NcclRanks",
+    "request_service": "workloads.request_service:RequestService",
+    "training": "workloads.training:Training",
+    "allocator_churn": "workloads.allocator_churn:AllocatorChurn",
+    "stream_callbacks": "workloads.stream_callbacks:StreamCallbacks",
+    "ranks": "workloads.ranks:Ranks",
+    # Sensitivity suite (workloads/variants.py): known-bad variants and their correct twins.
+    "outbox": "workloads.variants:Outbox",
+    "outbox_mark_before_send": "workloads.variants:OutboxMarkBeforeSend",
+    "resend": "workloads.variants:Resend",
+    "resend_stale_digest": "workloads.variants:ResendStaleDigest",
+    "restore_hook": "workloads.variants:RestoreHook",
+    "restore_hook_realloc": "workloads.variants:RestoreHookRealloc",
+    "echo_peer": "workloads.echo_peer:EchoPeer",
+    "echo_peer_noseq": "workloads.echo_peer:EchoPeerNoSeq",
 }
+
+# Array backends a workload runs on unless it says otherwise (``arrays``).
+ARRAYS: tuple[str, ...] = ("numpy", "cupy")
 
 
 @runtime_checkable
@@ -63,6 +82,14 @@ class Workload(Protocol):
 
     @classmethod
     def reference(cls, params: dict[str, Any]) -> Reference: ...
+
+    # Optional members (see docs/workload-api.md):
+    #   arrays: ClassVar[tuple[str, ...]]   array backends it runs on; ("cupy",) = GPU-only
+    #   validate_params(cls, params)        classmethod; raise WorkloadError naming the bad value
+    #   domains_for(cls, params)            classmethod; domains some parameter values add
+    #   save_state(self, path: str) -> None / load_state(self, path: str) -> int
+    #                                       the `app` baseline's hooks (op to resume after)
+    #   finish(self) -> None                called after the last op, before report()
 
 
 class WorkloadError(ValueError):
@@ -116,7 +143,41 @@ def resolve_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
                 f"workload {cls.name!r} parameter {key!r} = {value!r}: expected {type(default).__name__}"
             )
         out[key] = value
+    validate = getattr(cls, "validate_params", None)
+    if callable(validate):
+        try:
+            validate(out)
+        except WorkloadError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise WorkloadError(f"workload {cls.name!r}: {exc}") from None
     return out
 
 
-__all__ = ["PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "load", "resolve_params"]
+def declared_domains(cls: type, params: dict[str, Any]) -> frozenset[str]:
+    """The state domains ``cls`` uses with ``params``: ``cls.domains`` plus what ``domains_for`` adds."""
+    extra = getattr(cls, "domains_for", None)
+    return frozenset(cls.domains) | (frozenset(extra(params)) if callable(extra) else frozenset())
+
+
+def unavailable_reason(cls: type, array: str) -> str | None:
+    """Why ``cls`` cannot run here on array backend ``array`` (with the fix), or None when it can.
+
+    A workload whose ``arrays`` lacks "numpy" needs CuPy and a CUDA device.
+    """
+    arrays = tuple(getattr(cls, "arrays", ARRAYS))
+    wanted = "cupy" if array == "auto" and "numpy" not in arrays else array
+    if wanted != "auto" and wanted not in arrays:
+        return f"workload {cls.name!r} runs on {', '.join(arrays)}, not {wanted!r}"
+    if wanted == "cupy":
+        from workloads.xp import get_xp
+
+        try:
+            get_xp("cupy")
+        except ValueError as exc:
+            return f"workload {cls.name!r} needs a GPU: {exc} (install the 'gpu' extra on a machine with an NVIDIA GPU)"
+    return None
+
+
+__all__ = ["ARRAYS", "PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "declared_domains",
+           "load", "resolve_params", "unavailable_reason"]
