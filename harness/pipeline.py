@@ -78,7 +78,16 @@ def execute_cut(
         before_resume()
         try:
             pid = backend.restore(ctx)
-        except (StageFailed, StageRefused) as exc:
+        except StageRefused as exc:
+            # A declined restore option (e.g. a GPU remap the driver rejected)
+            # after which the backend brought the workload back as it was: safe.
+            resumed = getattr(exc, "resumed_pid", None)
+            if resumed is None:
+                return CutOutcome("failed", exc.stage, exc.reason)
+            target.replaced_by(resumed)
+            release()
+            return CutOutcome("refused", exc.stage, exc.reason)
+        except StageFailed as exc:
             return CutOutcome("failed", exc.stage, exc.reason)
         target.replaced_by(pid)
         release()

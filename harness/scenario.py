@@ -9,25 +9,29 @@ command line) are applied last. See ``scenarios/README.md`` for the reference.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import InvalidArgument
-from harness.plan import FAULTS
+from harness.plan import FAULTS, RESTORE_TARGETS
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
 BACKENDS: tuple[str, ...] = ("criu", "cuda", "cuda-checkpoint", "cuda+criu", "criu-cuda-plugin", "app")
+# Backends that drive the CUDA driver's checkpoint calls per process (rank skew and GPU remap apply).
+CUDA_BACKENDS: tuple[str, ...] = ("cuda", "cuda-checkpoint", "cuda+criu")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
 ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
-    "": ("name", "description", "include", "workload", "receiver", "pipeline", "plan", "run"),
+    "": ("name", "description", "include", "workload", "receiver", "pipeline", "plan", "run", "variants"),
     "workload": ("name", "array", "params"),
     "receiver": ("store", "modes"),
-    "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable"),
+    "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
+                 "rank_skew_ms", "restore_targets"),
     "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile"),
     "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s"),
 }
@@ -42,6 +46,8 @@ class Arm:
     fault: str
     crash_after_ms: float
     split_window_ms: float
+    rank_skew_ms: float = 0.0
+    restore_target: str = "same"
 
     def label(self) -> str:
         """A short label such as ``criu/idempotent/kill``."""
@@ -50,6 +56,10 @@ class Arm:
             s += f"+{self.crash_after_ms:g}ms"
         if self.split_window_ms:
             s += f"/split{self.split_window_ms:g}ms"
+        if self.rank_skew_ms:
+            s += f"/skew{self.rank_skew_ms:g}ms"
+        if self.restore_target != "same":
+            s += f"/{self.restore_target}"
         return s
 
 
@@ -68,6 +78,8 @@ class Scenario:
     faults: tuple[str, ...] = ("kill",)
     crash_after_ms: tuple[float, ...] = (100.0,)
     split_window_ms: tuple[float, ...] = (0.0,)
+    rank_skew_ms: tuple[float, ...] = (0.0,)
+    restore_targets: tuple[str, ...] = ("same",)
     keep_images: bool = False
     images_dir: str = "/dev/shm"
     skip_unavailable: bool = False
@@ -84,19 +96,27 @@ class Scenario:
     trial_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
     source_path: str = ""
+    # ``[[variants]]``: named overlays of this scenario (e.g. one per workload),
+    # each a complete scenario; a run runs all of them instead of this one.
+    variant: str = ""
+    variants: tuple["Scenario", ...] = ()
 
     def arms(self) -> list[Arm]:
         """The cartesian product backend × mode × fault × crash delay × split window.
 
         Crash delays only multiply ``leave_running``; split windows only multiply
-        backends that have one (``cuda+criu``).
+        backends that have one (``cuda+criu``); rank skews and restore targets
+        only multiply backends that drive the CUDA driver.
         """
         out = []
         for backend, mode, fault in itertools.product(self.backends, self.modes, self.faults):
             crashes = self.crash_after_ms if fault == "leave_running" else (0.0,)
             splits = self.split_window_ms if backend == "cuda+criu" else (0.0,)
-            for crash, split in itertools.product(crashes, splits):
-                out.append(Arm(backend, mode, fault, float(crash), float(split)))
+            cuda = backend in CUDA_BACKENDS
+            skews = self.rank_skew_ms if cuda else (0.0,)
+            targets = self.restore_targets if cuda else ("same",)
+            for crash, split, skew, target in itertools.product(crashes, splits, skews, targets):
+                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,12 +129,17 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     data = _read_with_includes(Path(path), seen=())
     for item in overrides or []:
         _apply_override(data, item)
-    return parse_scenario(data, source_path=str(path))
+    return parse_scenario(data, source_path=str(path), overrides=overrides)
 
 
-def parse_scenario(data: dict[str, Any], source_path: str = "") -> Scenario:
-    """Validate a scenario mapping (already parsed TOML) into a :class:`Scenario`."""
+def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[str] | None = None) -> Scenario:
+    """Validate a scenario mapping (already parsed TOML) into a :class:`Scenario`.
+
+    Each ``[[variants]]`` table is merged over the rest of ``data``, then
+    ``overrides`` are applied again (the command line wins over a variant).
+    """
     _check_keys(data, "")
+    variants = _parse_variants(data, source_path, overrides or [])
     wl = _table(data, "workload")
     rc = _table(data, "receiver")
     pl = _table(data, "pipeline")
@@ -158,6 +183,9 @@ def parse_scenario(data: dict[str, Any], source_path: str = "") -> Scenario:
         faults=tuple(_list_of(_get(pl, "pipeline", "faults", list, ["kill"]), "pipeline.faults", FAULTS)),
         crash_after_ms=_numbers(_get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0]), "pipeline.crash_after_ms"),
         split_window_ms=_numbers(_get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0]), "pipeline.split_window_ms"),
+        rank_skew_ms=_numbers(_get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0]), "pipeline.rank_skew_ms"),
+        restore_targets=tuple(_list_of(_get(pl, "pipeline", "restore_targets", list, ["same"]), "pipeline.restore_targets",
+                                       RESTORE_TARGETS)),
         keep_images=_get(pl, "pipeline", "keep_images", bool, False),
         images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
         skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
@@ -174,7 +202,45 @@ def parse_scenario(data: dict[str, Any], source_path: str = "") -> Scenario:
         trial_timeout_s=float(_positive(_get(rn, "run", "trial_timeout_s", (int, float), 120.0), "run.trial_timeout_s")),
         stage_timeout_s=float(_positive(_get(rn, "run", "stage_timeout_s", (int, float), 60.0), "run.stage_timeout_s")),
         source_path=source_path,
+        variants=variants,
     )
+
+
+# Tables a variant may overlay. The receiver store is the run's (one session, one store).
+_VARIANT_KEYS = ("name", "workload", "receiver", "pipeline", "plan", "run")
+
+
+def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]) -> tuple[Scenario, ...]:
+    """The ``[[variants]]`` of ``data``, each merged over the rest and validated."""
+    raw = data.get("variants", [])
+    if not isinstance(raw, list) or not all(isinstance(v, dict) for v in raw):
+        raise InvalidArgument("variants: expected [[variants]] tables, each with a name")
+    base = {k: v for k, v in data.items() if k != "variants"}
+    out: list[Scenario] = []
+    for i, table in enumerate(raw):
+        name = table.get("name")
+        where = f"variants[{i}]"
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidArgument(f"{where}.name = {name!r}: expected a non-empty string")
+        if any(s.variant == name for s in out):
+            raise InvalidArgument(f"{where}.name = {name!r}: used by an earlier variant")
+        unknown = sorted(set(table) - set(_VARIANT_KEYS))
+        if unknown:
+            raise InvalidArgument(f"{where} ({name}): unknown field(s) {unknown}; allowed: {', '.join(_VARIANT_KEYS)}")
+        if isinstance(table.get("receiver"), dict) and "store" in table["receiver"]:
+            raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
+        merged = copy.deepcopy(base)
+        _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
+        for item in overrides:
+            _apply_override(merged, item)
+        try:
+            sub = parse_scenario(merged, source_path)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where} ({name}): {exc}") from None
+        if sub.plan_source == "hypothesis":
+            raise InvalidArgument(f"{where} ({name}): plan.source = 'hypothesis' is adaptive; variants run exhaustive or random plans")
+        out.append(replace(sub, variant=name))
+    return tuple(out)
 
 
 # -- helpers ---------------------------------------------------------------

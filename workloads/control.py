@@ -41,7 +41,24 @@ _SLOTS = (
     "pid",  # the workload's pid, written at start
     "stop",  # harness asks the workload to stop at the next point
     "done",  # workload finished its last op and wrote its report
+    # Application-level checkpoints (the `app` backend): the harness asks for a
+    # save at the next op boundary; the path is in the text area.
+    "save_seq",  # harness: bumped to request a save
+    "saved_seq",  # workload: set to save_seq once saved (negative: cannot save)
+    "saved_op",  # workload: the op the save covers
+    "save_hold",  # harness: 1 = wait at the boundary after saving until it is 0
+    "load_count",  # workload: bumped after a process loaded a saved state
+    # Quiesce adapters (e.g. a persistent kernel): drain device work before a cut.
+    "quiesce_capable",  # workload: 1 when it registered a quiesce handler
+    "quiesce_seq",  # harness: bumped to ask for a drain
+    "quiesced_seq",  # workload: set to quiesce_seq once drained
+    "unquiesce_seq",  # harness: set to quiesce_seq when device work may restart
+    # Multi-process workloads: the one process a cut checkpoints instead of the
+    # whole tree (0: the workload's root and every process under it).
+    "cut_pid",  # workload
 )
+# A length-prefixed UTF-8 string (the app backend's save path) lives here.
+TEXT_OFFSET = 2048
 _INDEX = {name: i for i, name in enumerate(_SLOTS)}
 
 
@@ -77,6 +94,19 @@ class ControlFile:
     def set(self, name: str, value: int) -> None:
         """Store ``value`` in slot ``name``."""
         struct.pack_into("<q", self._map, 8 * _INDEX[name], value)
+
+    def set_text(self, text: str) -> None:
+        """Store a short string (at most ``SIZE - TEXT_OFFSET - 8`` bytes of UTF-8)."""
+        data = text.encode()
+        if len(data) > SIZE - TEXT_OFFSET - 8:
+            raise ValueError(f"control text of {len(data)} bytes does not fit")
+        self._map[TEXT_OFFSET + 8 : TEXT_OFFSET + 8 + len(data)] = data
+        struct.pack_into("<q", self._map, TEXT_OFFSET, len(data))
+
+    def get_text(self) -> str:
+        """The string stored by :meth:`set_text` ("" when none)."""
+        (n,) = struct.unpack_from("<q", self._map, TEXT_OFFSET)
+        return bytes(self._map[TEXT_OFFSET + 8 : TEXT_OFFSET + 8 + max(0, n)]).decode()
 
     def snapshot(self) -> dict[str, int]:
         """All slots as a dict (for logs and timelines)."""

@@ -10,13 +10,14 @@ NumPy, so the reference below reproduces every digest bit for bit.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
 from workloads.control import PHASES
-from workloads.xp import pointer, synchronize
+from workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
 
 MASK = (1 << 64) - 1
 MULT = 6364136223846793005  # Knuth's MMIX LCG multiplier: odd, so the update is a bijection
@@ -37,6 +38,19 @@ def mix(xp: ModuleType, n: int, seed: int, op: int) -> Any:
     x *= u(MIX2)
     x ^= x >> u(31)
     return x
+
+
+BALLAST_SALT = 0xBA11A57
+# Appended to the checksum when the ballast changed: the oracle then reports
+# the device state as not matching the reference (mixed_epoch).
+BALLAST_CORRUPT = ":ballast-corrupt"
+
+
+def ballast(xp: ModuleType, mib: int, seed: int) -> Any:
+    """``mib`` MiB of deterministic uint64 words (None for 0)."""
+    if mib <= 0:
+        return None
+    return mix(xp, mib * (1 << 20) // 8, seed ^ BALLAST_SALT, 0)
 
 
 def initial_state(xp: ModuleType, n: int, seed: int) -> Any:
@@ -99,6 +113,9 @@ class Counter:
         "seed": 0,
         "state_size": 1024,
         "op_interval_ms": 0.0,
+        # Extra device memory of known content (MiB): makes the checkpoint move
+        # that many bytes; verified at the end and folded into the checksum.
+        "ballast_mib": 0,
     }
 
     def __init__(self, rt: Any, params: dict[str, Any]):
@@ -113,19 +130,24 @@ class Counter:
     def setup(self) -> None:
         """Allocate the state vector and remember its address."""
         self.state = initial_state(self.xp, self.p["state_size"], self.p["seed"])
+        self.ballast = ballast(self.xp, self.p["ballast_mib"], self.p["seed"])
+        # A device-side pointer table: the buffer's own address stored in device
+        # memory, checked against the live address at the end (GPU runs only).
+        self.ptr_table = self.xp.asarray([pointer(self.state)], dtype=self.xp.uint64) if is_device(self.xp) else None
         synchronize(self.xp)
         self.pointers_initial = {"state": pointer(self.state)}
+        self.gpu_uuid_initial = device_uuid(self.xp)
 
     def run_op(self, op: int) -> None:
         """Run op ``op`` through all seven phases."""
-        rt, xp = self.rt, self.xp
+        rt = self.rt
         self.cursor = op
         rt.point(op, "admit")
-        apply_op(xp, self.state, self.p["seed"], op)
+        self.launch_op(op)
         rt.point(op, "launch")
-        synchronize(xp)
+        self.wait_op(op)
         rt.point(op, "device_done")
-        self.last_digest = digest(xp, self.state)
+        self.last_digest = self.state_digest()
         self.host_op = op
         rt.point(op, "record")
         rt.receiver.send_effect(rt.trial, op, rt.epoch, self.last_digest)
@@ -138,17 +160,63 @@ class Counter:
         if self.p["op_interval_ms"]:
             time.sleep(self.p["op_interval_ms"] / 1000.0)
 
+    # -- device hooks (a subclass may run the same arithmetic another way) ----
+    def launch_op(self, op: int) -> None:
+        """Enqueue op ``op``'s device work."""
+        apply_op(self.xp, self.state, self.p["seed"], op)
+
+    def wait_op(self, op: int) -> None:
+        """Wait until op ``op``'s device work is complete."""
+        synchronize(self.xp)
+
+    def state_digest(self) -> str:
+        """The digest of the state vector now."""
+        return digest(self.xp, self.state)
+
+    def ballast_ok(self) -> bool:
+        """Whether the ballast still holds exactly what :func:`ballast` wrote."""
+        if self.ballast is None:
+            return True
+        return bool((self.ballast == ballast(self.xp, self.p["ballast_mib"], self.p["seed"])).all())
+
     def report(self) -> dict[str, Any]:
         """Host counters, the device state digest and the buffer addresses."""
-        return {
+        out = {
             "host_op": self.committed,
             "cursor": self.cursor,
             "recorded_op": self.host_op,
-            "checksum": digest(self.xp, self.state),
+            "checksum": self.state_digest() + ("" if self.ballast_ok() else BALLAST_CORRUPT),
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"state": pointer(self.state)},
             "device": self.xp.__name__,
         }
+        if self.ptr_table is not None:
+            out["pointer_table_ok"] = int(to_host(self.ptr_table)[0]) == pointer(self.state)
+            out["domains"] = ["cuda"]
+            out["gpu_uuid_initial"] = self.gpu_uuid_initial
+            out["gpu_uuid"] = device_uuid(self.xp)
+        return out
+
+    def save_state(self, path: str) -> None:
+        """Application-level checkpoint at an op boundary: counters and the state vector."""
+        import numpy as np
+
+        header = {"cursor": self.cursor, "host_op": self.host_op, "committed": self.committed, "last_digest": self.last_digest}
+        with open(path, "wb") as fh:  # opened and closed here: no file stays open across a cut
+            np.save(fh, np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))
+            np.save(fh, to_host(self.state))
+
+    def load_state(self, path: str) -> int:
+        """Load what :meth:`save_state` wrote into the buffers :meth:`setup` made; return the op to resume after."""
+        import numpy as np
+
+        with open(path, "rb") as fh:
+            header = json.loads(np.load(fh).tobytes())
+            self.state[...] = self.xp.asarray(np.load(fh))
+        synchronize(self.xp)
+        self.cursor, self.host_op = header["cursor"], header["host_op"]
+        self.committed, self.last_digest = header["committed"], header["last_digest"]
+        return self.committed
 
     @classmethod
     def reference(cls, params: dict[str, Any]) -> CounterReference:

@@ -18,8 +18,12 @@ from workloads.xp import get_xp
 def main(argv: list[str] | None = None) -> int:
     """Run the workload described by the config file; return the exit code."""
     args = sys.argv[1:] if argv is None else argv
+    resume = None
+    if len(args) == 3 and args[1] == "--resume":
+        # The `app` backend's restore: a fresh process loads a saved state.
+        args, resume = args[:1], args[2]
     if len(args) != 1:
-        print("usage: python -m workloads.launch CONFIG.json", file=sys.stderr)
+        print("usage: python -m workloads.launch CONFIG.json [--resume STATE]", file=sys.stderr)
         return 2
     config = WorkloadConfig.load(args[0])
     control = ControlFile(config.control_path)
@@ -33,9 +37,17 @@ def main(argv: list[str] | None = None) -> int:
             rt.receiver = ReceiverClient(config.receiver)
         workload = cls(rt, config.params)
         workload.setup()
-        rt.log(f"start {cls.name} ops={config.params.get('ops')}")
-        for op in range(1, int(config.params["ops"]) + 1):
+        first = 1
+        if resume is not None:
+            first = int(workload.load_state(resume)) + 1
+            control.set("load_count", control.get("load_count") + 1)
+        rt.log(f"start {cls.name} ops={config.params.get('ops')} first={first}")
+        for op in range(first, int(config.params["ops"]) + 1):
             workload.run_op(op)
+            rt.boundary(op, workload)
+        finish = getattr(workload, "finish", None)
+        if callable(finish):  # stop background device work before the report
+            finish()
         rt.write_report(workload.report())
         rt.log("done")
         return 0

@@ -66,6 +66,9 @@ class Runtime:
     # part of the image and a restored process resumes its own park.
     _parked_seq: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
+    # Quiesce adapter: a callable that drains the workload's device work (see
+    # :meth:`set_quiesce_handler`); None when the workload has none.
+    _quiesce: Any = None
 
     @property
     def epoch(self) -> int:
@@ -77,6 +80,18 @@ class Runtime:
         """The trial ID the harness gave this run."""
         return self.config.trial
 
+    @property
+    def workdir(self) -> Path:
+        """The trial's directory, for files the workload keeps outside its process image
+        (an external input cursor, a file-backed shared table); the harness removes it."""
+        return Path(self.config.report_path).parent
+
+    def set_cut_target(self, pid: int) -> None:
+        """Ask the harness to checkpoint only process ``pid`` (one of this workload's
+        children) instead of the whole process tree: an uncoordinated cut. 0 restores
+        the default."""
+        self.control.set("cut_pid", int(pid))
+
     def point(self, op: int, phase: str) -> None:
         """Announce that ``phase`` of ``op`` is complete; park here if the harness armed it."""
         idx = self.phases.index(phase)
@@ -87,6 +102,7 @@ class Runtime:
         seq = c.get("arm_seq")
         if seq > c.get("release_seq") and c.get("arm_op") == op and c.get("arm_phase") == idx:
             self._park(seq)
+        self.service()
         if c.get("stop"):
             raise SystemExit(3)
 
@@ -95,8 +111,64 @@ class Runtime:
         self.control.set("parked_seq", seq)
         deadline = time.monotonic() + PARK_TIMEOUT_S
         while self.control.get("release_seq") < seq:
+            self.service()  # a parked workload still answers drain requests
             if time.monotonic() > deadline:
                 self.log(f"park at seq {seq} never released; exiting")
+                raise SystemExit(4)
+            time.sleep(0.0005)
+
+    # -- quiesce adapters ------------------------------------------------------
+    def set_quiesce_handler(self, drain: Any) -> None:
+        """Register ``drain()``: stop all device work at an epoch boundary (e.g. let a
+        persistent kernel finish its queue and exit). The harness asks for it before
+        a CUDA lock; the workload restarts its device work only after
+        :meth:`wait_unquiesced` returns."""
+        self._quiesce = drain
+        self.control.set("quiesce_capable", 1)
+
+    def service(self) -> None:
+        """Answer a pending drain request (called at every cut point and while parked)."""
+        c = self.control
+        seq = c.get("quiesce_seq")
+        if self._quiesce is not None and seq > c.get("quiesced_seq"):
+            self._quiesce()
+            c.set("quiesced_seq", seq)
+
+    def wait_unquiesced(self) -> None:
+        """Block until the harness lets drained device work restart (returns at once when not drained)."""
+        c = self.control
+        deadline = time.monotonic() + PARK_TIMEOUT_S
+        while c.get("unquiesce_seq") < c.get("quiesced_seq"):
+            self.service()
+            if time.monotonic() > deadline:
+                self.log("device work never allowed to restart; exiting")
+                raise SystemExit(4)
+            time.sleep(0.0005)
+
+    # -- application-level checkpoints (the `app` backend) --------------------
+    def boundary(self, op: int, workload: Any) -> None:
+        """Op ``op`` is complete: save the workload's state here if the harness asked.
+
+        The save path is in the control text area. A workload without
+        ``save_state`` answers with ``saved_seq = -seq`` (the harness refuses the
+        cut). With ``save_hold`` set the workload then waits here, so a ``kill``
+        fault finds it exactly at the boundary it saved.
+        """
+        c = self.control
+        seq = c.get("save_seq")
+        if seq <= abs(c.get("saved_seq")):
+            return
+        save = getattr(workload, "save_state", None)
+        if save is None:
+            c.set("saved_seq", -seq)
+            return
+        save(c.get_text())
+        c.set("saved_op", op)
+        c.set("saved_seq", seq)
+        deadline = time.monotonic() + PARK_TIMEOUT_S
+        while c.get("save_hold"):
+            if time.monotonic() > deadline:
+                self.log("save hold never released; exiting")
                 raise SystemExit(4)
             time.sleep(0.0005)
 

@@ -58,3 +58,18 @@ def to_host(arr: Any) -> Any:
     """A NumPy copy of ``arr`` (no copy for NumPy arrays)."""
     get = getattr(arr, "get", None)
     return get() if callable(get) else arr
+
+
+def format_uuid(raw: bytes) -> str:
+    """A 16-byte device UUID in nvidia-smi's form, ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+    h = bytes(raw).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def device_uuid(xp: ModuleType) -> str | None:
+    """The UUID of the current device as the driver reports it now (None on NumPy)."""
+    if not is_device(xp):
+        return None
+    dev = xp.cuda.Device().id
+    raw = xp.cuda.runtime.getDeviceProperties(dev)["uuid"]
+    return format_uuid(raw if isinstance(raw, bytes) else bytes(raw))

@@ -16,6 +16,11 @@ from harness.errors import InvalidArgument, Unavailable
 # never imports GPU bindings it does not have.
 REGISTRY: dict[str, str] = {
     "criu": "harness.checkpointers.criu:CriuCheckpointer",
+    "cuda": "harness.checkpointers.cuda:CudaCheckpointer",
+    "cuda-checkpoint": "harness.checkpointers.cuda_checkpoint_util:CudaCheckpointUtilCheckpointer",
+    "cuda+criu": "harness.checkpointers.cuda_criu:CudaCriuCheckpointer",
+    "criu-cuda-plugin": "harness.checkpointers.criu_cuda_plugin:CriuCudaPluginCheckpointer",
+    "app": "harness.checkpointers.app:AppCheckpointer",
 }
 
 

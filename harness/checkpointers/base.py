@@ -34,6 +34,9 @@ class CutContext:
     # Called by backends whose pipeline lets host code run before the CPU cut
     # (the split window): it releases the workload's park.
     release: Any = None
+    # The trial's ControlFile: backends that talk to the workload (app saves,
+    # quiesce adapters) use it; None outside a trial.
+    control: Any = None
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ exactly the application's real recovery path.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class CriuCheckpointer:
 
     name = "criu"
     covers = frozenset({"cpu", "ipc"})
+    # Extra CRIU options for dump and restore (a subclass adds a plugin directory).
+    extra_args: tuple[str, ...] = ()
 
     def unavailable_reason(self) -> str | None:
         """Why CRIU cannot be used here (with the fix), or None."""
@@ -75,6 +78,12 @@ class CriuCheckpointer:
                 "--tcp-established", "--network-lock", NETWORK_LOCK]
         if leave_running:
             args.append("--leave-running")
+        if _inherits_session(target.pid):
+            # One process of a tree (a single rank): its session leader is not
+            # in the image, so CRIU must treat it as a shell job on both sides.
+            args.append("--shell-job")
+            ctx.facts["shell_job"] = 1
+        args += self.extra_args
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
@@ -94,7 +103,9 @@ class CriuCheckpointer:
         pidfile.unlink(missing_ok=True)
         tcp = "--tcp-established" if ctx.cut.fault == "kill" else "--tcp-close"
         args = ["restore", "-D", str(images), "-d", "--pidfile", str(pidfile), "-o", "restore.log", "-v2",
-                tcp, "--network-lock", NETWORK_LOCK]
+                tcp, "--network-lock", NETWORK_LOCK, *self.extra_args]
+        if ctx.facts.get("shell_job"):
+            args.append("--shell-job")
         with ctx.timeline.stage("criu_restore", ctx.cut_index):
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
@@ -109,3 +120,11 @@ class CriuCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing beyond the images directory, which the pipeline removes."""
+
+
+def _inherits_session(pid: int) -> bool:
+    """True when ``pid`` is not the leader of its own session (it belongs to its parent's)."""
+    try:
+        return os.getsid(pid) != pid
+    except OSError:
+        return False

@@ -1,0 +1,67 @@
+#!/bin/bash
+# What one device call runs, in the repository root of the GPU machine:
+#   scripts/device_run.sh STEP...   (steps below; output and results under $OUT)
+# The machine has no network: CRIU travels in .criu/ and missing wheels in .whl/.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# NVLink multicast stays off in every process (it can take the host's GPUs down).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+PY=python3
+CB="$PY -m harness.cli"
+RES=${RES:-/tmp/results}
+mkdir -p "$RES"
+
+step_env() {
+  nvidia-smi || true
+  nvidia-smi --query-gpu=index,name,uuid,memory.used,memory.total --format=csv
+  df -h /dev/shm /tmp | cat
+  free -g | cat
+  uname -r; $PY --version
+  which cuda-checkpoint criu || true
+  $PY - <<'PY'
+import importlib.metadata as m
+for n in ("cupy-cuda13x", "cuda-bindings", "nvidia-ml-py", "torch", "nvidia-nccl-cu13", "pandas", "pyarrow", "hypothesis"):
+    try: print(n, m.version(n))
+    except Exception as e: print(n, "missing")
+try:
+    from cupy.cuda import nccl
+    print("cupy nccl available:", getattr(nccl, "available", "?"), nccl.get_version())
+except Exception as e:
+    print("cupy nccl:", type(e).__name__, e)
+PY
+  $PY -m harness.gpu_probe | head -60
+  $CB doctor || true
+}
+
+step_tests() {  # GPU-marked tests (and the CPU-side CUDA tests) on the real GPU
+  $PY -m pytest -q -ra -p no:cacheprovider -m "gpu" tests/ --timeout 300 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+}
+
+step_quick() { $CB run scenarios/gpu-quick.toml --out "$RES" 2>&1 | tail -40; }
+step_sweep() { $CB run scenarios/gpu-sweep.toml --out "$RES" 2>&1 | tail -45; }
+step_multi() { $CB run scenarios/multi-gpu.toml --out "$RES" 2>&1 | tail -45; }
+step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:+--sizes $SPEED_SIZES} 2>&1 | tail -30; }
+step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
+
+# Pack every run directory small enough to come back (parquet, md, toml, json, png).
+step_pack() {
+  (cd "$RES" && find . -name latest -prune -o -type f \( -name '*.parquet' -o -name '*.md' -o -name '*.toml' \
+      -o -name '*.png' -o -name '*.csv' -o -name '*.json' -o -name '*.html' -o -name '*.log' \) -print \
+      | tar czf "$OUT/results.tgz" -T -)
+  ls -la "$OUT"
+}
+
+for step in "$@"; do
+  echo "=== $step $(date +%T)"
+  start=$(date +%s)
+  "step_$step"
+  echo "=== $step done in $(( $(date +%s) - start ))s"
+done
