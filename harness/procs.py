@@ -94,7 +94,34 @@ class Child:
                     target()
                 except (ProcessLookupError, PermissionError):
                     pass
-        return self.wait(timeout)
+        rc = self.wait(timeout)
+        # A multi-process workload's children outlive it by a moment and are
+        # then re-parented to us (the subreaper): reap them now, or their
+        # zombies keep the pids a restore of the tree needs ("File exists").
+        self.kill_groups()
+        return rc
+
+    def kill_groups(self, timeout: float = 2.0) -> None:
+        """SIGKILL every process group this handle's pids have led, then reap those that are ours.
+
+        A restore interrupted half-way (Ctrl-C while ``criu restore`` runs) can
+        leave a restored process the handle does not know about: CRIU gives it
+        the dumped pid, session and group back, so its group is one of ours
+        even though this handle already reaped that pid once.
+        """
+        for pgid in dict.fromkeys([self.pid, *self.history]):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    pid, _status = os.waitpid(-pgid, os.WNOHANG)
+                except ChildProcessError:
+                    break  # nothing of that group is (any longer) our child
+                if pid == 0:
+                    time.sleep(0.005)
 
     def replaced_by(self, pid: int) -> None:
         """Point this handle at a restored process ``pid``."""

@@ -1,0 +1,217 @@
+"""Small pieces the built-in workloads share: deterministic numbers, digests,
+a replay reference, state files for the ``app`` baseline, and an input cursor
+kept outside the process.
+
+Everything numeric is unsigned 64-bit integer arithmetic, which wraps
+identically on CuPy and NumPy, so a reference computed with NumPy on the
+host reproduces a GPU run bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from workloads.xp import is_device, to_host
+
+MASK = (1 << 64) - 1
+MULT = 6364136223846793005  # odd: x -> x * MULT + c is a bijection mod 2**64
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+def splitmix(*words: int) -> int:
+    """A 64-bit hash of integer ``words`` (splitmix64 chained), as a Python int."""
+    x = 0
+    for w in words:
+        x = (x + (w & MASK) * GOLDEN + GOLDEN) & MASK
+        x ^= x >> 30
+        x = (x * MIX1) & MASK
+        x ^= x >> 27
+        x = (x * MIX2) & MASK
+        x ^= x >> 31
+    return x
+
+
+def digest(*items: Any) -> str:
+    """A short hex digest of ``items`` (ints, strings, or sequences of them)."""
+    text = json.dumps([list(map(int, i)) if hasattr(i, "__len__") and not isinstance(i, str) else i for i in items])
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def sums(xp: ModuleType, a: Any) -> Any:
+    """Two wrapping uint64 sums of ``a`` computed where ``a`` lives: plain and position-weighted.
+
+    Returns a 2-element array on ``a``'s device; together they change when any
+    element changes (the weights ``2i+1`` are odd, so no single change cancels).
+    """
+    u = xp.uint64
+    flat = a.reshape(-1)
+    weights = xp.arange(flat.size, dtype=u)
+    weights *= u(2)
+    weights += u(1)
+    weights *= flat
+    return xp.stack([flat.sum(dtype=u), weights.sum(dtype=u)])
+
+
+def host_ints(a: Any) -> list[int]:
+    """``a`` copied to the host as a list of Python ints (synchronises on CuPy)."""
+    return [int(v) for v in to_host(a).reshape(-1)]
+
+
+def device_domains(xp: ModuleType) -> list[str]:
+    """The extra state domain an array module adds: ``["cuda"]`` on CuPy, none on NumPy."""
+    return ["cuda"] if is_device(xp) else []
+
+
+# -- ground truth ---------------------------------------------------------------
+
+
+class Model(Protocol):
+    """A workload's state machine run without cut points (what the reference replays)."""
+
+    def step(self, op: int) -> str:
+        """Apply op ``op``; return the payload its effect carries."""
+        ...
+
+    def checksum(self) -> str:
+        """The checksum of the current state."""
+        ...
+
+
+class ReplayReference:
+    """Payloads and checksums of an uninterrupted run, by replaying a model on NumPy.
+
+    ``make_model()`` returns a fresh model at op 0. The model advances only as
+    far as asked and is kept, so queries cost one replay of the largest op.
+    """
+
+    def __init__(self, make_model: Callable[[], Model]):
+        self._model = make_model()
+        self._payloads: list[str] = [""]
+        self._checksums: list[str] = [self._model.checksum()]
+
+    def _advance(self, op: int) -> None:
+        if op < 0:
+            raise ValueError(f"op must be >= 0, got {op}")
+        while len(self._checksums) <= op:
+            n = len(self._checksums)
+            self._payloads.append(self._model.step(n))
+            self._checksums.append(self._model.checksum())
+
+    def payload(self, op: int) -> str:
+        """The payload effect ``op`` carries in an uninterrupted run."""
+        self._advance(op)
+        return self._payloads[op]
+
+    def checksum(self, op: int) -> str:
+        """The state checksum after ``op`` ops (0: the initial state)."""
+        self._advance(op)
+        return self._checksums[op]
+
+
+# -- the `app` baseline's state files -----------------------------------------
+
+
+def save_state_file(path: str, header: dict[str, Any], arrays: dict[str, Any]) -> None:
+    """Write ``header`` (JSON-able) and ``arrays`` (NumPy or CuPy) to ``path`` atomically.
+
+    The file is opened and closed here: no file stays open across a cut.
+    """
+    import numpy as np
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                 **{k: to_host(v) for k, v in arrays.items()})
+    os.replace(tmp, path)
+
+
+def load_state_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read what :func:`save_state_file` wrote: ``(header, {name: NumPy array})``."""
+    import numpy as np
+
+    with np.load(path) as data:
+        header = json.loads(data["__header__"].tobytes())
+        arrays = {k: data[k].copy() for k in data.files if k != "__header__"}
+    return header, arrays
+
+
+# -- inputs whose position lives outside the process ----------------------------
+
+
+class ExternalCursor:
+    """An input position kept in a file, outside any process image.
+
+    It stands for a message broker's committed consumer offset or a data
+    service's read position: whatever the process took from it stays taken,
+    even if the process is later rolled back to an image from before. A
+    checkpoint of the process does not cover it (domain ``disk``). The file is
+    opened only inside each call.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+
+    def position(self) -> int:
+        """How many items have been taken so far."""
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    def seek(self, position: int) -> None:
+        """Set the position (a consumer that seeks back on restore)."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(str(int(position)))
+        os.replace(tmp, self.path)
+
+    def take(self) -> int:
+        """Take the next item; return its 1-based index."""
+        item = self.position() + 1
+        self.seek(item)
+        return item
+
+
+class MemoryCursor:
+    """An input position held in process memory (covered by any process checkpoint)."""
+
+    def __init__(self) -> None:
+        self._position = 0
+
+    def position(self) -> int:
+        """How many items have been taken so far."""
+        return self._position
+
+    def seek(self, position: int) -> None:
+        """Set the position."""
+        self._position = int(position)
+
+    def take(self) -> int:
+        """Take the next item; return its 1-based index."""
+        self._position += 1
+        return self._position
+
+
+def make_cursor(kind: str, path: str | os.PathLike[str]) -> ExternalCursor | MemoryCursor:
+    """An input cursor: ``"memory"`` (in the process) or ``"external"`` (a file at ``path``)."""
+    return ExternalCursor(path) if kind == "external" else MemoryCursor()
+
+
+def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    """Raise ValueError naming parameter ``name``, its bad ``value`` and the allowed values."""
+    if value not in allowed:
+        raise ValueError(f"parameter {name} = {value!r}: allowed {', '.join(map(repr, allowed))}")
+
+
+def check_range(name: str, value: int | float, low: int | float, high: int | float | None = None) -> None:
+    """Raise ValueError unless ``low <= value <= high`` (no upper bound when ``high`` is None)."""
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"parameter {name} = {value!r}: must be {bound}")

@@ -1,0 +1,579 @@
+"""``ranks``: 2 to 4 processes that all-reduce over a loopback TCP ring every op.
+
+The workload's process is rank 0. At its first op it starts ranks 1..n-1 as
+its own children (``python -m workloads.ranks CONFIG``), so a checkpoint of
+rank 0 with CRIU (``criu dump -t ROOT``) takes the whole tree. Every rank holds
+a replica ``x`` of one uint64 vector. Op *i*: each rank computes its
+contribution ``g_r = (x ^ H(seed, r, i)) >> 1``, the ranks sum the
+contributions with a chunked ring all-reduce (reduce-scatter, then
+all-gather; ``2(n-1)`` messages per link), and every replica applies ``x = x *
+MULT + Σ g_r``. Rank 0 publishes the digest of ``x`` as the op's effect.
+
+The ring protocol (:class:`Ring`) tags every message with ``(op, step)`` and
+keeps the messages it sent during the current and the previous op. When a
+connection breaks (a restore with ``--tcp-close`` closes every TCP
+connection), the sender reconnects, the receiver says which tag it consumed
+last, and the sender resends what follows. That is enough to resume after a
+coordinated cut (all ranks rolled back to one instant). After an
+uncoordinated cut — one rank rolled back while its peers ran on — the peers
+no longer hold the messages it needs and it no longer has the ones they
+expect: the ring hangs, and the harness's watchdog reports a ``deadlock``.
+
+Which cut is taken is a parameter: ``cut = "tree"`` (default) lets the harness
+checkpoint rank 0's whole tree at once; ``cut = "rank"`` names rank
+``cut_rank`` as the one process to checkpoint (``Runtime.set_cut_target``),
+and the workload then declares the ``peer`` domain, because its peers' half
+of the conversation is outside that checkpoint.
+
+Self-check at the end: rank 0 gathers every rank's last op and replica digest
+around the ring; ``domain_ops`` holds each rank's op, and replicas that
+disagree make the reported checksum leave the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, ClassVar
+
+from workloads.common import (
+    MASK,
+    MULT,
+    ReplayReference,
+    check_choice,
+    check_range,
+    device_domains,
+    digest,
+    host_ints,
+    load_state_file,
+    save_state_file,
+    sums,
+)
+from workloads.counter import mix
+from workloads.xp import pointer, synchronize, to_host
+
+PHASES: tuple[str, ...] = ("admit", "allreduce", "device_done", "record", "publish", "ack", "commit")
+RANK_SALT = 0x0DDB_A11_5EED
+STRIDE = 1024  # tags: op * STRIDE + step
+SYNC_STEP = STRIDE - 1  # the state handed round the ring when ranks start
+HEADER = struct.Struct("<4sBqI")  # magic, kind, tag, payload length
+MAGIC = b"CBRG"
+DATA, EXPECT, FIN = 1, 2, 3
+SEND_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 300.0  # a rank that hears nothing this long gives up (the harness died)
+
+
+def tag_of(op: int, step: int) -> int:
+    """The wire tag of step ``step`` of op ``op``."""
+    return op * STRIDE + step
+
+
+def frame(kind: int, tag: int, payload: bytes = b"") -> bytes:
+    """One wire frame."""
+    return HEADER.pack(MAGIC, kind, tag, len(payload)) + payload
+
+
+class Ring:
+    """One rank's two ring links: from the left neighbour (accepted on ``listener``)
+    and to the right one (connected to its port), with tagged, resendable messages.
+
+    Single-threaded: every wait runs :meth:`_pump`, which accepts, connects,
+    reads and answers handshakes. Nothing here holds a file open.
+    """
+
+    def __init__(self, rank: int, n: int, listener: socket.socket, ports: list[int], *,
+                 log: Callable[[str], None], root_pid: int | None = None, idle_s: float = IDLE_TIMEOUT_S):
+        self.rank, self.n = rank, n
+        self.listener = listener
+        self.right_port = ports[(rank + 1) % n]
+        self.log = log
+        self.root_pid = root_pid  # ranks > 0 give up when rank 0 is gone
+        self.idle_s = idle_s
+        self.left: socket.socket | None = None
+        self.right: socket.socket | None = None
+        self.right_ready = False  # the right neighbour told us what it has (EXPECT)
+        self.left_fin = self.right_fin = False  # the neighbour finished: do not reconnect
+        self.left_buf, self.right_buf = bytearray(), bytearray()
+        self.consumed = -1  # highest tag consumed from the left
+        self.inbox: dict[int, bytes] = {}
+        self.sent: list[tuple[int, bytes]] = []  # resend log: (tag, frame), current and previous op
+        self.dropped = 0  # duplicate messages ignored after a resend
+        self.unserved = 0  # handshakes asking for messages older than the resend log
+        self._next_connect = 0.0
+        self._backoff = 0.01
+
+    # -- public --------------------------------------------------------------
+    def send(self, tag: int, payload: bytes) -> None:
+        """Send ``payload`` to the right neighbour under ``tag`` (logged for resending)."""
+        f = frame(DATA, tag, payload)
+        self.sent.append((tag, f))
+        floor = self._log_floor()
+        self.sent = [(t, fr) for t, fr in self.sent if t >= floor]
+        if self.right_ready:
+            self._write_right(f)
+
+    def recv(self, tag: int) -> bytes:
+        """Block until the left neighbour's message ``tag`` arrives; return its payload."""
+        deadline = time.monotonic() + self.idle_s
+        while tag not in self.inbox:
+            self._pump(deadline)
+        return self._consume(tag)
+
+    def recv_next(self) -> tuple[int, bytes]:
+        """Block until any new message arrives from the left; return the lowest ``(tag, payload)``."""
+        deadline = time.monotonic() + self.idle_s
+        while not self.inbox:
+            self._pump(deadline)
+        tag = min(self.inbox)
+        return tag, self._consume(tag)
+
+    def close(self) -> None:
+        """Tell both neighbours we are done, then close every socket."""
+        for sock in (self.left, self.right):
+            if sock is not None:
+                try:
+                    sock.sendall(frame(FIN, 0), socket.MSG_NOSIGNAL)
+                except OSError:
+                    pass
+                sock.close()
+        self.left = self.right = None
+        self.listener.close()
+
+    # -- machinery -----------------------------------------------------------
+    def _consume(self, tag: int) -> bytes:
+        payload = self.inbox.pop(tag)
+        self.consumed = max(self.consumed, tag)
+        for stale in [t for t in self.inbox if t <= self.consumed]:
+            del self.inbox[stale]
+        return payload
+
+    def _log_floor(self) -> int:
+        """The lowest tag the resend log still holds everything from."""
+        if not self.sent:
+            return 0
+        return max(self.sent[-1][0] // STRIDE - 1, 0) * STRIDE
+
+    def _pump(self, deadline: float) -> None:
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"rank {self.rank}: nothing from the ring for {self.idle_s:g}s")
+        if self.root_pid is not None and not _alive(self.root_pid):
+            raise SystemExit(5)
+        if self.right is None and not self.right_fin and now >= self._next_connect:
+            self._connect_right(now)
+        socks = [s for s in (self.listener, self.left, self.right) if s is not None]
+        try:
+            readable, _, _ = select.select(socks, [], [], 0.05)
+        except (OSError, ValueError):  # a socket closed under us: the next round sees it
+            return
+        for sock in readable:
+            if sock is self.listener:
+                self._accept()
+            elif sock is self.left:
+                self._read_left()
+            elif sock is self.right:
+                self._read_right()
+
+    def _connect_right(self, now: float) -> None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.right_port), timeout=1.0)
+        except OSError:
+            self._next_connect = now + self._backoff
+            self._backoff = min(self._backoff * 2, 0.5)
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SEND_TIMEOUT_S)
+        self.right, self.right_ready, self._backoff = sock, False, 0.01
+        self.right_buf.clear()
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(SEND_TIMEOUT_S)
+        if self.left is not None:
+            self.left.close()
+        self.left = sock
+        self.left_buf.clear()
+        try:  # the handshake: what we consumed last, so the sender resends what follows
+            sock.sendall(frame(EXPECT, self.consumed), socket.MSG_NOSIGNAL)
+        except OSError:
+            self._drop_left()
+
+    def _read_left(self) -> None:
+        frames = _read_frames(self.left, self.left_buf)
+        if frames is None:
+            self._drop_left()
+            return
+        for kind, tag, payload in frames:
+            if kind == FIN:
+                self.left_fin = True
+            elif kind == DATA and tag > self.consumed and tag not in self.inbox:
+                self.inbox[tag] = payload
+            elif kind == DATA:
+                self.dropped += 1
+
+    def _read_right(self) -> None:
+        frames = _read_frames(self.right, self.right_buf)
+        if frames is None:
+            self._drop_right()
+            return
+        for kind, tag, _payload in frames:
+            if kind == FIN:
+                self.right_fin = True
+            elif kind == EXPECT:
+                self._resend(tag)
+
+    def _resend(self, consumed: int) -> None:
+        """The right neighbour consumed up to ``consumed``: send everything after it."""
+        if consumed >= 0 and self.sent and consumed + 1 < self._log_floor():
+            self.unserved += 1
+            self.log(f"rank {self.rank}: right neighbour needs tags after {consumed}; my resend log starts at "
+                     f"{self._log_floor()}: its state and mine are from different cuts")
+        self.right_ready = True
+        for tag, f in self.sent:
+            if tag > consumed:
+                self._write_right(f)
+
+    def _write_right(self, f: bytes) -> None:
+        if self.right is None:
+            return
+        try:
+            self.right.sendall(f, socket.MSG_NOSIGNAL)
+        except OSError:
+            self._drop_right()
+
+    def _drop_left(self) -> None:
+        if self.left is not None:
+            self.left.close()
+        self.left = None
+
+    def _drop_right(self) -> None:
+        if self.right is not None:
+            self.right.close()
+        self.right, self.right_ready = None, False
+
+
+def _read_frames(sock: socket.socket | None, buf: bytearray) -> list[tuple[int, int, bytes]] | None:
+    """Read what ``sock`` has; return the complete frames, or None when the connection is gone."""
+    if sock is None:
+        return None
+    try:
+        data = sock.recv(1 << 16)
+    except (BlockingIOError, InterruptedError, socket.timeout):
+        return []
+    except OSError:
+        return None
+    if not data:
+        return None
+    buf += data
+    frames = []
+    while len(buf) >= HEADER.size:
+        magic, kind, tag, length = HEADER.unpack_from(buf)
+        if magic != MAGIC:
+            return None  # not our protocol: treat as a broken link
+        if len(buf) < HEADER.size + length:
+            break
+        frames.append((kind, tag, bytes(buf[HEADER.size : HEADER.size + length])))
+        del buf[: HEADER.size + length]
+    return frames
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the arithmetic every rank runs --------------------------------------------
+
+
+def contribution(xp: ModuleType, x: Any, seed: int, rank: int, op: int) -> Any:
+    """Rank ``rank``'s contribution to op ``op``: ``(x ^ H(seed, rank, op)) >> 1``."""
+    g = x ^ mix(xp, x.size, (seed ^ (RANK_SALT * (rank + 1))) & MASK, op)
+    g >>= xp.uint64(1)
+    return g
+
+
+def apply_sum(xp: ModuleType, x: Any, total: Any) -> None:
+    """``x = x * MULT + total`` in place."""
+    x *= xp.uint64(MULT)
+    x += total
+
+
+def allreduce(xp: ModuleType, ring: Ring, op: int, g: Any) -> Any:
+    """The wrapping sum of every rank's ``g`` (chunked ring: reduce-scatter, then all-gather)."""
+    import numpy as np
+
+    n, r = ring.n, ring.rank
+    bounds = [i * g.size // n for i in range(n + 1)]
+    acc = [g[bounds[i] : bounds[i + 1]].copy() for i in range(n)]
+
+    def wire(a: Any) -> bytes:
+        return to_host(a).tobytes()
+
+    def unwire(data: bytes) -> Any:
+        return xp.asarray(np.frombuffer(data, dtype=np.uint64))
+
+    for s in range(n - 1):
+        ring.send(tag_of(op, s), wire(acc[(r - s) % n]))
+        acc[(r - s - 1) % n] += unwire(ring.recv(tag_of(op, s)))
+    for s in range(n - 1):
+        ring.send(tag_of(op, n - 1 + s), wire(acc[(r - s + 1) % n]))
+        acc[(r - s) % n] = unwire(ring.recv(tag_of(op, n - 1 + s)))
+    return xp.concatenate(acc)
+
+
+def replica_digest(xp: ModuleType, x: Any) -> str:
+    """The digest of a replica (what rank 0 publishes, and what ranks compare)."""
+    return digest(host_ints(sums(xp, x)))
+
+
+def encode_state(op: int, x: Any) -> bytes:
+    """The SYNC payload: the op a replica is at and its contents."""
+    return struct.pack("<q", op) + to_host(x).tobytes()
+
+
+def decode_state(xp: ModuleType, payload: bytes) -> tuple[int, Any]:
+    """Inverse of :func:`encode_state`."""
+    import numpy as np
+
+    (op,) = struct.unpack_from("<q", payload)
+    return op, xp.asarray(np.frombuffer(payload[8:], dtype=np.uint64).copy())
+
+
+class RanksModel:
+    """All replicas at once, without a network (the reference's replay)."""
+
+    def __init__(self, xp: ModuleType, seed: int, size: int, ranks: int):
+        self.xp, self.seed, self.ranks = xp, seed, ranks
+        self.x = mix(xp, size, seed, 0)
+
+    def step(self, op: int) -> str:
+        """Op ``op`` for every rank; return the digest rank 0 publishes."""
+        total = contribution(self.xp, self.x, self.seed, 0, op)
+        for rank in range(1, self.ranks):
+            total += contribution(self.xp, self.x, self.seed, rank, op)
+        apply_sum(self.xp, self.x, total)
+        return replica_digest(self.xp, self.x)
+
+    def checksum(self) -> str:
+        """Digest of the (common) replica."""
+        return replica_digest(self.xp, self.x)
+
+
+# -- rank 0: the workload ------------------------------------------------------
+
+
+class Ranks:
+    """The ``ranks`` workload (see module docstring); this object is rank 0."""
+
+    name: ClassVar[str] = "ranks"
+    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    defaults: ClassVar[dict[str, Any]] = {
+        "ops": 8,
+        "seed": 0,
+        "ranks": 3,
+        "state_size": 4096,
+        "cut": "tree",  # or "rank": checkpoint rank `cut_rank` alone
+        "cut_rank": 1,
+        "work_ms": 0.0,
+        "op_interval_ms": 0.0,
+    }
+
+    @classmethod
+    def validate_params(cls, p: dict[str, Any]) -> None:
+        """Raise ValueError naming the first unusable parameter."""
+        check_range("ops", p["ops"], 1, STRIDE * 1000)
+        check_range("ranks", p["ranks"], 2, 4)
+        check_range("state_size", p["state_size"], p["ranks"], 1 << 26)
+        check_choice("cut", p["cut"], ("tree", "rank"))
+        check_range("cut_rank", p["cut_rank"], 1, p["ranks"] - 1)
+        check_range("work_ms", p["work_ms"], 0)
+        check_range("op_interval_ms", p["op_interval_ms"], 0)
+
+    @classmethod
+    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
+        """Cutting one rank leaves its peers' side of the protocol outside the checkpoint."""
+        return frozenset({"peer"}) if params.get("cut") == "rank" else frozenset()
+
+    def __init__(self, rt: Any, params: dict[str, Any]):
+        self.rt = rt
+        self.xp = rt.xp
+        self.p = params
+        self.op_done = 0
+        self.committed = 0
+        self.ring: Ring | None = None
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.rank_reports: list[dict[str, Any]] = []
+
+    def setup(self) -> None:
+        """Allocate rank 0's replica (the other ranks start at the first op)."""
+        self.x = mix(self.xp, self.p["state_size"], self.p["seed"], 0)
+        synchronize(self.xp)
+        self.pointers_initial = {"replica": pointer(self.x)}
+
+    def _start_ranks(self) -> None:
+        """Start ranks 1..n-1 as children, connect the ring, hand everyone the current replica."""
+        n = self.p["ranks"]
+        # Children that exit are reaped by the kernel, never left as zombies
+        # whose pids a restore of one rank would need.
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        listeners = []
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(4)
+            listeners.append(sock)
+        ports = [s.getsockname()[1] for s in listeners]
+        for rank in range(1, n):
+            cfg = {"rank": rank, "ranks": n, "ports": ports, "listener_fd": listeners[rank].fileno(),
+                   "seed": self.p["seed"], "ops": self.p["ops"], "array": self.xp.__name__,
+                   "log_path": self.rt.config.log_path, "root_pid": os.getpid()}
+            self.children.append(subprocess.Popen(
+                [sys.executable, "-m", "workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            listeners[rank].close()
+        self.ring = Ring(0, n, listeners[0], ports, log=self.rt.log)
+        if self.p["cut"] == "rank":
+            self.rt.set_cut_target(self.children[self.p["cut_rank"] - 1].pid)
+        sync = tag_of(self.op_done, SYNC_STEP)
+        self.ring.send(sync, encode_state(self.op_done, self.x))
+        self.ring.recv(sync)  # back round the ring: every rank holds the replica
+        self.rt.log(f"ranks started: pids {[c.pid for c in self.children]} ports {ports}")
+
+    def run_op(self, op: int) -> None:
+        """Contribute, all-reduce, apply, publish, commit."""
+        rt, xp = self.rt, self.xp
+        if self.ring is None:
+            self._start_ranks()
+        g = contribution(xp, self.x, self.p["seed"], 0, op)
+        rt.point(op, "admit")
+        total = allreduce(xp, self.ring, op, g)
+        rt.point(op, "allreduce")
+        apply_sum(xp, self.x, total)
+        if self.p["work_ms"]:
+            time.sleep(self.p["work_ms"] / 1000.0)
+        synchronize(xp)
+        self.op_done = op
+        rt.point(op, "device_done")
+        effect = replica_digest(xp, self.x)
+        rt.point(op, "record")
+        rt.receiver.send_effect(rt.trial, op, rt.epoch, effect)
+        rt.point(op, "publish")
+        rt.receiver.wait_ack(op)
+        rt.point(op, "ack")
+        rt.commit_marker(op)
+        self.committed = op
+        rt.point(op, "commit")
+        if self.p["op_interval_ms"]:
+            time.sleep(self.p["op_interval_ms"] / 1000.0)
+
+    def finish(self) -> None:
+        """Gather every rank's last op and replica digest round the ring, then close it."""
+        if self.ring is None:
+            return
+        gather = tag_of(self.p["ops"] + 1, 0)
+        self.ring.send(gather, json.dumps([]).encode())
+        self.rank_reports = json.loads(self.ring.recv(gather))
+        self.ring.close()
+        self.ring = None
+
+    def report(self) -> dict[str, Any]:
+        """Committed op, the replicas' agreement, each rank's op, the replica's address."""
+        own = replica_digest(self.xp, self.x)
+        digests = [own] + [r["checksum"] for r in self.rank_reports]
+        agree = len(set(digests)) == 1
+        domain_ops = {"rank0": self.op_done, **{f"rank{r['rank']}": r["op"] for r in self.rank_reports}}
+        return {
+            "host_op": self.committed,
+            # Replicas that disagree are not the state of any op.
+            "checksum": own if agree else digest("replicas disagree", digests),
+            "domain_ops": domain_ops,
+            "self_check": {"ok": agree and len(set(domain_ops.values())) == 1, "what": "every replica at the same op and equal"},
+            "ranks": self.rank_reports,
+            "pointers_initial": self.pointers_initial,
+            "pointers_final": {"replica": pointer(self.x)},
+            "device": self.xp.__name__,
+            "domains": device_domains(self.xp),
+        }
+
+    def save_state(self, path: str) -> None:
+        """Application-level checkpoint at an op boundary: the replicas are equal there, so rank 0's suffices."""
+        save_state_file(path, {"op": self.op_done, "committed": self.committed}, {"x": self.x})
+
+    def load_state(self, path: str) -> int:
+        """Load rank 0's replica; the ranks start from it at the next op. Return the op to resume after."""
+        header, arrays = load_state_file(path)
+        self.x[...] = self.xp.asarray(arrays["x"])
+        synchronize(self.xp)
+        self.op_done, self.committed = header["op"], header["committed"]
+        return self.op_done
+
+    @classmethod
+    def reference(cls, params: dict[str, Any]) -> ReplayReference:
+        """Digests of an uninterrupted run, every replica computed on NumPy without a network."""
+        import numpy as np
+
+        p = params
+        return ReplayReference(lambda: RanksModel(np, p["seed"], p["state_size"], p["ranks"]))
+
+
+# -- ranks 1..n-1: ``python -m workloads.ranks CONFIG`` ----------------------------
+
+
+def rank_main(cfg: dict[str, Any]) -> int:
+    """Run one non-zero rank to the end of the run; return its exit code."""
+    from workloads.xp import get_xp
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # inherited SIG_IGN from rank 0; restore the default
+    rank, ops = cfg["rank"], cfg["ops"]
+
+    def log(message: str) -> None:
+        with open(cfg["log_path"], "a") as fh:  # opened per line: nothing stays open across a cut
+            fh.write(f"{time.time():.6f} pid={os.getpid()} rank={rank} {message}\n")
+
+    try:
+        xp = get_xp(cfg["array"])
+        listener = socket.socket(fileno=cfg["listener_fd"])
+        ring = Ring(rank, cfg["ranks"], listener, cfg["ports"], log=log, root_pid=cfg["root_pid"])
+        sync, payload = ring.recv_next()
+        ring.send(sync, payload)
+        done, x = decode_state(xp, payload)
+        for op in range(done + 1, ops + 1):
+            apply_sum(xp, x, allreduce(xp, ring, op, contribution(xp, x, cfg["seed"], rank, op)))
+            done = op
+        gather = tag_of(ops + 1, 0)
+        reports = json.loads(ring.recv(gather))
+        reports.append({"rank": rank, "op": done, "checksum": replica_digest(xp, x), "pid": os.getpid(),
+                        "dropped": ring.dropped, "unserved": ring.unserved})
+        ring.send(gather, json.dumps(reports).encode())
+        ring.close()
+        return 0
+    except SystemExit as stop:
+        log(f"stopped ({stop.code}): rank 0 is gone")
+        return int(stop.code or 0)
+    except BaseException as exc:
+        log(f"failed: {type(exc).__name__}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main(json.loads(sys.argv[1])))

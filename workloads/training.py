@@ -1,0 +1,203 @@
+"""``training``: parameters and optimizer state on the device, a data cursor on
+the host, per-step metrics published as effects.
+
+Each op is one optimizer step in exact integer arithmetic (uint64, wrapping
+identically on CuPy and NumPy): take batch ``b`` from the data cursor,
+compute a "gradient" from the parameters and the batch, update the momentum
+and the parameters, bump a device-side step counter, and publish the step's
+metrics (two wrapping sums of the gradient and of the parameters).
+
+The data cursor says which batch comes next. ``cursor = "host"`` keeps it in
+process memory, beside the parameters it must agree with. ``cursor =
+"external"`` keeps it outside the process (a data service's read position or
+a loader that persists its offset; here a file, domain ``disk``): after a
+rollback the restored parameters are from step *k* but the cursor is past
+the batches the crashed incarnation consumed, so the run trains on the wrong
+batches. That is the mixed epoch this workload exists to show: the final
+``domain_ops`` report the cursor and the device step counter, which a
+coherent run keeps equal, and the metrics and checksum leave the reference.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+from typing import Any, ClassVar
+
+from workloads.common import (
+    ReplayReference,
+    check_choice,
+    check_range,
+    device_domains,
+    digest,
+    host_ints,
+    load_state_file,
+    make_cursor,
+    save_state_file,
+    sums,
+)
+from workloads.control import PHASES
+from workloads.counter import mix
+from workloads.xp import pointer, synchronize
+
+DATA_SALT = 0xDA7A_5A17
+BETA = 0x9E37_79B9  # momentum multiplier (odd)
+GRAD_MULT = 0xC2B2_AE3D_27D4_EB4F
+
+
+class TrainModel:
+    """Parameters, momentum and the step counter, and one step of the update rule."""
+
+    def __init__(self, xp: ModuleType, seed: int, dim: int, shift: int):
+        self.xp = xp
+        self.seed, self.dim = seed, dim
+        u = xp.uint64
+        self.shift = u(shift)
+        self.w = mix(xp, dim, seed, 0)
+        self.m = xp.zeros(dim, dtype=u)
+        self.steps = xp.zeros(1, dtype=u)
+        self.metrics = xp.zeros(4, dtype=u)
+
+    def batch(self, b: int) -> Any:
+        """Batch ``b`` of the (generated) data set."""
+        return mix(self.xp, self.dim, self.seed ^ DATA_SALT, b)
+
+    def update(self, batch: Any) -> None:
+        """Enqueue one optimizer step on ``batch``: gradient, momentum, parameters, step counter, metrics."""
+        xp, u = self.xp, self.xp.uint64
+        g = self.w ^ batch
+        g *= u(GRAD_MULT)
+        g >>= self.shift
+        self.m *= u(BETA)
+        self.m += g
+        self.w -= self.m
+        self.steps += u(1)
+        self.metrics = xp.concatenate([sums(xp, g), sums(xp, self.w)])
+
+    def published(self, step: int) -> str:
+        """The metrics effect of step ``step`` (reads the metrics back)."""
+        return digest(step, host_ints(self.metrics))
+
+    def device_step(self) -> int:
+        """The device's own count of steps applied."""
+        return host_ints(self.steps)[0]
+
+    def checksum(self) -> str:
+        """Digest of parameters, momentum and the step counter."""
+        xp = self.xp
+        return digest(host_ints(sums(xp, self.w)), host_ints(sums(xp, self.m)), host_ints(self.steps))
+
+    def step(self, op: int) -> str:
+        """Step ``op`` on batch ``op`` without cut points (the reference's replay)."""
+        self.update(self.batch(op))
+        return self.published(op)
+
+
+class Training:
+    """The ``training`` workload (see module docstring)."""
+
+    name: ClassVar[str] = "training"
+    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    defaults: ClassVar[dict[str, Any]] = {
+        "ops": 8,
+        "seed": 0,
+        "dim": 4096,
+        "grad_shift": 11,
+        "cursor": "host",  # or "external"
+        "work_ms": 0.0,  # simulated device work per step (between launch and device_done)
+        "op_interval_ms": 0.0,  # idle time after each commit
+    }
+
+    @classmethod
+    def validate_params(cls, p: dict[str, Any]) -> None:
+        """Raise ValueError naming the first unusable parameter."""
+        check_range("ops", p["ops"], 1)
+        check_range("dim", p["dim"], 1, 1 << 28)
+        check_range("grad_shift", p["grad_shift"], 0, 63)
+        check_choice("cursor", p["cursor"], ("host", "external"))
+        check_range("work_ms", p["work_ms"], 0)
+        check_range("op_interval_ms", p["op_interval_ms"], 0)
+
+    @classmethod
+    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
+        """An external data cursor is state on disk, outside any process image."""
+        return frozenset({"disk"}) if params.get("cursor") == "external" else frozenset()
+
+    def __init__(self, rt: Any, params: dict[str, Any]):
+        self.rt = rt
+        self.xp = rt.xp
+        self.p = params
+        self.committed = 0
+
+    def setup(self) -> None:
+        """Allocate parameters and optimizer state; open the data cursor."""
+        p = self.p
+        self.model = TrainModel(self.xp, p["seed"], p["dim"], p["grad_shift"])
+        kind = "external" if p["cursor"] == "external" else "memory"
+        self.cursor = make_cursor(kind, self.rt.workdir / "data.cursor")
+        synchronize(self.xp)
+        self.pointers_initial = {"params": pointer(self.model.w), "momentum": pointer(self.model.m)}
+
+    def run_op(self, op: int) -> None:
+        """One training step through all seven phases."""
+        rt, model = self.rt, self.model
+        batch = model.batch(self.cursor.take())
+        rt.point(op, "admit")
+        model.update(batch)
+        rt.point(op, "launch")
+        if self.p["work_ms"]:
+            time.sleep(self.p["work_ms"] / 1000.0)
+        synchronize(self.xp)
+        rt.point(op, "device_done")
+        metrics = model.published(op)
+        rt.point(op, "record")
+        rt.receiver.send_effect(rt.trial, op, rt.epoch, metrics)
+        rt.point(op, "publish")
+        rt.receiver.wait_ack(op)
+        rt.point(op, "ack")
+        rt.commit_marker(op)
+        self.committed = op
+        rt.point(op, "commit")
+        if self.p["op_interval_ms"]:
+            time.sleep(self.p["op_interval_ms"] / 1000.0)
+
+    def report(self) -> dict[str, Any]:
+        """Committed step, state checksum, cursor against device step, buffer addresses."""
+        model = self.model
+        domain_ops = {"data_cursor": self.cursor.position(), "device_step": model.device_step()}
+        return {
+            "host_op": self.committed,
+            "checksum": model.checksum(),
+            "domain_ops": domain_ops,
+            "self_check": {"ok": len(set(domain_ops.values())) == 1, "what": "data cursor = device step counter"},
+            "pointers_initial": self.pointers_initial,
+            "pointers_final": {"params": pointer(model.w), "momentum": pointer(model.m)},
+            "device": self.xp.__name__,
+            "domains": device_domains(self.xp) + (["disk"] if self.p["cursor"] == "external" else []),
+        }
+
+    def save_state(self, path: str) -> None:
+        """Application-level checkpoint at a step boundary: parameters, momentum, step, cursor."""
+        m = self.model
+        header = {"committed": self.committed, "cursor": self.cursor.position()}
+        save_state_file(path, header, {"w": m.w, "m": m.m, "steps": m.steps})
+
+    def load_state(self, path: str) -> int:
+        """Load :meth:`save_state`'s file and seek the data cursor back; return the step to resume after."""
+        header, arrays = load_state_file(path)
+        m, xp = self.model, self.xp
+        m.w[...] = xp.asarray(arrays["w"])
+        m.m[...] = xp.asarray(arrays["m"])
+        m.steps[...] = xp.asarray(arrays["steps"])
+        synchronize(xp)
+        self.cursor.seek(header["cursor"])
+        self.committed = header["committed"]
+        return self.committed
+
+    @classmethod
+    def reference(cls, params: dict[str, Any]) -> ReplayReference:
+        """Metrics and checksums of an uninterrupted run (step i trains on batch i), on NumPy."""
+        import numpy as np
+
+        return ReplayReference(lambda: TrainModel(np, params["seed"], params["dim"], params["grad_shift"]))
