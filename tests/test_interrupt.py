@@ -44,9 +44,9 @@ def _processes() -> list[tuple[int, str, str]]:
     return out
 
 
-def _criu(word: str) -> bool:
-    """True while a CRIU ``word`` (dump|restore) of this run's trials is running."""
-    return any("criu" in cmd and f" {word} " in f" {cmd} " and "cutbench-" in cmd for _, cmd, _ in _processes())
+def _criu(word: str, run_id: str) -> bool:
+    """True while a CRIU ``word`` (dump|restore) of this run's trials is running (its image directory names the run)."""
+    return any("criu" in cmd and f" {word} " in f" {cmd} " and f"cutbench-{run_id}-" in cmd for _, cmd, _ in _processes())
 
 
 def _workload(tmp: Path) -> bool:
@@ -54,9 +54,9 @@ def _workload(tmp: Path) -> bool:
 
 
 MOMENTS = {
-    "workload_running": lambda tmp: _workload(tmp) and not _criu("dump") and not _criu("restore"),
-    "criu_dump": lambda tmp: _criu("dump"),
-    "criu_restore_after_the_restored_task_exists": lambda tmp: _criu("restore") and _workload(tmp),
+    "workload_running": lambda tmp, rid: _workload(tmp) and not _criu("dump", rid) and not _criu("restore", rid),
+    "criu_dump": lambda tmp, rid: _criu("dump", rid),
+    "criu_restore_after_the_restored_task_exists": lambda tmp, rid: _criu("restore", rid) and _workload(tmp),
 }
 
 
@@ -74,7 +74,8 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
         # Let one trial finish first, so the partial run has something in it.
         while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
             time.sleep(0.01)
-        while time.monotonic() < deadline and not MOMENTS[moment](tmp):
+        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
+        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id):
             time.sleep(0.002)
         assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
         os.killpg(proc.pid, signal.SIGINT)
