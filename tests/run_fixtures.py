@@ -75,6 +75,7 @@ def mixed_run(criu, mixed_scenario: Path, tmp_path_factory: pytest.TempPathFacto
     out = tmp_path_factory.mktemp("mixed-results")
     proc = cli("run", str(mixed_scenario), "--out", str(out), "--json")
     assert proc.returncode == 1, f"expected invalid trials (exit 1), got {proc.returncode}\n{proc.stderr[-3000:]}"
+    (out / "cli-stdout.json").write_text(proc.stdout)  # what `--json` printed, for the CLI tests
     return (out / "latest").resolve()
 
 
