@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m harness.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres demo test test-fast clean
+.PHONY: venv criu postgres chromium demo test test-fast clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,15 @@ criu: venv
 postgres:
 	@sh .ci/provision-postgres.sh
 
+# The report test opens report.html in a real headless browser: Debian's chromium.
+chromium:
+	@sh .ci/provision-chromium.sh
+
 # Exit 1 means "invalid recoveries found": the expected result of the demo.
 demo: criu
 	$(CUTBENCH) run $(DEMO_SCENARIO) || [ $$? -eq 1 ]
 
-test: criu postgres
+test: criu postgres chromium
 	CUTBENCH_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -ra
 
 clean:
