@@ -73,3 +73,27 @@ def _smi_rows() -> list[tuple[int, str, int]] | None:
             used = int(parts[2]) * MIB if parts[2].isdigit() else 0
             rows.append((int(parts[0]), parts[1], used))
     return rows
+
+
+def free_bytes() -> dict[str, int]:
+    """``{gpu_uuid: free bytes}`` from NVML; empty when NVML is unusable."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            out[uuid.decode() if isinstance(uuid, bytes) else uuid] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        return out
+    except Exception:
+        return {}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

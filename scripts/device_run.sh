@@ -42,20 +42,23 @@ PY
 }
 
 step_tests() {  # GPU-marked tests (and the CPU-side CUDA tests) on the real GPU
-  $PY -m pytest -q -ra -p no:cacheprovider -m "gpu" tests/ --timeout 300 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+  $PY -m pytest -q -ra -p no:cacheprovider -m "gpu" ${GPU_TESTS:-tests/test_gpu_pipeline.py} --timeout 300 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
 }
 
-step_quick() { $CB run scenarios/gpu-quick.toml --out "$RES" 2>&1 | tail -40; }
-step_sweep() { $CB run scenarios/gpu-sweep.toml --out "$RES" 2>&1 | tail -45; }
-step_multi() { $CB run scenarios/multi-gpu.toml --out "$RES" 2>&1 | tail -45; }
+# SCENARIO_ARGS: extra `cutbench run` options (e.g. --set plan.phases=["record"]); no globbing.
+run_scenario() { set -f; timeout -s INT ${SCENARIO_TIMEOUT:-580} $CB run "scenarios/$1.toml" --out "$RES" ${SCENARIO_ARGS:-} 2>&1 | tail -45; set +f; }
+step_quick() { run_scenario gpu-quick; }
+step_sweep() { run_scenario gpu-sweep; }
+step_multi() { run_scenario multi-gpu; }
 step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:+--sizes $SPEED_SIZES} 2>&1 | tail -30; }
+step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).
 step_pack() {
   (cd "$RES" && find . -name latest -prune -o -type f \( -name '*.parquet' -o -name '*.md' -o -name '*.toml' \
       -o -name '*.png' -o -name '*.csv' -o -name '*.json' -o -name '*.html' -o -name '*.log' \) -print \
-      | tar czf "$OUT/results.tgz" -T -)
+      | tar czf "$OUT/results${PACK_NAME:-}.tgz" -T -)
   ls -la "$OUT"
 }
 

@@ -135,6 +135,10 @@ class Counter:
         # memory, checked against the live address at the end (GPU runs only).
         self.ptr_table = self.xp.asarray([pointer(self.state)], dtype=self.xp.uint64) if is_device(self.xp) else None
         synchronize(self.xp)
+        if is_device(self.xp):
+            # Give the temporaries of the set-up back to the driver: the device
+            # state a checkpoint moves is then the buffers (and the context).
+            self.xp.get_default_memory_pool().free_all_blocks()
         self.pointers_initial = {"state": pointer(self.state)}
         self.gpu_uuid_initial = device_uuid(self.xp)
 

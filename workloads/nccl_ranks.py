@@ -188,10 +188,10 @@ class Comm:
 
             self.nccl = nccl
             if rank == 0:
-                uid = nccl.get_unique_id()
-                _atomic_write(uid_path, json.dumps(list(uid)))
-            uid = tuple(json.loads(_wait_for(uid_path).read_text()))
-            self.comm = nccl.NcclCommunicator(world, uid, rank)
+                uid = nccl.get_unique_id()  # bytes in CuPy >= 14, a tuple of ints before
+                _atomic_write(uid_path, json.dumps(bytes(uid).hex() if isinstance(uid, (bytes, bytearray)) else list(uid)))
+            raw = json.loads(_wait_for(uid_path).read_text())
+            self.comm = nccl.NcclCommunicator(world, bytes.fromhex(raw) if isinstance(raw, str) else tuple(raw), rank)
         else:
             import torch  # type: ignore[import-not-found]
             import torch.distributed as dist  # type: ignore[import-not-found]

@@ -120,7 +120,8 @@ class PersistentKernel(Counter):
 
         self.q[2] = 0
         args = (np.uint64(self._qmem.ptr), self.state, self.devseq, np.int64(self.state.size), np.uint64(self.p["seed"]))
-        self.kernel((1,), (int(self.p["threads"]),), args, stream=self.kstream)
+        with self.kstream:
+            self.kernel((1,), (int(self.p["threads"]),), args)
         self.running = True
 
     def drain(self) -> None:

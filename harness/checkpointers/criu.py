@@ -57,6 +57,8 @@ class CriuCheckpointer:
     covers = frozenset({"cpu", "ipc"})
     # Extra CRIU options for dump and restore (a subclass adds a plugin directory).
     extra_args: tuple[str, ...] = ()
+    # Extra options for dump only (e.g. ``--ghost-limit``).
+    dump_args: tuple[str, ...] = ()
 
     def unavailable_reason(self) -> str | None:
         """Why CRIU cannot be used here (with the fix), or None."""
@@ -84,6 +86,7 @@ class CriuCheckpointer:
             args.append("--shell-job")
             ctx.facts["shell_job"] = 1
         args += self.extra_args
+        args += self.dump_args
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:

@@ -41,6 +41,8 @@ from harness.procs import Child
 # time out. Bounded so that such a cut is refused quickly, not after the whole
 # stage timeout.
 LOCK_TIMEOUT_S = 5.0
+# Head-room a remap target must have beyond the bytes moving onto it.
+REMAP_MARGIN = 256 << 20
 
 # Process states as the driver names them (CUprocessState), lower-cased.
 STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
@@ -261,6 +263,7 @@ class CudaProcs:
     pids: list[int]
     gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs it uses
     gpu_bytes: int = 0
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)  # pid -> {GPU UUID: bytes}
 
 
 class CudaStages:
@@ -296,7 +299,7 @@ class CudaStages:
                 raise StageRefused("cuda_lock", f"no CUDA process in the workload's tree {tree}: nothing to checkpoint")
             usage = gpu_mem.process_gpu_memory(pids)
             procs = CudaProcs(pids, {p: sorted(usage.get(p, {})) for p in pids},
-                              sum(sum(v.values()) for v in usage.values()))
+                              sum(sum(v.values()) for v in usage.values()), usage)
             extra["bytes"] = procs.gpu_bytes
             extra["detail"] = " ".join(f"pid {p}:{','.join(procs.gpus[p]) or '?'}" for p in pids)
         ctx.facts["gpu_bytes"] = procs.gpu_bytes
@@ -304,11 +307,14 @@ class CudaStages:
         self.procs = procs
         return procs
 
-    def remap_pairs(self, procs: CudaProcs, target: str) -> dict[int, list[tuple[str, str]]]:
-        """Per pid, the (old, new) GPU UUID pairs for ``target`` (``same``: none; ``other_gpu``: the next GPU).
+    def remap_pairs(self, procs: CudaProcs, target: str) -> dict[int, list[list[tuple[str, str]]]]:
+        """Per pid, candidate lists of (old, new) GPU UUID pairs for ``target``, tried in order.
 
-        Raises :class:`StageRefused` before anything is locked when the remap
-        cannot even be asked for (one GPU, unknown usage, no remap support).
+        ``same``: none. ``other_gpu``: every GPU moves to the next one in device
+        order (a rotation: two ranks on two GPUs swap places). Raises
+        :class:`StageRefused` before anything is locked when a remap cannot
+        even be asked for (one GPU, unknown usage, no remap support, too little
+        free memory on a target GPU).
         """
         if target == "same":
             return {}
@@ -317,15 +323,40 @@ class CudaStages:
         visible = self.driver.gpu_uuids()
         if len(visible) < 2:
             raise StageRefused("cuda_restore", f"restore onto another GPU needs 2 GPUs; {len(visible)} visible")
+        def nxt(u: str) -> str:
+            return visible[(visible.index(u) + 1) % len(visible)]
+
         out = {}
         for pid in procs.pids:
             used = procs.gpus.get(pid) or []
             if not used:
                 raise StageRefused("cuda_restore", f"cannot tell which GPU pid {pid} uses (NVML/nvidia-smi unavailable)")
-            # Each GPU moves to the next one in device order: a rotation, so two
-            # ranks on two GPUs swap places.
-            out[pid] = [(u, visible[(visible.index(u) + 1) % len(visible)]) for u in used if u in visible]
+            # Every GPU the process can see, not only those it allocated on: a
+            # list of the used GPUs alone is CUDA_ERROR_INVALID_VALUE (driver 580).
+            out[pid] = [[(u, nxt(u)) for u in visible]]
+        self._check_room(procs, nxt)
         return out
+
+    def _check_room(self, procs: CudaProcs, nxt: Callable[[str], str]) -> None:
+        """Refuse a remap whose target GPUs lack the memory (NVML), before anything is locked.
+
+        A remap the driver rejects with CUDA_ERROR_OUT_OF_MEMORY was seen to
+        leave the process unrestorable while the target stays full, so the
+        harness does not ask for one that cannot fit.
+        """
+        free = gpu_mem.free_bytes()
+        if not free:
+            return
+        need: dict[str, int] = {}
+        room = dict(free)
+        for usage in procs.usage.values():
+            for uuid, used in usage.items():
+                need[nxt(uuid)] = need.get(nxt(uuid), 0) + used
+                room[uuid] = room.get(uuid, 0) + used  # the checkpoint frees it
+        short = {g: (n, room.get(g, 0)) for g, n in need.items() if n + REMAP_MARGIN > room.get(g, 0)}
+        if short:
+            raise StageRefused("cuda_restore", "remap refused before the cut: " + "; ".join(
+                f"{g} would have {r >> 20} MiB free, needs {n >> 20} MiB (+{REMAP_MARGIN >> 20})" for g, (n, r) in short.items()))
 
     # -- the cut -----------------------------------------------------------
     def cut(self, procs: CudaProcs, ctx: CutContext) -> None:
@@ -348,7 +379,7 @@ class CudaStages:
             self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
             self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
 
-    def resume(self, pids: Sequence[int], ctx: CutContext, *, pairs: dict[int, list[tuple[str, str]]] | None = None,
+    def resume(self, pids: Sequence[int], ctx: CutContext, *, pairs: dict[int, list[list[tuple[str, str]]]] | None = None,
                suffix: str = "") -> None:
         """Restore then unlock every process in ``pids`` (same order as the cut; skewed likewise).
 
@@ -361,20 +392,40 @@ class CudaStages:
             if i and skew > 0:
                 with ctx.timeline.stage("rank_skew", ctx.cut_index):
                     time.sleep(skew)
-            self._call("cuda_restore" + suffix, i, pid, ctx, lambda p=pid: self.driver.restore(p, pairs.get(p, ())))
+            self._call("cuda_restore" + suffix, i, pid, ctx, lambda p=pid: self._restore(p, pairs.get(p, [])))
             if skew > 0:
                 self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
         if skew <= 0:
             for i, pid in enumerate(pids):
                 self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
 
-    def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], None]) -> None:
+    def _restore(self, pid: int, candidates: list[list[tuple[str, str]]]) -> str:
+        """Restore ``pid``, trying each remap candidate while the process stays CHECKPOINTED; return what worked."""
+        if not candidates:
+            self.driver.restore(pid)
+            return ""
+        errors = []
+        for pairs in candidates:
+            try:
+                self.driver.restore(pid, pairs)
+                return "remap " + ", ".join(f"{o[:12]}->{n[:12]}" for o, n in pairs)
+            except CudaCallError as exc:
+                errors.append(exc)
+                if self._state(pid) != "checkpointed":
+                    break
+        raise errors[-1] if len(errors) == 1 else CudaCallError(
+            errors[-1].call, pid, errors[-1].code, errors[-1].name,
+            "; ".join(f"with {len(c)} pair(s): {e.name} {e.text}" for c, e in zip(candidates, errors)))
+
+    def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], Any]) -> None:
         """Run one driver call as a timed stage; on error bring every process back and raise the stage outcome."""
         error: CudaCallError | None = None
         with ctx.timeline.stage(stage, ctx.cut_index) as extra:
             extra["detail"] = f"rank {rank} pid {pid}"
             try:
-                fn()
+                note = fn()
+                if note:
+                    extra["detail"] += f": {note}"
             except CudaCallError as exc:
                 error = exc
                 extra["detail"] += f": {exc}"
@@ -460,19 +511,29 @@ class CudaCheckpointer:
         return procs
 
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
-        """Stages ``quiesce?``, ``cuda_lock``, ``cuda_checkpoint`` on every CUDA process of the target."""
-        self.cuda_cut(target, ctx)
+        """Suspend/resume in place: ``quiesce?``, ``cuda_lock``, ``cuda_checkpoint`` (the GPU is released),
+        then ``cuda_restore`` (onto another GPU when asked) and ``cuda_unlock``.
 
-    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
-        """Stages ``cuda_restore`` and ``cuda_unlock`` on the same processes (onto another GPU when asked)."""
+        The resume happens here, before the pipeline releases a parked
+        workload: a workload that makes a CUDA call while CHECKPOINTED was
+        seen to die (driver 580), so it must not be let go in between.
+        """
+        self.cuda_cut(target, ctx)
+        self.resume_cuda(target.pid, ctx)
+
+    def resume_cuda(self, pid: int, ctx: CutContext) -> None:
+        """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes, then let drained work restart."""
         procs = self.stages.procs
         if procs is None:
             raise StageFailed("cuda_restore", "no checkpointed processes to resume")
         pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)
-        self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=target.pid)
+        self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=pid)
         self._end_quiesce(ctx)
 
-    def restore_cuda(self, pids: Sequence[int], ctx: CutContext, pairs: dict[int, list[tuple[str, str]]],
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing left to undo: :meth:`checkpoint` already restored and unlocked."""
+
+    def restore_cuda(self, pids: Sequence[int], ctx: CutContext, pairs: dict[int, list[list[tuple[str, str]]]],
                      *, resumed_pid: int) -> None:
         """Restore + unlock ``pids``; a remap the driver rejects is retried in place and reported as refused."""
         try:
@@ -504,5 +565,5 @@ class CudaCheckpointer:
         self._end_quiesce(ctx)
 
 
-def _describe_pairs(pairs: dict[int, list[tuple[str, str]]]) -> str:
-    return "; ".join(f"pid {pid}: " + ", ".join(f"{o}->{n}" for o, n in ps) for pid, ps in pairs.items())
+def _describe_pairs(pairs: dict[int, list[list[tuple[str, str]]]]) -> str:
+    return "; ".join(f"pid {pid}: " + ", ".join(f"{o}->{n}" for o, n in cands[-1]) for pid, cands in pairs.items())

@@ -10,10 +10,12 @@ may publish — between the CUDA cut and the CRIU dump; CUDA calls made in that
 gap block on the lock. CRIU dump and restore are
 :class:`~harness.checkpointers.criu.CriuCheckpointer`'s.
 
-With ``leave_running`` (and ``none``) the dumped process keeps running, but
-its GPU state is CHECKPOINTED: it is restored and unlocked in place right
-after the dump (stages ``cuda_restore_original``/``cuda_unlock_original``)
-so it can run on until the crash.
+With ``leave_running`` the dumped process keeps running, but its GPU state is
+CHECKPOINTED: it is restored and unlocked in place right after the dump
+(stages ``cuda_restore_original``/``cuda_unlock_original``) so it can run on
+until the crash. With ``none`` the same happens under the plain stage names
+(suspend/resume). Either way before the pipeline releases the workload: a
+process that makes a CUDA call while CHECKPOINTED was seen to die.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from harness.checkpointers.cuda import CudaCheckpointer, DriverApi, RemapRefused
 from harness.errors import StageFailed, StageRefused
 from harness.procs import Child
 
+GHOST_LIMIT = "512M"
 
 class CudaCriuCheckpointer(CudaCheckpointer):
     """The ``cuda+criu`` backend (see module docstring)."""
@@ -38,6 +41,9 @@ class CudaCriuCheckpointer(CudaCheckpointer):
     def __init__(self, driver: DriverApi | None = None, criu: CriuCheckpointer | None = None):
         super().__init__(driver)
         self.criu = criu or CriuCheckpointer()
+        # NCCL keeps unlinked buffers in /dev/shm (34 MB seen); CRIU's default
+        # limit for such "ghost" files is 1 MiB.
+        self.criu.dump_args = ("--ghost-limit", GHOST_LIMIT)
 
     def unavailable_reason(self) -> str | None:
         """Why either half cannot run here (with the fix), or None."""
@@ -62,13 +68,11 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             if not all(s == "running" for s in states):
                 raise StageFailed(exc.stage, f"{exc.reason}; CUDA states after: {states}") from exc
             raise
-        if ctx.cut.fault == "leave_running":
+        if ctx.cut.fault == "none":
+            self.resume_cuda(target.pid, ctx)  # suspend/resume: back on the GPU before it is released
+        elif ctx.cut.fault == "leave_running":
             self.stages.resume(procs.pids, ctx, suffix="_original")
             self._end_quiesce(ctx)
-
-    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
-        """Fault ``none``: the dumped tree runs on; restore and unlock its GPU state in place."""
-        super().resume_in_place(target, ctx)
 
     def restore(self, ctx: CutContext) -> int:
         """``criu_restore``, then ``cuda_restore`` (remapped when asked) and ``cuda_unlock``; returns the root pid.
