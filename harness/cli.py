@@ -161,8 +161,11 @@ def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, 
     if dry_run:
         from harness.runner import build_specs
 
-        points = [{"variant": p.variant or "(base)", "arms": len(p.scenario.arms()),
-                   "trials": len(build_specs(p.scenario, p.scenario.arms()))} for p in sw.expand(scenario, parsed, list(overrides))]
+        points = []
+        for p in sw.expand(scenario, parsed, list(overrides)):
+            subs = p.scenario.variants or (p.scenario,)  # a scenario's own [[variants]] run at every point
+            points.append({"variant": p.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
+                           "trials": sum(len(build_specs(s, s.arms())) for s in subs)})
         if as_json:
             click.echo(json.dumps({"points": points, "trials": sum(p["trials"] for p in points)}))
         else:

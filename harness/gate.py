@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +52,25 @@ def load(path: Path, backends: list[str] | None = None, overrides: list[str] | N
 def restrict(scenario: Scenario, arm: Arm) -> Scenario:
     """The scenario narrowed to one arm (same plans as in the full run: plan seeds depend on the arm only)."""
     return replace(scenario, backends=(arm.backend,), modes=(arm.receiver_mode,), faults=(arm.fault,),
-                   crash_after_ms=(arm.crash_after_ms,), split_window_ms=(arm.split_window_ms,))
+                   crash_after_ms=(arm.crash_after_ms,), split_window_ms=(arm.split_window_ms,),
+                   rank_skew_ms=(arm.rank_skew_ms,), restore_targets=(arm.restore_target,), variants=())
 
 
-def arm_by_label(scenario: Scenario, label: str) -> Arm:
-    """The scenario's arm labelled ``label``; raise InvalidArgument naming the labels that exist."""
-    arms = {a.label(): a for a in scenario.arms()}
-    if label not in arms:
-        raise InvalidArgument(f"arm {label!r}: scenario {scenario.name!r} has {', '.join(arms)}")
-    return arms[label]
+def gate_points(scenario: Scenario) -> list[tuple[str, Scenario, Arm]]:
+    """Every ``(label, scenario, arm)`` a gate runs: one per arm, of each ``[[variants]]`` entry when there are any.
+
+    Labels read ``criu/idempotent/kill``, or ``variant:criu/idempotent/kill``.
+    """
+    subs = scenario.variants or (scenario,)
+    return [(f"{s.variant}:{a.label()}" if s.variant else a.label(), s, a) for s in subs for a in s.arms()]
+
+
+def point_by_label(scenario: Scenario, label: str) -> tuple[Scenario, Arm]:
+    """The ``(scenario, arm)`` of :func:`gate_points` labelled ``label``; raise InvalidArgument naming those that exist."""
+    points = {lab: (s, a) for lab, s, a in gate_points(scenario)}
+    if label not in points:
+        raise InvalidArgument(f"arm {label!r}: scenario {scenario.name!r} has {', '.join(points)}")
+    return points[label]
 
 
 @dataclass
@@ -155,7 +165,7 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
     Raises :class:`Unavailable` when the arm's backend cannot run here or
     does not support the arm's fault.
     """
-    from harness.runner import check_backends, execute, build_specs
+    from harness.runner import build_specs, check_backends, execute
 
     narrowed = restrict(scenario, arm)
     arms, skipped = check_backends(replace(narrowed, skip_unavailable=False))
@@ -165,8 +175,9 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
         from harness.runner import run_scenario
 
         return run_scenario(narrowed, results_root)
-    slug = arm.label().replace("/", "_").replace("+", "_")
-    return execute(narrowed, build_specs(narrowed, arms), results_root, name=f"{scenario.name}-{slug}")
+    slug = "-".join(x for x in (scenario.variant, arm.label()) if x).replace("/", "_").replace("+", "_")
+    specs = [replace(s, variant=scenario.variant) for s in build_specs(narrowed, arms)]
+    return execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}")
 
 
 @dataclass
@@ -224,7 +235,7 @@ def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: st
     Arguments are validated as a scenario file's would be (InvalidArgument
     names the bad one); an unavailable backend raises :class:`Unavailable`.
     """
-    from harness.runner import TrialSpec, check_backends, execute
+    from harness.runner import TrialSpec, check_backends, execute, spec_for
     from harness.scenario import parse_scenario
 
     scen = parse_scenario({
@@ -239,11 +250,8 @@ def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: st
         raise Unavailable(skipped[0]["reason"] if skipped else f"backend {backend!r} cannot run here")
     arm = arms[0]
     cut_plan = parse_plan(plan, arm)
-    spec = TrialSpec(trial_id="t0001", index=1, workload=scen.workload, array=scen.array, params=dict(scen.params),
-                     backend=arm.backend, receiver_mode=arm.receiver_mode, arm=asdict(arm), plan=cut_plan.to_dict(),
-                     watchdog_s=scen.watchdog_s, trial_timeout_s=scen.trial_timeout_s, stage_timeout_s=scen.stage_timeout_s,
-                     images_dir=scen.images_dir)
-    TrialSpec.from_dict(spec.to_dict())  # validates the plan against the workload's phases
+    spec = spec_for(scen, arm, cut_plan, 1)
+    TrialSpec.from_dict(spec.to_dict())  # validates the plan against the workload's phases and ops
     outcome = execute(scen, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}")
     records = outcome.run.trial_records()
     if not records:

@@ -93,8 +93,8 @@ def _arm_params(config: pytest.Config, patterns: list[str], base: Path | None, b
     out = []
     for path in gate.find_scenarios(patterns, base):
         scenario = gate.load(path, backends, overrides)
-        for arm in scenario.arms():
-            out.append((path, arm.label(), f"{scenario.name}:{arm.label()}"))
+        for label, _sub, _arm in gate.gate_points(scenario):
+            out.append((path, label, f"{scenario.name}:{label}"))
     return out
 
 
@@ -102,8 +102,7 @@ def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[
     from harness import gate
     from harness.errors import Unavailable
 
-    scenario = gate.load(path, backends, overrides)
-    arm = gate.arm_by_label(scenario, arm_label)
+    scenario, arm = gate.point_by_label(gate.load(path, backends, overrides), arm_label)
     try:
         outcome = gate.run_arm(scenario, arm, _results_root(config))
     except Unavailable as exc:

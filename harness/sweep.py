@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +115,16 @@ def expand(path: str | Path, axes: list[Axis], overrides: list[str] | None = Non
 
 def run_sweep(path: str | Path, axes: list[Axis], results_root: str | Path, *, overrides: list[str] | None = None,
               progress: Any = None, workdir: str | Path | None = None) -> Any:
-    """Run every point of the sweep in one session and one run directory; return the runner's ``RunOutcome``."""
-    from harness.runner import build_specs, check_backends, execute
+    """Run every point of the sweep in one session and one run directory; return the runner's ``RunOutcome``.
+
+    A scenario with ``[[variants]]`` contributes each of its variants at every
+    point (labelled ``variant,axis=value``).
+    """
+    from harness.runner import execute, variant_specs
 
     points = expand(path, axes, overrides)
-    specs: list[Any] = []
-    skipped: list[dict[str, str]] = []
-    for point in points:
-        arms, skipped_here = check_backends(point.scenario)
-        skipped += [{**s, "arm": f"{point.variant} {s['arm']}".strip()} for s in skipped_here]
-        specs += [replace(s, variant=point.variant) for s in build_specs(point.scenario, arms, start_index=len(specs))]
+    labelled = [(",".join(x for x in (sub.variant, p.variant) if x), sub) for p in points for sub in (p.scenario.variants or (p.scenario,))]
+    specs, skipped = variant_specs(labelled)
     base = points[0].scenario
     meta = {"sweep": {"axes": {a.key: list(a.values) for a in axes},
                       "variants": [{"variant": p.variant, "overrides": list(p.overrides)} for p in points]}}

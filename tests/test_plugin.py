@@ -181,3 +181,12 @@ def test_the_ci_gate_example_passes(criu, pytester: pytest.Pytester, tmp_path: P
     result.assert_outcomes(passed=3)
     props = [(p.get("name"), p.get("value")) for p in ET.parse(xml).getroot().iter("property")]
     assert props.count(("cutbench_gate", "passed")) == 2
+
+
+def test_scenario_variants_make_one_item_per_variant_and_arm(pytester: pytest.Pytester):
+    (pytester.path / "two.toml").write_text(FAILING + '\n[[variants]]\nname = "small"\n\n[[variants]]\nname = "big"\n'
+                                            'workload = { params = { state_size = 65536 } }\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--cutbench-scenario", "two.toml")
+    lines = [line for line in result.stdout.lines if "::" in line]
+    assert lines == ["two.toml::failing:small:criu/at_least_once/leave_running+100ms",
+                     "two.toml::failing:big:criu/at_least_once/leave_running+100ms"], result.stdout.str()
