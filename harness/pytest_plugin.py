@@ -153,7 +153,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError(f"--cutbench-scenario: {exc}") from None
     for path, label, test_id in params:
         # The node id reads like a file's test: ``scenarios/gate.toml::gate:criu/idempotent/kill``.
-        items.append(GateItem.from_parent(session, name=f"cutbench[{test_id}]", nodeid=f"{path}::{test_id}",
+        items.append(GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}",
                                           scenario_path=path, arm_label=label))
 
 
