@@ -43,10 +43,20 @@ def _empty(title: str, message: str) -> bytes:
     return _png(fig)
 
 
-def phase_order(phases: list[str] | pd.Series) -> list[str]:
-    """The phases present, in lifecycle order (unknown phases last, in order of appearance)."""
+def phase_order(phases: list[str] | pd.Series, workloads: list[str] | pd.Series = ()) -> list[str]:
+    """The phases present, in the lifecycle order of ``workloads`` (their own phase lists, e.g. with
+    ``send`` or ``outbox``), then the standard order; phases nobody declares come last."""
+    lifecycle: list[str] = []
+    for name in dict.fromkeys(str(w) for w in workloads):
+        try:
+            from workloads import api
+
+            lifecycle += [p for p in api.load(name).phases if p not in lifecycle]
+        except Exception:  # a workload this build no longer has: fall back to the standard order
+            continue
+    lifecycle += [p for p in PHASES if p not in lifecycle]
     present = list(dict.fromkeys(str(p) for p in phases if isinstance(p, str)))
-    return [p for p in PHASES if p in present] + [p for p in present if p not in PHASES]
+    return [p for p in lifecycle if p in present] + [p for p in present if p not in lifecycle]
 
 
 def _with_cut(trials: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +76,7 @@ def invalid_rate_by_phase(trials: pd.DataFrame) -> bytes:
     if table.empty:
         return _empty(title, "no trial had a verdict (all refused or unknown)")
     faults = sorted(table["fault"].astype(str).unique())
-    phases = phase_order(data["cut_phase"])
+    phases = phase_order(data["cut_phase"], data.get("workload", ()))
     series = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
     fig, axes = plt.subplots(1, len(faults), figsize=(max(6.0, 4.2 * len(faults)), 3.8), sharey=True, squeeze=False)
     width = 0.7 / max(1, len(series))
@@ -104,7 +114,7 @@ def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
     if data.empty:
         return _empty(title, "no trial with a cut")
     table = rates(data, ["backend", "receiver_mode", "cut_phase", "fault"])
-    phases = phase_order(data["cut_phase"])
+    phases = phase_order(data["cut_phase"], data.get("workload", ()))
     faults = sorted(table["fault"].astype(str).unique())
     panels = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
     fig, axes = plt.subplots(1, len(panels), figsize=(1.6 + (1.0 + 1.3 * len(faults)) * len(panels), 1.4 + 0.45 * len(phases)),

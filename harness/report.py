@@ -322,7 +322,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         if not with_cut.empty:
             out.append('<h2 id="by-phase">By cut phase and fault</h2>')
             phase_table = summary.compact_rates(summary.rates(with_cut, ["cut_phase", "fault"]))
-            order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"]))}
+            order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"], with_cut.get("workload", ())))}
             phase_table = phase_table.sort_values(["cut_phase", "fault"], key=lambda s: s.map(order) if s.name == "cut_phase" else s)
             out.append(_html_table(phase_table, "rates-by-phase"))
         totals = summary.finding_totals(trials)
