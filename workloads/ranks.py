@@ -487,8 +487,17 @@ class Ranks:
             time.sleep(self.p["op_interval_ms"] / 1000.0)
 
     def finish(self) -> None:
-        """Gather every rank's last op and replica digest round the ring, then close it."""
+        """Gather every rank's last op and replica digest round the ring, then close it.
+
+        Called before the last op (an instance given up after a save), it stops the ranks instead.
+        """
         if self.ring is None:
+            return
+        if self.op_done < self.p["ops"]:
+            for child in self.children:
+                child.kill()
+            self.ring.close()
+            self.ring = None
             return
         gather = tag_of(self.p["ops"] + 1, 0)
         self.ring.send(gather, json.dumps([]).encode())
