@@ -10,7 +10,6 @@ trial with its findings and the ``cutbench replay`` command that reruns it.
 from __future__ import annotations
 
 import glob
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ import tomli_w
 
 from harness.errors import InvalidArgument, Unavailable
 from harness.scenario import Arm, Scenario, load_scenario
-from harness.summary import RunVerdict, failing_trials, pct, replay_command, run_verdict
+from harness.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
 MAX_LISTED = 10  # failing trials named in a message and in the JUnit properties
 
@@ -124,17 +123,6 @@ class GateResult:
         return props
 
 
-def _findings_text(row: dict[str, Any]) -> str:
-    try:
-        found = json.loads(row.get("findings") or "[]")
-    except ValueError:
-        found = []
-    text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f" ({f['detail']})" for f in found[:5])
-    if len(found) > 5:
-        text += f"; … {len(found) - 5} more"
-    return text or (row.get("error") or "no finding recorded")
-
-
 def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     """Judge a runner ``RunOutcome`` against the gate."""
     if not 0.0 <= max_invalid_rate <= 1.0:
@@ -143,7 +131,7 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     v = run_verdict(trials)
     run_dir = outcome.run.path
     failing = [
-        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"], "findings": _findings_text(r),
+        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"], "findings": findings_text(r),
          "replay": replay_command(run_dir, r["trial_id"])}
         for r in failing_trials(trials).to_dict("records")
     ]

@@ -268,15 +268,8 @@ def _findings_list(trials: pd.DataFrame, run_dir: str) -> str:
         return '<p class="muted">No invalid or unknown trial.</p>'
     rows = []
     for rec in bad.to_dict("records"):
-        try:
-            found = json.loads(rec.get("findings") or "[]")
-        except ValueError:
-            found = []
-        text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f": {f['detail']}" for f in found[:6])
-        if len(found) > 6:
-            text += f"; … {len(found) - 6} more"
         rows.append({"trial_id": rec["trial_id"], "arm": rec["arm"], "plan": rec["plan"], "outcome": rec["outcome"],
-                     "findings": text or rec.get("error", ""), "replay": summary.replay_command(run_dir, rec["trial_id"])})
+                     "findings": summary.findings_text(rec, 6), "replay": summary.replay_command(run_dir, rec["trial_id"])})
     return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome")
 
 

@@ -7,6 +7,7 @@ numbers from these functions so that they never disagree.
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,18 @@ def failing_trials(trials: pd.DataFrame, limit: int | None = None) -> pd.DataFra
     bad = trials[trials["outcome"].isin(["invalid", "unknown"])]
     bad = bad.assign(_rank=(bad["outcome"] != "invalid").astype(int)).sort_values(["_rank", "trial_id"]).drop(columns="_rank")
     return bad if limit is None else bad.head(limit)
+
+
+def findings_text(row: dict[str, Any], limit: int = 5) -> str:
+    """One line naming a trial row's findings (``duplicate op 3 (applied 2 times); …``), else its error."""
+    try:
+        found = json.loads(row.get("findings") or "[]")
+    except (TypeError, ValueError):
+        found = []
+    text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f" ({f['detail']})" for f in found[:limit])
+    if len(found) > limit:
+        text += f"; … {len(found) - limit} more"
+    return text or (row.get("error") or "no finding recorded")
 
 
 def pct(x: float) -> str:

@@ -7,6 +7,7 @@ change a run work on a copy.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,35 +18,43 @@ import pytest
 
 from tests.conftest import REPO
 
-# Two cut points of op 2 under kill and leave_running with an at-least-once
-# receiver: the kill trials come back valid, the leave_running ones replay a
-# published effect and are invalid (duplicate). Four trials, a few seconds.
-MIXED_SCENARIO = """
-name = "mixed"
-description = "two cut points, kill and leave_running, at-least-once receiver"
+def counter_scenario(name: str, *, modes: list[str], faults: list[str], phases: list[str]) -> str:
+    """A small scenario: the CPU counter (4 ops), CRIU cuts after ``phases`` of op 2, crashes 100 ms after the dump.
+
+    Under ``at_least_once``, ``leave_running`` replays published effects
+    (duplicates: invalid) while ``kill`` restores cleanly (valid). About a
+    second per trial.
+    """
+    return f"""
+name = "{name}"
+description = "counter, CRIU cuts around op 2: {', '.join(faults)} under {', '.join(modes)}"
 
 [workload]
 name = "counter"
 array = "numpy"
-params = { ops = 4, state_size = 4096, seed = 5, op_interval_ms = 20.0 }
+params = {{ ops = 4, state_size = 4096, seed = 5, op_interval_ms = 20.0 }}
 
 [receiver]
-modes = ["at_least_once"]
+modes = {json.dumps(modes)}
 
 [pipeline]
 backends = ["criu"]
-faults = ["kill", "leave_running"]
+faults = {json.dumps(faults)}
 crash_after_ms = [100]
 
 [plan]
 source = "exhaustive"
 ops = [2, 2]
-phases = ["publish", "commit"]
+phases = {json.dumps(phases)}
 
 [run]
 watchdog_s = 15
 trial_timeout_s = 60
 """
+
+
+# Four trials, two valid (kill) and two invalid (leave_running).
+MIXED_SCENARIO = counter_scenario("mixed", modes=["at_least_once"], faults=["kill", "leave_running"], phases=["publish", "commit"])
 
 
 def artifacts_dir() -> Path:

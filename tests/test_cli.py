@@ -11,7 +11,7 @@ import pytest
 from harness.results import RunDir
 from harness.scenario import load_scenario
 from tests.conftest import REPO
-from tests.run_fixtures import cli, mixed_run, mixed_run_copy, mixed_scenario  # noqa: F401
+from tests.run_fixtures import cli, mixed_run, mixed_scenario  # noqa: F401
 
 QUICK = str(REPO / "scenarios" / "quick.toml")
 

@@ -11,36 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.run_fixtures import cli
+from tests.run_fixtures import cli, counter_scenario
 
 pytest_plugins = ["pytester"]
 
 # One arm, one cut point where an at-least-once receiver sees the replayed
 # publish after a leave_running crash: the gate must fail.
-FAILING = """
-name = "failing"
-[workload]
-name = "counter"
-array = "numpy"
-params = { ops = 4, state_size = 4096, seed = 3, op_interval_ms = 20.0 }
-[receiver]
-modes = ["at_least_once"]
-[pipeline]
-backends = ["criu"]
-faults = ["leave_running"]
-crash_after_ms = [100]
-[plan]
-source = "exhaustive"
-ops = [2, 2]
-phases = ["publish"]
-[run]
-watchdog_s = 15
-trial_timeout_s = 60
-"""
-
-FOUR_ARMS = FAILING.replace('name = "failing"', 'name = "four"').replace(
-    'modes = ["at_least_once"]', 'modes = ["at_least_once", "idempotent"]').replace(
-    'faults = ["leave_running"]', 'faults = ["kill", "leave_running"]')
+FAILING = counter_scenario("failing", modes=["at_least_once"], faults=["leave_running"], phases=["publish"])
+FOUR_ARMS = counter_scenario("four", modes=["at_least_once", "idempotent"], faults=["kill", "leave_running"], phases=["publish"])
 
 
 def test_plugin_is_inert_unless_used(pytester: pytest.Pytester):
