@@ -110,7 +110,7 @@ class ChurnModel:
         """What a correct traversal reads, taken from the buffers themselves: (ok=1, first+last) per slot."""
         out: list[int] = []
         for buf in self.bufs:
-            first_last = host_ints(buf[[0, -1]])
+            first_last = host_ints(self.xp.concatenate([buf[:1], buf[-1:]]))
             out += [1, (first_last[0] + first_last[1]) & MASK]
         return out
 
