@@ -179,13 +179,7 @@ class Runtime:
 
     def commit_marker(self, op: int) -> None:
         """Durably record that ``op`` is committed (write, fsync, atomic rename)."""
-        path = Path(self.config.marker_path)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            fh.write(str(op))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_marker(self.config.marker_path, op)
 
     def write_report(self, report: dict[str, Any]) -> None:
         """Write the final report as JSON (atomic rename) and mark the run done."""
@@ -197,6 +191,17 @@ class Runtime:
         tmp.write_text(json.dumps(body, sort_keys=True))
         os.replace(tmp, path)
         self.control.set("done", 1)
+
+
+def write_marker(path: str | os.PathLike[str], op: int) -> None:
+    """Durably replace the op number in marker file ``path`` (write, fsync, atomic rename; no file stays open)."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(str(op))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def read_marker(path: str | os.PathLike[str]) -> int:

@@ -28,14 +28,13 @@ before the restored process runs.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 from workloads.control import PHASES
 from workloads.counter import Counter, apply_op, digest
-from workloads.runtime import read_marker
+from workloads.runtime import read_marker, write_marker
 from workloads.xp import synchronize
 
 
@@ -81,16 +80,6 @@ class CounterSteps(Counter):
             time.sleep(self.p["op_interval_ms"] / 1000.0)
 
 
-def write_durable(path: Path, op: int) -> None:
-    """Durably replace the op number in ``path`` (write, fsync, rename; no file stays open)."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(str(op))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 # -- outbox: a durable "already sent" mark consulted after a restore ----------
 
 
@@ -127,7 +116,7 @@ class Outbox(CounterSteps):
         rt = self.rt
         self.compute(op)
         if self.mark_before_send:
-            write_durable(self.outbox, op)
+            write_marker(self.outbox, op)
         self.point(op, "outbox")
         if op <= self.delivered:
             rt.log(f"op {op}: outbox says delivered, not sending")
@@ -138,7 +127,7 @@ class Outbox(CounterSteps):
             self.point(op, "publish")
             rt.receiver.wait_ack(op)
             if not self.mark_before_send:
-                write_durable(self.outbox, op)
+                write_marker(self.outbox, op)
             self.point(op, "ack")
         self.commit(op)
 
@@ -217,7 +206,8 @@ class RestoreHook(CounterSteps):
         self.commit(op)
 
     def report(self) -> dict[str, Any]:
-        """Counter's report plus the number of restores noticed."""
+        """Counter's report plus the number of restores noticed (a restore after the last cut point counts too)."""
+        self.on_point()
         return {**super().report(), "restores_seen": self.restores_seen}
 
 
