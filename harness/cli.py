@@ -316,8 +316,29 @@ def list_(what: str, as_json: bool) -> None:
     click.echo(json.dumps(items) if as_json else "\n".join(lines))
 
 
+def _interrupt_once() -> None:
+    """Let the first Ctrl-C interrupt (KeyboardInterrupt) and ignore the next ones.
+
+    The first one stops the run after the trial in flight is cleaned up;
+    a second one landing inside that cleanup would otherwise leave a
+    workload, the receiver or an image directory behind.
+    """
+    import signal
+
+    presses = [0]
+
+    def handler(signum: int, frame: Any) -> None:
+        presses[0] += 1
+        if presses[0] == 1:
+            raise KeyboardInterrupt
+        console.print("[yellow]interrupted: cleaning up and saving the partial run, please wait[/]")
+
+    signal.signal(signal.SIGINT, handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and maps errors to DESIGN.md's exit codes."""
+    _interrupt_once()
     try:
         # standalone_mode=False: click's usage errors would exit 2, which
         # DESIGN.md reserves for "unknown only"; bad arguments exit 254.

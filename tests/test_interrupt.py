@@ -61,8 +61,9 @@ MOMENTS = {
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("moment", list(MOMENTS))
-def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str):
+@pytest.mark.parametrize("moment, presses", [(m, 1) for m in MOMENTS] + [("criu_dump", 3)])
+def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int):
+    """``presses`` > 1: an impatient user presses Ctrl-C again while the harness cleans up."""
     tmp = tmp_path / "tmp"  # the run's work directory lands here (TMPDIR), so its processes are recognisable
     tmp.mkdir()
     out = tmp_path / "results"
@@ -79,6 +80,9 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
             time.sleep(0.002)
         assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
         os.killpg(proc.pid, signal.SIGINT)
+        for _ in range(presses - 1):
+            time.sleep(0.03)
+            os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
