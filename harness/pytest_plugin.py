@@ -107,6 +107,9 @@ def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[
         outcome = gate.run_arm(scenario, arm, _results_root(config))
     except Unavailable as exc:
         pytest.skip(f"cutbench: {arm_label} cannot run here: {exc}")
+    if not outcome.complete:
+        # The runner turned Ctrl-C into a stored partial run; pytest must still stop the session.
+        raise KeyboardInterrupt
     return gate.evaluate(outcome, max_rate, f"{scenario.name} [{arm_label}]")
 
 
