@@ -1,0 +1,60 @@
+"""Print the workload × finding-class table of a stored run (markdown), as README shows it.
+
+    python scripts/finding_table.py results/latest
+
+One row per variant (or per workload when the run has no variants). Control
+arms are the arms with fault ``none``: the column says how many of their
+trials were valid. Each finding column counts the adversarial trials (fault
+``kill`` or ``leave_running``) that had at least one finding of that class.
+Skipped arms are listed under the table with their reasons.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+
+from harness.oracle import FINDING_KINDS
+from harness.results import RunDir
+
+
+def finding_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: trials, control-arm validity, and per finding class the adversarial trials showing it."""
+    key = "variant" if "variant" in trials and trials["variant"].astype(str).str.len().gt(0).any() else "workload"
+    rows = []
+    for name, group in trials.groupby(key, sort=False):
+        control = group[group["fault"] == "none"]
+        adversarial = group[group["fault"] != "none"]
+        row = {key: name, "workload": group["workload"].iloc[0], "trials": len(group),
+               "control arms valid": f"{int((control['outcome'] == 'valid').sum())}/{len(control)}"}
+        for kind in FINDING_KINDS:
+            hits = int((adversarial[kind] > 0).sum()) if kind in adversarial else 0
+            row[kind] = f"{hits}/{len(adversarial)}" if hits else "–"
+        row["unknown"] = int((group["outcome"] == "unknown").sum())
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    return frame if key == "variant" else frame.drop(columns=["workload"]).rename(columns={key: "workload"})
+
+
+def main(argv: list[str]) -> int:
+    """Print the table of the run directory ``argv[0]``; return the exit code."""
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    run = RunDir.open(argv[0])
+    print(finding_table(run.table("trials")).to_markdown(index=False))
+    meta = tomllib.loads((Path(run.path) / "run.toml").read_text())
+    reasons: dict[str, set[str]] = {}
+    for skipped in meta.get("skipped_arms", []):
+        variant, _, _arm = skipped["arm"].rpartition(" ")
+        reasons.setdefault(variant or "(all)", set()).add(skipped["reason"])
+    for variant, why in reasons.items():
+        print(f"\nSkipped `{variant}`: {'; '.join(sorted(why))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
