@@ -88,7 +88,8 @@ def invalid_rate_by_phase(trials: pd.DataFrame) -> bytes:
                 continue
             x = np.array([phases.index(p) for p in s["cut_phase"]]) + (i - (len(series) - 1) / 2) * width
             y = s["invalid_rate"].to_numpy(float)
-            err = np.vstack([y - s["rate_low"].to_numpy(float), s["rate_high"].to_numpy(float) - y])
+            # Clipped: the Wilson bound of 0/n or n/n can land a rounding error past the rate itself.
+            err = np.clip(np.vstack([y - s["rate_low"].to_numpy(float), s["rate_high"].to_numpy(float) - y]), 0.0, None)
             ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, markersize=5, label=f"{backend} / {mode}")
         ax.set_title(f"fault: {fault}")
         ax.set_xticks(range(len(phases)), phases, rotation=35, ha="right")

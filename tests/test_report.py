@@ -174,3 +174,15 @@ def test_plots_without_data_still_render():
     empty = pd.DataFrame()
     for name, png in plots.render_all(empty, empty).items():
         assert png[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_rate_plot_with_every_group_size(mixed_run: Path):
+    """Groups of 1..40 trials, all valid or all invalid: the Wilson bounds are exact at 0/n and n/n and the plot draws."""
+    from harness.stats import wilson_interval
+
+    for n in range(1, 41):
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0, n
+    trials = RunDir.open(mixed_run).table("trials")
+    for n in (3, 6, 7):  # sizes at which the computed bound used to miss 0 by a rounding error
+        many = pd.concat([trials.assign(trial_id=trials["trial_id"] + f"-{i}") for i in range(n)], ignore_index=True)
+        assert plots.invalid_rate_by_phase(many)[:8] == b"\x89PNG\r\n\x1a\n"
