@@ -56,17 +56,23 @@ def results_root(tmp_path: Path) -> Path:
     return root
 
 
-def workload_processes() -> list[tuple[int, str]]:
-    """Live (non-zombie) processes that are cutbench workloads or receivers started by tests."""
+def live_processes() -> list[tuple[int, str]]:
+    """Every live (non-zombie) process but this one, with its command line."""
     found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and ("workloads.launch" in cmd or "receivers serve" in cmd) and int(proc.name) != os.getpid():
+        if state != "Z":
             found.append((int(proc.name), cmd.strip()))
     return found
+
+
+def workload_processes() -> list[tuple[int, str]]:
+    """Live (non-zombie) processes that are cutbench workloads (and their ranks) or receivers started by tests."""
+    marks = ("workloads.launch", "workloads.ranks", "receivers serve")
+    return [(pid, cmd) for pid, cmd in live_processes() if any(m in cmd for m in marks)]

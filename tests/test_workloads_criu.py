@@ -10,7 +10,6 @@ running and no image directory left behind.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tomllib
@@ -19,26 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, live_processes
 
 pytestmark = pytest.mark.criu
 
 CI_SIZE = ["--set", "plan.source=random", "--set", "plan.trials=1"]
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and text in cmd:
-            found.append(f"{proc.name}: {cmd[:160]}")
-    return found
 
 
 def test_all_workloads_scenario_on_cpu(criu, results_root: Path):
@@ -94,5 +78,5 @@ def test_all_workloads_scenario_on_cpu(criu, results_root: Path):
         assert len(skipped) == 6 and all("needs a GPU" in s["reason"] for s in skipped)
 
     run_id = run_dir.name
-    assert not _processes_mentioning(run_id), "a workload or rank process was left behind"
+    assert not [cmd for _, cmd in live_processes() if run_id in cmd], "a workload or rank process was left behind"
     assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*")), "an image directory was left behind"

@@ -27,16 +27,14 @@ rollback the restored process sees entries its crashed incarnation wrote.
 from __future__ import annotations
 
 import ctypes
-import time
 from types import ModuleType
 from typing import Any, ClassVar
 
 from workloads.common import (
     MASK,
+    BaseWorkload,
     ReplayReference,
-    check_choice,
     check_range,
-    device_domains,
     digest,
     host_ints,
     load_state_file,
@@ -124,50 +122,30 @@ class ChurnModel:
         return digest(op, self.direct())
 
 
-class AllocatorChurn:
+class AllocatorChurn(BaseWorkload):
     """The ``allocator_churn`` workload (see module docstring)."""
 
     name: ClassVar[str] = "allocator_churn"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
     defaults: ClassVar[dict[str, Any]] = {
-        "ops": 8,
-        "seed": 0,
-        "slots": 8,
-        "min_elems": 256,
-        "max_elems": 4096,
-        "table": "device",  # or "shared"
-        "work_ms": 0.0,
-        "op_interval_ms": 0.0,
+        **BaseWorkload.COMMON_DEFAULTS, "slots": 8, "min_elems": 256, "max_elems": 4096, "table": "device",
     }
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {"table": ("device", "shared")}
+    # A shared table is memory shared with other processes through a file.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("table", "shared"): "ipc"}
 
     @classmethod
-    def validate_params(cls, p: dict[str, Any]) -> None:
-        """Raise ValueError naming the first unusable parameter."""
-        check_range("ops", p["ops"], 1)
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """Slot count and buffer sizes."""
         check_range("slots", p["slots"], 1, 1024)
         check_range("min_elems", p["min_elems"], 2)
         check_range("max_elems", p["max_elems"], p["min_elems"], 1 << 26)
-        check_choice("table", p["table"], ("device", "shared"))
-        check_range("work_ms", p["work_ms"], 0)
-        check_range("op_interval_ms", p["op_interval_ms"], 0)
-
-    @classmethod
-    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
-        """A shared table is memory shared with other processes through a file."""
-        return frozenset({"ipc"}) if params.get("table") == "shared" else frozenset()
-
-    def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt = rt
-        self.xp = rt.xp
-        self.p = params
-        self.committed = 0
-        self.table_ok = True  # sticky: every traversal so far found every buffer
-        self._kernel: Any = None
 
     def setup(self) -> None:
         """Allocate the buffers and the pointer table; fill the table."""
         p, xp = self.p, self.xp
+        self.table_ok = True  # sticky: every traversal so far found every buffer
+        self._kernel: Any = None
         self.model = ChurnModel(xp, p["seed"], p["slots"], p["min_elems"], p["max_elems"])
         if p["table"] == "shared":
             import numpy as np
@@ -224,36 +202,23 @@ class AllocatorChurn:
         model.churn(op, slot)
         self._publish_pointer(slot)
         rt.point(op, "launch")
-        if self.p["work_ms"]:
-            time.sleep(self.p["work_ms"] / 1000.0)
+        self.simulate_work()
         synchronize(self.xp)
         rt.point(op, "device_done")
         seen = self.traverse()
         self.table_ok = self.table_ok and all(seen[0::2])
-        result = digest(op, seen)
         rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, result)
-        rt.point(op, "publish")
-        rt.receiver.wait_ack(op)
-        rt.point(op, "ack")
-        rt.commit_marker(op)
-        self.committed = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        self.deliver(op, op, digest(op, seen))
 
     def report(self) -> dict[str, Any]:
         """Committed op, contents checksum, whether the pointer table held up, table address."""
-        final_ok = all(self.traverse()[0::2])
+        ok = self.table_ok and all(self.traverse()[0::2])
         return {
-            "host_op": self.committed,
-            "checksum": self.model.checksum(),
-            "pointer_table_ok": self.table_ok and final_ok,
-            "self_check": {"ok": self.table_ok and final_ok, "what": "every traversal found every slot's buffer"},
+            **self.report_frame(self.model.checksum()),
+            "pointer_table_ok": ok,
+            "self_check": {"ok": ok, "what": "every traversal found every slot's buffer"},
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"table": pointer(self.table)},
-            "device": self.xp.__name__,
-            "domains": device_domains(self.xp) + (["ipc"] if self.p["table"] == "shared" else []),
         }
 
     def save_state(self, path: str) -> None:

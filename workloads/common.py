@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from workloads.xp import is_device, to_host
+from workloads.xp import is_device, synchronize, to_host
 
 MASK = (1 << 64) - 1
 MULT = 6364136223846793005  # odd: x -> x * MULT + c is a bijection mod 2**64
@@ -143,6 +144,16 @@ def load_state_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return header, arrays
 
 
+def load_state_into(path: str, xp: ModuleType, targets: dict[str, Any]) -> dict[str, Any]:
+    """Copy the arrays :func:`save_state_file` wrote into the existing buffers ``targets``
+    (by name, so their addresses stay those :meth:`setup` allocated); return the header."""
+    header, arrays = load_state_file(path)
+    for name, buf in targets.items():
+        buf[...] = xp.asarray(arrays[name])
+    synchronize(xp)
+    return header
+
+
 # -- inputs whose position lives outside the process ----------------------------
 
 
@@ -215,3 +226,84 @@ def check_range(name: str, value: int | float, low: int | float, high: int | flo
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in {low}..{high}"
         raise ValueError(f"parameter {name} = {value!r}: must be {bound}")
+
+
+# -- what the built-in workloads share ------------------------------------------
+
+
+class BaseWorkload:
+    """The frame of the built-in workloads: parameters every one takes, the
+    domains parameter values add, the publish → ack → commit end of an op, and
+    the report's common keys. A subclass sets ``name``, ``phases``, its own
+    ``defaults`` (merged over :attr:`COMMON_DEFAULTS`), ``choices`` and
+    ``param_domains``, and implements ``setup``, ``run_op``, ``reference``.
+    """
+
+    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
+    COMMON_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "ops": 8,
+        "seed": 0,
+        "work_ms": 0.0,  # simulated device work per op (between launch and device_done)
+        "op_interval_ms": 0.0,  # idle time after each commit
+    }
+    # parameter -> its allowed values (checked by validate_params)
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # (parameter, value) -> the domain that value moves state into
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {}
+
+    @classmethod
+    def validate_params(cls, p: dict[str, Any]) -> None:
+        """Raise ValueError naming the first unusable parameter."""
+        check_range("ops", p["ops"], 1)
+        check_range("work_ms", p["work_ms"], 0)
+        check_range("op_interval_ms", p["op_interval_ms"], 0)
+        for name, allowed in cls.choices.items():
+            check_choice(name, p[name], allowed)
+        cls.check_params(p)
+
+    @classmethod
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """Checks of the subclass's own parameters (raise ValueError)."""
+
+    @classmethod
+    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
+        """The domains ``params`` add (see :attr:`param_domains`)."""
+        return frozenset(d for (name, value), d in cls.param_domains.items() if params.get(name) == value)
+
+    def __init__(self, rt: Any, params: dict[str, Any]):
+        self.rt = rt
+        self.xp = rt.xp
+        self.p = params
+        self.committed = 0  # the last effect id whose commit marker is durable
+
+    def simulate_work(self) -> None:
+        """Stand in for ``work_ms`` of device work."""
+        if self.p["work_ms"]:
+            time.sleep(self.p["work_ms"] / 1000.0)
+
+    def deliver(self, op: int, key: int, effect: str) -> None:
+        """Phases ``publish``, ``ack``, ``commit`` of op ``op``: send ``effect`` under
+        ``key``, wait for the receiver's ack, commit ``key`` durably, then idle."""
+        rt = self.rt
+        rt.receiver.send_effect(rt.trial, key, rt.epoch, effect)
+        rt.point(op, "publish")
+        rt.receiver.wait_ack(key)
+        rt.point(op, "ack")
+        rt.commit_marker(key)
+        self.committed = key
+        rt.point(op, "commit")
+        if self.p["op_interval_ms"]:
+            time.sleep(self.p["op_interval_ms"] / 1000.0)
+
+    def report_frame(self, checksum: str, domain_ops: dict[str, int] | None = None, what: str = "") -> dict[str, Any]:
+        """The report's common keys; ``domain_ops`` that must agree are the self-check ``what`` describes."""
+        out: dict[str, Any] = {
+            "host_op": self.committed,
+            "checksum": checksum,
+            "device": self.xp.__name__,
+            "domains": device_domains(self.xp) + sorted(self.domains_for(self.p)),
+        }
+        if domain_ops is not None:
+            out["domain_ops"] = domain_ops
+            out["self_check"] = {"ok": len(set(domain_ops.values())) == 1, "what": what}
+        return out

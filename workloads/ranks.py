@@ -45,16 +45,16 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
+from harness.procs import is_zombie_or_gone
 from workloads.common import (
     MASK,
     MULT,
+    BaseWorkload,
     ReplayReference,
-    check_choice,
     check_range,
-    device_domains,
     digest,
     host_ints,
-    load_state_file,
+    load_state_into,
     save_state_file,
     sums,
 )
@@ -166,7 +166,7 @@ class Ring:
         now = time.monotonic()
         if now > deadline:
             raise TimeoutError(f"rank {self.rank}: nothing from the ring for {self.idle_s:g}s")
-        if self.root_pid is not None and not _alive(self.root_pid):
+        if self.root_pid is not None and is_zombie_or_gone(self.root_pid):
             raise SystemExit(5)
         if self.right is None and not self.right_fin and now >= self._next_connect:
             self._connect_right(now)
@@ -202,8 +202,7 @@ class Ring:
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(SEND_TIMEOUT_S)
-        if self.left is not None:
-            self.left.close()
+        _closed(self.left)
         self.left = sock
         self.left_buf.clear()
         try:  # the handshake: what we consumed last, so the sender resends what follows
@@ -255,14 +254,16 @@ class Ring:
             self._drop_right()
 
     def _drop_left(self) -> None:
-        if self.left is not None:
-            self.left.close()
-        self.left = None
+        self.left = _closed(self.left)
 
     def _drop_right(self) -> None:
-        if self.right is not None:
-            self.right.close()
-        self.right, self.right_ready = None, False
+        self.right, self.right_ready = _closed(self.right), False
+
+
+def _closed(sock: socket.socket | None) -> None:
+    """Close ``sock`` if there is one; return None (the link's new value)."""
+    if sock is not None:
+        sock.close()
 
 
 def _read_frames(sock: socket.socket | None, buf: bytearray) -> list[tuple[int, int, bytes]] | None:
@@ -288,16 +289,6 @@ def _read_frames(sock: socket.socket | None, buf: bytearray) -> list[tuple[int, 
         frames.append((kind, tag, bytes(buf[HEADER.size : HEADER.size + length])))
         del buf[: HEADER.size + length]
     return frames
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the arithmetic every rank runs --------------------------------------------
@@ -380,51 +371,34 @@ class RanksModel:
 # -- rank 0: the workload ------------------------------------------------------
 
 
-class Ranks:
+class Ranks(BaseWorkload):
     """The ``ranks`` workload (see module docstring); this object is rank 0."""
 
     name: ClassVar[str] = "ranks"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
     defaults: ClassVar[dict[str, Any]] = {
-        "ops": 8,
-        "seed": 0,
-        "ranks": 3,
-        "state_size": 4096,
+        **BaseWorkload.COMMON_DEFAULTS, "ranks": 3, "state_size": 4096,
         "cut": "tree",  # or "rank": checkpoint rank `cut_rank` alone
         "cut_rank": 1,
-        "work_ms": 0.0,
-        "op_interval_ms": 0.0,
     }
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {"cut": ("tree", "rank")}
+    # Cutting one rank leaves its peers' side of the protocol outside the checkpoint.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cut", "rank"): "peer"}
 
     @classmethod
-    def validate_params(cls, p: dict[str, Any]) -> None:
-        """Raise ValueError naming the first unusable parameter."""
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """Rank count, state size (a chunk per rank), which rank a one-rank cut takes."""
         check_range("ops", p["ops"], 1, STRIDE * 1000)
         check_range("ranks", p["ranks"], 2, 4)
         check_range("state_size", p["state_size"], p["ranks"], 1 << 26)
-        check_choice("cut", p["cut"], ("tree", "rank"))
         check_range("cut_rank", p["cut_rank"], 1, p["ranks"] - 1)
-        check_range("work_ms", p["work_ms"], 0)
-        check_range("op_interval_ms", p["op_interval_ms"], 0)
-
-    @classmethod
-    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
-        """Cutting one rank leaves its peers' side of the protocol outside the checkpoint."""
-        return frozenset({"peer"}) if params.get("cut") == "rank" else frozenset()
-
-    def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt = rt
-        self.xp = rt.xp
-        self.p = params
-        self.op_done = 0
-        self.committed = 0
-        self.ring: Ring | None = None
-        self.children: list[subprocess.Popen[bytes]] = []
-        self.rank_reports: list[dict[str, Any]] = []
 
     def setup(self) -> None:
         """Allocate rank 0's replica (the other ranks start at the first op)."""
+        self.op_done = 0
+        self.ring: Ring | None = None
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.rank_reports: list[dict[str, Any]] = []
         self.x = mix(self.xp, self.p["state_size"], self.p["seed"], 0)
         synchronize(self.xp)
         self.pointers_initial = {"replica": pointer(self.x)}
@@ -469,22 +443,13 @@ class Ranks:
         total = allreduce(xp, self.ring, op, g)
         rt.point(op, "allreduce")
         apply_sum(xp, self.x, total)
-        if self.p["work_ms"]:
-            time.sleep(self.p["work_ms"] / 1000.0)
+        self.simulate_work()
         synchronize(xp)
         self.op_done = op
         rt.point(op, "device_done")
         effect = replica_digest(xp, self.x)
         rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, effect)
-        rt.point(op, "publish")
-        rt.receiver.wait_ack(op)
-        rt.point(op, "ack")
-        rt.commit_marker(op)
-        self.committed = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        self.deliver(op, op, effect)
 
     def finish(self) -> None:
         """Gather every rank's last op and replica digest round the ring, then close it.
@@ -511,18 +476,12 @@ class Ranks:
         digests = [own] + [r["checksum"] for r in self.rank_reports]
         agree = len(set(digests)) == 1
         domain_ops = {"rank0": self.op_done, **{f"rank{r['rank']}": r["op"] for r in self.rank_reports}}
-        return {
-            "host_op": self.committed,
-            # Replicas that disagree are not the state of any op.
-            "checksum": own if agree else digest("replicas disagree", digests),
-            "domain_ops": domain_ops,
-            "self_check": {"ok": agree and len(set(domain_ops.values())) == 1, "what": "every replica at the same op and equal"},
-            "ranks": self.rank_reports,
-            "pointers_initial": self.pointers_initial,
-            "pointers_final": {"replica": pointer(self.x)},
-            "device": self.xp.__name__,
-            "domains": device_domains(self.xp),
-        }
+        frame = self.report_frame(own if agree else digest("replicas disagree", digests), domain_ops,
+                                  "every replica at the same op and equal")
+        frame["self_check"]["ok"] = frame["self_check"]["ok"] and agree
+        # Replicas that disagree are not the state of any op: the checksum above leaves the reference.
+        return {**frame, "ranks": self.rank_reports, "pointers_initial": self.pointers_initial,
+                "pointers_final": {"replica": pointer(self.x)}}
 
     def save_state(self, path: str) -> None:
         """Application-level checkpoint at an op boundary: the replicas are equal there, so rank 0's suffices."""
@@ -530,9 +489,7 @@ class Ranks:
 
     def load_state(self, path: str) -> int:
         """Load rank 0's replica; the ranks start from it at the next op. Return the op to resume after."""
-        header, arrays = load_state_file(path)
-        self.x[...] = self.xp.asarray(arrays["x"])
-        synchronize(self.xp)
+        header = load_state_into(path, self.xp, {"x": self.x})
         self.op_done, self.committed = header["op"], header["committed"]
         return self.op_done
 

@@ -30,19 +30,17 @@ number are the same number in any coherent run.
 
 from __future__ import annotations
 
-import time
 from types import ModuleType
 from typing import Any, ClassVar
 
 from workloads.common import (
     MULT,
+    BaseWorkload,
     ReplayReference,
-    check_choice,
     check_range,
-    device_domains,
     digest,
     host_ints,
-    load_state_file,
+    load_state_into,
     make_cursor,
     save_state_file,
     splitmix,
@@ -101,47 +99,26 @@ class ServiceModel:
         return self.reply(rid, key)
 
 
-class RequestService:
+class RequestService(BaseWorkload):
     """The ``request_service`` workload (see module docstring)."""
 
     name: ClassVar[str] = "request_service"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
-    defaults: ClassVar[dict[str, Any]] = {
-        "ops": 8,
-        "seed": 0,
-        "rows": 64,
-        "width": 128,
-        "queue": "memory",  # or "external"
-        "work_ms": 0.0,  # simulated device work per request (between launch and device_done)
-        "op_interval_ms": 0.0,  # idle time after each commit
-    }
+    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "rows": 64, "width": 128, "queue": "memory"}
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {"queue": ("memory", "external")}
+    # An external queue's read position is state on disk, outside any process image.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("queue", "external"): "disk"}
 
     @classmethod
-    def validate_params(cls, p: dict[str, Any]) -> None:
-        """Raise ValueError naming the first unusable parameter."""
-        check_range("ops", p["ops"], 1)
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """Table shape."""
         check_range("rows", p["rows"], 1, 1 << 16)
         check_range("width", p["width"], 1, 1 << 20)
-        check_choice("queue", p["queue"], ("memory", "external"))
-        check_range("work_ms", p["work_ms"], 0)
-        check_range("op_interval_ms", p["op_interval_ms"], 0)
-
-    @classmethod
-    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
-        """An external queue's position is state on disk, outside any process image."""
-        return frozenset({"disk"}) if params.get("queue") == "external" else frozenset()
-
-    def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt = rt
-        self.xp = rt.xp
-        self.p = params
-        self.op_done = 0  # last op (loop iteration) completed
-        self.committed = 0  # last request id whose commit marker is durable
 
     def setup(self) -> None:
         """Allocate the table; open the request queue."""
         p = self.p
+        self.op_done = 0  # last op (loop iteration) completed; `committed` is a request id
         self.model = ServiceModel(self.xp, p["seed"], p["rows"], p["width"])
         self.queue = make_cursor(p["queue"], self.rt.workdir / "queue.offset")
         synchronize(self.xp)
@@ -155,36 +132,22 @@ class RequestService:
         rt.point(op, "admit")
         model.apply(rid, key)
         rt.point(op, "launch")
-        if self.p["work_ms"]:
-            time.sleep(self.p["work_ms"] / 1000.0)
+        self.simulate_work()
         synchronize(self.xp)
         rt.point(op, "device_done")
         answer = model.reply(rid, key)
-        rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, rid, rt.epoch, answer)
-        rt.point(op, "publish")
-        rt.receiver.wait_ack(rid)
-        rt.point(op, "ack")
-        rt.commit_marker(rid)
-        self.committed = rid
         self.op_done = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        rt.point(op, "record")
+        self.deliver(op, rid, answer)
 
     def report(self) -> dict[str, Any]:
         """Committed request, state checksum, per-domain progress and the table's address."""
         model = self.model
         domain_ops = {"queue": self.queue.position(), "device": model.applied(), "host": model.lsn}
         return {
-            "host_op": self.committed,
-            "checksum": model.checksum(),
-            "domain_ops": domain_ops,
-            "self_check": {"ok": len(set(domain_ops.values())) == 1, "what": "queue position = device updates = host replies"},
+            **self.report_frame(model.checksum(), domain_ops, "queue position = device updates = host replies"),
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"table": pointer(model.table)},
-            "device": self.xp.__name__,
-            "domains": device_domains(self.xp) + (["disk"] if self.p["queue"] == "external" else []),
         }
 
     def save_state(self, path: str) -> None:
@@ -197,11 +160,8 @@ class RequestService:
     def load_state(self, path: str) -> int:
         """Load :meth:`save_state`'s file into the buffers :meth:`setup` made and seek the
         queue back to the saved position; return the op to resume after."""
-        header, arrays = load_state_file(path)
         m = self.model
-        m.table[...] = self.xp.asarray(arrays["table"])
-        m.versions[...] = self.xp.asarray(arrays["versions"])
-        synchronize(self.xp)
+        header = load_state_into(path, self.xp, {"table": m.table, "versions": m.versions})
         m.lsn, m.ledger = header["lsn"], header["ledger"]
         self.queue.seek(header["queue"])
         self.op_done, self.committed = header["op"], header["committed"]

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import check_range, device_domains, load_state_file, save_state_file, sums
+from workloads.common import BaseWorkload, check_range, load_state_into, save_state_file, sums
 from workloads.counter import CounterReference, apply_op, digest, initial_state
 from workloads.xp import is_device, pointer, synchronize
 
@@ -103,38 +103,23 @@ def sums_digest(n: int, s1: int, s2: int) -> str:
     return hashlib.blake2b(f"{n}:{s1}:{s2}".encode(), digest_size=16).hexdigest()
 
 
-class StreamCallbacks:
+class StreamCallbacks(BaseWorkload):
     """The ``stream_callbacks`` workload (see module docstring)."""
 
     name: ClassVar[str] = "stream_callbacks"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
-    defaults: ClassVar[dict[str, Any]] = {
-        "ops": 8,
-        "seed": 0,
-        "state_size": 4096,
-        "op_interval_ms": 0.0,
-    }
+    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "state_size": 4096}
 
     @classmethod
-    def validate_params(cls, p: dict[str, Any]) -> None:
-        """Raise ValueError naming the first unusable parameter."""
-        check_range("ops", p["ops"], 1)
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """State size."""
         check_range("state_size", p["state_size"], 1, 1 << 28)
-        check_range("op_interval_ms", p["op_interval_ms"], 0)
-
-    def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt = rt
-        self.xp = rt.xp
-        self.p = params
-        self.committed = 0
-        self.acked = 0  # last op whose callback saw the ack (callback thread)
-        self.recorded = ""
-        self._error: BaseException | None = None
 
     def setup(self) -> None:
         """Allocate the state, the pinned landing buffer for the sums, and the stream."""
         xp = self.xp
+        self.acked = 0  # last op whose callback saw the ack (callback thread)
+        self._error: BaseException | None = None
         self.state = initial_state(xp, self.p["state_size"], self.p["seed"])
         if is_device(xp):
             import cupyx  # type: ignore[import-not-found]
@@ -152,6 +137,7 @@ class StreamCallbacks:
         """Device work of op ``op``: update, reduce, copy the two sums to the pinned landing buffer."""
         xp = self.xp
         apply_op(xp, self.state, self.p["seed"], op)
+        self.simulate_work()  # on the stream: the callback of this op waits for it
         self._sums = sums(xp, self.state)  # kept alive until the copy has run
         if is_device(xp):
             stream = xp.cuda.get_current_stream()
@@ -199,16 +185,11 @@ class StreamCallbacks:
 
     def report(self) -> dict[str, Any]:
         """Committed op, state digest, callbacks acknowledged against ops committed."""
-        domain_ops = {"callbacks": self.acked, "host": self.committed}
         return {
-            "host_op": self.committed,
-            "checksum": digest(self.xp, self.state),
-            "domain_ops": domain_ops,
-            "self_check": {"ok": self.acked == self.committed, "what": "every committed op's callback saw its ack"},
+            **self.report_frame(digest(self.xp, self.state), {"callbacks": self.acked, "host": self.committed},
+                                "every committed op's callback saw its ack"),
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"state": pointer(self.state)},
-            "device": self.xp.__name__,
-            "domains": device_domains(self.xp),
         }
 
     def save_state(self, path: str) -> None:
@@ -217,9 +198,7 @@ class StreamCallbacks:
 
     def load_state(self, path: str) -> int:
         """Load :meth:`save_state`'s file; return the op to resume after."""
-        header, arrays = load_state_file(path)
-        self.state[...] = self.xp.asarray(arrays["state"])
-        synchronize(self.xp)
+        header = load_state_into(path, self.xp, {"state": self.state})
         self.committed, self.acked = header["committed"], header["acked"]
         return self.committed
 

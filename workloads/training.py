@@ -20,18 +20,16 @@ coherent run keeps equal, and the metrics and checksum leave the reference.
 
 from __future__ import annotations
 
-import time
 from types import ModuleType
 from typing import Any, ClassVar
 
 from workloads.common import (
+    BaseWorkload,
     ReplayReference,
-    check_choice,
     check_range,
-    device_domains,
     digest,
     host_ints,
-    load_state_file,
+    load_state_into,
     make_cursor,
     save_state_file,
     sums,
@@ -93,42 +91,21 @@ class TrainModel:
         return self.published(op)
 
 
-class Training:
+class Training(BaseWorkload):
     """The ``training`` workload (see module docstring)."""
 
     name: ClassVar[str] = "training"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
-    defaults: ClassVar[dict[str, Any]] = {
-        "ops": 8,
-        "seed": 0,
-        "dim": 4096,
-        "grad_shift": 11,
-        "cursor": "host",  # or "external"
-        "work_ms": 0.0,  # simulated device work per step (between launch and device_done)
-        "op_interval_ms": 0.0,  # idle time after each commit
-    }
+    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "dim": 4096, "grad_shift": 11, "cursor": "host"}
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {"cursor": ("host", "external")}
+    # An external data cursor is state on disk, outside any process image.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cursor", "external"): "disk"}
 
     @classmethod
-    def validate_params(cls, p: dict[str, Any]) -> None:
-        """Raise ValueError naming the first unusable parameter."""
-        check_range("ops", p["ops"], 1)
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """Model size and the gradient's shift."""
         check_range("dim", p["dim"], 1, 1 << 28)
         check_range("grad_shift", p["grad_shift"], 0, 63)
-        check_choice("cursor", p["cursor"], ("host", "external"))
-        check_range("work_ms", p["work_ms"], 0)
-        check_range("op_interval_ms", p["op_interval_ms"], 0)
-
-    @classmethod
-    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
-        """An external data cursor is state on disk, outside any process image."""
-        return frozenset({"disk"}) if params.get("cursor") == "external" else frozenset()
-
-    def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt = rt
-        self.xp = rt.xp
-        self.p = params
-        self.committed = 0
 
     def setup(self) -> None:
         """Allocate parameters and optimizer state; open the data cursor."""
@@ -146,35 +123,21 @@ class Training:
         rt.point(op, "admit")
         model.update(batch)
         rt.point(op, "launch")
-        if self.p["work_ms"]:
-            time.sleep(self.p["work_ms"] / 1000.0)
+        self.simulate_work()
         synchronize(self.xp)
         rt.point(op, "device_done")
         metrics = model.published(op)
         rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, metrics)
-        rt.point(op, "publish")
-        rt.receiver.wait_ack(op)
-        rt.point(op, "ack")
-        rt.commit_marker(op)
-        self.committed = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        self.deliver(op, op, metrics)
 
     def report(self) -> dict[str, Any]:
         """Committed step, state checksum, cursor against device step, buffer addresses."""
         model = self.model
         domain_ops = {"data_cursor": self.cursor.position(), "device_step": model.device_step()}
         return {
-            "host_op": self.committed,
-            "checksum": model.checksum(),
-            "domain_ops": domain_ops,
-            "self_check": {"ok": len(set(domain_ops.values())) == 1, "what": "data cursor = device step counter"},
+            **self.report_frame(model.checksum(), domain_ops, "data cursor = device step counter"),
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"params": pointer(model.w), "momentum": pointer(model.m)},
-            "device": self.xp.__name__,
-            "domains": device_domains(self.xp) + (["disk"] if self.p["cursor"] == "external" else []),
         }
 
     def save_state(self, path: str) -> None:
@@ -185,12 +148,8 @@ class Training:
 
     def load_state(self, path: str) -> int:
         """Load :meth:`save_state`'s file and seek the data cursor back; return the step to resume after."""
-        header, arrays = load_state_file(path)
-        m, xp = self.model, self.xp
-        m.w[...] = xp.asarray(arrays["w"])
-        m.m[...] = xp.asarray(arrays["m"])
-        m.steps[...] = xp.asarray(arrays["steps"])
-        synchronize(xp)
+        m = self.model
+        header = load_state_into(path, self.xp, {"w": m.w, "m": m.m, "steps": m.steps})
         self.cursor.seek(header["cursor"])
         self.committed = header["committed"]
         return self.committed
