@@ -73,9 +73,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--sizes", nargs="+", type=int, default=[256, 1024, 4096, 16384], help="device MiB per point")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--replot", action="store_true", help="only re-render speed.md/speed.png from speed.csv in --out")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        df = pd.read_csv(out / "speed.csv")
+        sizes = sorted(df["device_mib"].unique())
+        return render(df, out, f"--sizes {' '.join(map(str, sizes))} --repeat {int(df.groupby('device_mib').size().max())}")
     rows = []
     for mib in args.sizes:
         data = scenario_for(mib, args.repeat)
@@ -95,9 +100,15 @@ def main() -> int:
             print(f"{mib:>6} MiB  {trial['outcome']:<8} " + "  ".join(f"{s}={row[s + '_s']:.3f}s" for s in STAGES), flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(out / "speed.csv", index=False)
+    (out / "environment.json").write_text(json.dumps(environment.collect(), indent=2, default=str))
+    return render(df, out, f"--sizes {' '.join(map(str, args.sizes))} --repeat {args.repeat}")
+
+
+def render(df: pd.DataFrame, out: Path, options: str) -> int:
+    """Write ``speed.md`` and ``speed.png`` for the rows of ``df``; return 0 when every trial was valid."""
     ok = df[df["outcome"] == "valid"]
     lines = ["# cuda+criu speed against device bytes", "",
-             f"`python benchmarks/gpu_speed.py --out {args.out} --sizes {' '.join(map(str, args.sizes))} --repeat {args.repeat}`", "",
+             f"`python benchmarks/gpu_speed.py --out OUT {options}`", "",
              "Median seconds per stage (monotonic clock, call issued → call returned), one `kill` cut per trial:", ""]
     med = df.groupby("device_mib")[[f"{s}_s" for s in STAGES] + ["image_bytes", "gpu_bytes"]].median()
     med["image_gb"] = med["image_bytes"] / 1e9
@@ -115,9 +126,8 @@ def main() -> int:
     restore = fit_df.set_index("stage").loc["criu_restore"]
     tracks = restore["r2"] > 0.9 and restore["s_per_gib"] > 0
     lines += ["", f"criu_restore tracks bytes: **{'yes' if tracks else 'no'}** (R² = {restore['r2']:.3f}, "
-                  f"{restore['s_per_gib']:.3f} s/GiB); outcomes: {dict(df['outcome'].value_counts())}"]
+                  f"{restore['s_per_gib']:.3f} s/GiB); outcomes: {dict((str(k), int(v)) for k, v in df['outcome'].value_counts().items())}"]
     (out / "speed.md").write_text("\n".join(lines) + "\n")
-    (out / "environment.json").write_text(json.dumps(environment.collect(), indent=2, default=str))
     _plot(med, out / "speed.png")
     print("\n".join(lines))
     return 0 if len(ok) == len(df) else 1
@@ -133,8 +143,7 @@ def _plot(med: pd.DataFrame, path: Path) -> None:
     x = med["gpu_gib"]
     for stage in STAGES:
         ax.plot(x, med[f"{stage}_s"], marker="o", label=stage)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("device state (GiB, NVML)")
+    ax.set_xlabel("device state of the process (GiB, NVML; includes the CUDA context)")
     ax.set_ylabel("seconds")
     ax.set_title("cuda+criu stage time against device bytes")
     ax.grid(True, alpha=0.3)

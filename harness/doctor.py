@@ -154,6 +154,16 @@ def check_gpu(facts: dict | None = None) -> list[Check]:
     return out
 
 
+def check_criu_cuda_plugin() -> Check:
+    """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: missing is fine."""
+    from harness.checkpointers import criu_cuda_plugin
+
+    why = criu_cuda_plugin.plugin_unavailable_reason()
+    if why is None:
+        return Check("criu cuda plugin", OK, str(criu_cuda_plugin.plugin_dir()))
+    return Check("criu cuda plugin", MISSING, why, "only for the `criu-cuda-plugin` backend")
+
+
 def check_postgres() -> Check:
     """PostgreSQL server binaries for the pg store (initdb on PATH or under /usr/lib/postgresql)."""
     found = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
@@ -188,6 +198,7 @@ def run_checks(prefix: Path | None = None) -> list[Check]:
     checks.append(check_kernel())
     checks.append(check_network_lock(install))
     checks += check_gpu()
+    checks.append(check_criu_cuda_plugin())
     checks.append(check_postgres())
     checks += check_packages()
     return checks

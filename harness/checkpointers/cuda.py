@@ -538,6 +538,11 @@ class CudaCheckpointer:
         """Restore + unlock ``pids``; a remap the driver rejects is retried in place and reported as refused."""
         try:
             self.stages.resume(pids, ctx, pairs=pairs)
+            if pairs:
+                # Where the device memory is now, as NVML sees it: the move itself, checked.
+                after = gpu_mem.process_gpu_memory(pids)
+                ctx.facts["gpus_after_remap"] = " ".join(f"pid {p}:{','.join(sorted(after.get(p, {}))) or '?'}" for p in pids)
+                ctx.timeline.event("remap_check", ctx.cut_index, ctx.facts["gpus_after_remap"])
         except StageFailed as exc:
             if not pairs or exc.stage != "cuda_restore" or not all(s == "running" for s in self.stages.bring_back(pids)):
                 raise
