@@ -44,6 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
+from workloads.common import BaseWorkload
 from workloads.counter import MASK, apply_op, initial_state
 from workloads.xp import device_uuid, is_device, pointer, synchronize
 
@@ -283,26 +284,33 @@ def _setup_rank(xp: ModuleType, params: dict[str, Any], rank: int, rankfile_path
     return RankState(xp, params, rank, rf, comm)
 
 
-class NcclRanks:
+class NcclRanks(BaseWorkload):
     """The ``nccl_ranks`` workload, rank 0 side (see module docstring)."""
 
     name: ClassVar[str] = "nccl_ranks"
     domains: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "ipc", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
+    arrays: ClassVar[tuple[str, ...]] = ("cupy",)
     defaults: ClassVar[dict[str, Any]] = {
+        **BaseWorkload.COMMON_DEFAULTS,
         "ops": 6,
-        "seed": 0,
         "state_size": 4096,
         "world_size": 2,
         "transport": "socket",
         "comm": "auto",
-        "op_interval_ms": 0.0,
     }
+    choices: ClassVar[dict[str, tuple[Any, ...]]] = {"transport": ("socket", "default"), "comm": ("auto", "cupy", "torch")}
+
+    @classmethod
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """At least two ranks; a state vector to reduce."""
+        if p["world_size"] < 2 or p["state_size"] < 1:
+            raise ValueError(f"world_size = {p['world_size']}, state_size = {p['state_size']}: need world_size >= 2, state_size >= 1")
 
     def __init__(self, rt: Any, params: dict[str, Any]):
-        self.rt, self.xp, self.p = rt, rt.xp, params
+        super().__init__(rt, params)
         self.world = int(params["world_size"])
-        self.cursor = self.host_op = self.committed = 0
+        self.cursor = self.host_op = 0
         self.workers: list[subprocess.Popen] = []
         self.mismatch: dict[str, int] | None = None
         self.last_ops: dict[str, int] = {}
@@ -311,8 +319,6 @@ class NcclRanks:
         """Start ranks 1..W-1, join the communicator, allocate every rank's state."""
         if not is_device(self.xp):
             raise RuntimeError("nccl_ranks needs GPUs: set workload.array = \"cupy\"")
-        if self.p["transport"] not in ("socket", "default"):
-            raise RuntimeError(f"transport = {self.p['transport']!r}: allowed socket, default")
         base = Path(self.rt.config.control_path).parent
         self.rankfile_path, self.uid_path = base / "ranks.ctl", base / "nccl.id"
         self.uid_path.unlink(missing_ok=True)
@@ -349,15 +355,7 @@ class NcclRanks:
         self.last_digest = op_digest(op, reduced)
         self.host_op = op
         rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, self.last_digest)
-        rt.point(op, "publish")
-        rt.receiver.wait_ack(op)
-        rt.point(op, "ack")
-        rt.commit_marker(op)
-        self.committed = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        self.deliver(op, op, self.last_digest)
 
     def finish(self) -> None:
         """Let the workers finish, write rank 0's final sums, and reap them."""

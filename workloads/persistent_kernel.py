@@ -79,6 +79,7 @@ class PersistentKernel(Counter):
     name: ClassVar[str] = "persistent_kernel"
     domains: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
+    arrays: ClassVar[tuple[str, ...]] = ("cupy",)
     defaults: ClassVar[dict[str, Any]] = {
         **Counter.defaults,
         "state_size": 65536,
