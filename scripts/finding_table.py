@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.errors import EXIT_BAD_ARGUMENTS, CutbenchError
 from harness.oracle import FINDING_KINDS
 from harness.results import RunDir
 
@@ -42,9 +43,13 @@ def finding_table(trials: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str]) -> int:
     """Print the table of the run directory ``argv[0]``; return the exit code."""
     if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 2
-    run = RunDir.open(argv[0])
+        print("usage: " + __doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+    try:
+        run = RunDir.open(argv[0])
+    except CutbenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     print(finding_table(run.table("trials")).to_markdown(index=False))
     meta = tomllib.loads((Path(run.path) / "run.toml").read_text())
     reasons: dict[str, set[str]] = {}
