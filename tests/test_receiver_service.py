@@ -138,15 +138,18 @@ def test_bad_messages_get_errors_and_bad_framing_closes_only_that_connection(rec
 
 def test_resend_after_a_dead_socket_shows_duplicates_only_under_at_least_once(receiver) -> None:
     c = ReceiverClient(receiver.address)
+    # The high-water mark is polled on another connection: polling on ``c`` could
+    # read the ack before the socket dies, and the test would then race the server.
+    ctl = ReceiverClient(receiver.address)
     c.open_trial("alo", "at_least_once")
     c.open_trial("idem", "idempotent")
     for trial in ("alo", "idem"):
         c.send_effect(trial, 1, 0, "d")
-        deadline = time.monotonic() + 5
-        while c.high_water_mark() < 2 + (trial == "idem") * 2:  # delivered and committed...
-            assert time.monotonic() < deadline
-        # ...but the ack is lost: what CRIU's --tcp-close does to the restored socket
+        # The ack is lost: what CRIU's --tcp-close does to the restored socket.
         c._sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 5
+        while ctl.high_water_mark() < 2 + (trial == "idem") * 2:  # delivered and committed
+            assert time.monotonic() < deadline
         ack = c.wait_ack(1, trial=trial)
         assert ack["attempt"] == 2
     df = c.export()
