@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m harness.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres chromium demo test test-fast clean
+.PHONY: venv criu postgres chromium demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
