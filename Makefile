@@ -35,7 +35,7 @@ demo: criu
 	$(CUTBENCH) run $(DEMO_SCENARIO) || [ $$? -eq 1 ]
 
 test: criu postgres chromium
-	CUTBENCH_REQUIRE_POSTGRES=1 $(BIN)/pytest -q -ra
+	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 $(BIN)/pytest -q -ra
 
 clean:
 	rm -rf $(VENV) .criu build *.egg-info
