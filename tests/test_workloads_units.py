@@ -137,7 +137,7 @@ def test_bad_parameters_name_the_field(name, params, field):
 def test_declared_domains_follow_the_parameters():
     assert api.declared_domains(api.load("request_service"), {"queue": "external"}) == {"cpu", "receiver", "disk"}
     assert api.declared_domains(api.load("request_service"), {"queue": "memory"}) == {"cpu", "receiver"}
-    assert "ipc" in api.declared_domains(api.load("allocator_churn"), {"table": "shared"})
+    assert "shared_file" in api.declared_domains(api.load("allocator_churn"), {"table": "shared"})
     assert "peer" in api.declared_domains(api.load("ranks"), {"cut": "rank"})
     assert "peer" not in api.declared_domains(api.load("ranks"), {"cut": "tree"})
 

@@ -20,7 +20,7 @@ the run found an entry that no longer leads to its buffer.
 ``table = "device"`` keeps the table with the buffers (device memory, or
 private host memory on NumPy). ``table = "shared"`` keeps it in a file-backed
 shared mapping (state shared with another process through a file, domain
-``ipc``): a CRIU image does not hold such a mapping's contents, so after a
+``shared_file``): a CRIU image does not hold such a mapping's contents, so after a
 rollback the restored process sees entries its crashed incarnation wrote.
 """
 
@@ -132,7 +132,7 @@ class AllocatorChurn(BaseWorkload):
     }
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"table": ("device", "shared")}
     # A shared table is memory shared with other processes through a file.
-    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("table", "shared"): "ipc"}
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("table", "shared"): "shared_file"}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:

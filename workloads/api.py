@@ -21,7 +21,10 @@ from workloads.control import PHASES
 ENTRY_POINT_GROUP = "cutbench.workloads"
 
 # State domains a workload may declare and a checkpointer may cover.
-DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "uvm", "disk")
+# ``ipc``: SysV and anonymous shared memory (a CRIU image holds it);
+# ``shared_file``: a file-backed MAP_SHARED mapping, whose contents no
+# checkpoint image holds (a restore maps the file as it is now).
+DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk")
 
 BUILTIN: dict[str, str] = {
     "counter": "workloads.counter:Counter",
