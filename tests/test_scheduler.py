@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from harness import scheduler, search
 from harness.plan import Cut, CutPlan

@@ -129,7 +129,6 @@ class EchoPeer(CounterSteps):
 
     def run_op(self, op: int) -> None:
         """Counter's update, the peer exchange, then publish, ack, commit."""
-        rt = self.rt
         self.compute(op)
         value = int(self.last_digest[:16], 16)
         request = f"{op} {value}\n" if self.sequenced else f"{value}\n"
