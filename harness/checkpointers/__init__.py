@@ -24,11 +24,6 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def names() -> list[str]:
-    """The backend names known to this build."""
-    return sorted(REGISTRY)
-
-
 def get(name: str) -> Checkpointer:
     """A fresh instance of backend ``name``.
 
@@ -45,4 +40,4 @@ def get(name: str) -> Checkpointer:
     return getattr(importlib.import_module(module_name), attr)()
 
 
-__all__ = ["Checkpointer", "CutContext", "REGISTRY", "get", "names"]
+__all__ = ["Checkpointer", "CutContext", "REGISTRY", "get"]
