@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 MIB = 1 << 20
 
@@ -30,6 +31,14 @@ def process_gpu_memory(pids: Iterable[int]) -> dict[int, dict[str, int]]:
 
 def _nvml_rows() -> list[tuple[int, str, int]] | None:
     """(pid, GPU UUID, bytes) of every compute process, or None when NVML is unusable."""
+    per_gpu = _per_nvml_device(lambda nvml, handle, uuid: [
+        (int(proc.pid), uuid, int(proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0))
+        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)])
+    return None if per_gpu is None else [row for rows in per_gpu for row in rows]
+
+
+def _per_nvml_device(read: Callable[[Any, Any, str], Any]) -> list[Any] | None:
+    """``read(pynvml, handle, uuid)`` of every GPU in one NVML session, or None when NVML is unusable."""
     try:
         import pynvml  # type: ignore[import-not-found]
 
@@ -37,15 +46,12 @@ def _nvml_rows() -> list[tuple[int, str, int]] | None:
     except Exception:
         return None
     try:
-        rows = []
+        out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
-                rows.append((int(proc.pid), uuid, int(used)))
-        return rows
+            out.append(read(pynvml, handle, uuid.decode() if isinstance(uuid, bytes) else uuid))
+        return out
     except Exception:
         return None
     finally:
@@ -77,23 +83,5 @@ def _smi_rows() -> list[tuple[int, str, int]] | None:
 
 def free_bytes() -> dict[str, int]:
     """``{gpu_uuid: free bytes}`` from NVML; empty when NVML is unusable."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
-    try:
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            out[uuid.decode() if isinstance(uuid, bytes) else uuid] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-        return out
-    except Exception:
-        return {}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    per_gpu = _per_nvml_device(lambda nvml, handle, uuid: (uuid, int(nvml.nvmlDeviceGetMemoryInfo(handle).free)))
+    return dict(per_gpu or [])
