@@ -16,14 +16,9 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
+from workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, sums
 from workloads.control import PHASES
 from workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
-
-MASK = (1 << 64) - 1
-MULT = 6364136223846793005  # Knuth's MMIX LCG multiplier: odd, so the update is a bijection
-GOLDEN = 0x9E3779B97F4A7C15
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
 
 
 def mix(xp: ModuleType, n: int, seed: int, op: int) -> Any:
@@ -66,13 +61,7 @@ def apply_op(xp: ModuleType, state: Any, seed: int, op: int) -> None:
 
 def digest(xp: ModuleType, state: Any) -> str:
     """A short digest of ``state``: two wrapping sums reduced on the device, hashed on the host."""
-    u = xp.uint64
-    s1 = int(state.sum(dtype=u))
-    weights = xp.arange(state.size, dtype=u)
-    weights *= u(2)
-    weights += u(1)
-    weights *= state
-    s2 = int(weights.sum(dtype=u))
+    s1, s2 = host_ints(sums(xp, state))
     return hashlib.blake2b(f"{state.size}:{s1}:{s2}".encode(), digest_size=16).hexdigest()
 
 

@@ -44,8 +44,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import BaseWorkload
-from workloads.counter import MASK, apply_op, initial_state
+from workloads.common import MASK, BaseWorkload
+from workloads.counter import apply_op, initial_state
 from workloads.xp import device_uuid, is_device, pointer, synchronize
 
 PHASES: tuple[str, ...] = ("admit", "launch", "collective", "device_done", "record", "publish", "ack", "commit")
