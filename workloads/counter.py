@@ -10,13 +10,12 @@ NumPy, so the reference below reproduces every digest bit for bit.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, sums
+from workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, load_state_into, save_state_file, sums
 from workloads.control import PHASES
 from workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
 
@@ -192,21 +191,12 @@ class Counter:
 
     def save_state(self, path: str) -> None:
         """Application-level checkpoint at an op boundary: counters and the state vector."""
-        import numpy as np
-
         header = {"cursor": self.cursor, "host_op": self.host_op, "committed": self.committed, "last_digest": self.last_digest}
-        with open(path, "wb") as fh:  # opened and closed here: no file stays open across a cut
-            np.save(fh, np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))
-            np.save(fh, to_host(self.state))
+        save_state_file(path, header, {"state": self.state})
 
     def load_state(self, path: str) -> int:
         """Load what :meth:`save_state` wrote into the buffers :meth:`setup` made; return the op to resume after."""
-        import numpy as np
-
-        with open(path, "rb") as fh:
-            header = json.loads(np.load(fh).tobytes())
-            self.state[...] = self.xp.asarray(np.load(fh))
-        synchronize(self.xp)
+        header = load_state_into(path, self.xp, {"state": self.state})
         self.cursor, self.host_op = header["cursor"], header["host_op"]
         self.committed, self.last_digest = header["committed"], header["last_digest"]
         return self.committed
