@@ -15,10 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from harness.errors import InvalidArgument, Unavailable
-from harness.scenario import Arm, Scenario, load_scenario
+from harness.scenario import Arm, Scenario, load_scenario, toml_value
 from harness.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
 MAX_LISTED = 10  # failing trials named in a message and in the JUnit properties
@@ -44,7 +42,7 @@ def load(path: Path, backends: list[str] | None = None, overrides: list[str] | N
     """Load a scenario, with ``pipeline.backends`` replaced by ``backends`` when given."""
     extra = list(overrides or [])
     if backends:
-        extra.append("pipeline.backends=" + tomli_w.dumps({"v": list(backends)}).split("=", 1)[1].strip())
+        extra.append("pipeline.backends=" + toml_value(list(backends)))
     return load_scenario(path, extra)
 
 

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from harness.errors import InvalidArgument
 from harness.plan import FAULTS, RESTORE_TARGETS
 
@@ -274,6 +276,11 @@ def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             _deep_merge(into[key], value)
         else:
             into[key] = value
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as the TOML text an override (``section.key=TEXT``) reads back as ``value``."""
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
 def _apply_override(data: dict[str, Any], item: str) -> None:

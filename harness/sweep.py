@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from harness.errors import InvalidArgument
-from harness.scenario import Scenario, load_scenario
+from harness.scenario import Scenario, load_scenario, toml_value
 
 ARM_AXES = frozenset({"pipeline.backends", "receiver.modes", "pipeline.faults", "pipeline.crash_after_ms", "pipeline.split_window_ms"})
 # Fields one session cannot vary: the receiver store is the session's, the name and includes are the file's.
@@ -44,10 +42,6 @@ class SweepPoint:
     variant: str
     overrides: tuple[str, ...]
     scenario: Scenario
-
-
-def _toml_value(value: Any) -> str:
-    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
 def _scalar(raw: str) -> Any:
@@ -77,7 +71,7 @@ def parse_axis(text: str) -> Axis:
         values = [_scalar(part) for part in raw.split(",") if part.strip()]
     if not values:
         raise InvalidArgument(f"--axis {key}: no values given")
-    unique = list(dict.fromkeys(_toml_value(v) for v in values))
+    unique = list(dict.fromkeys(toml_value(v) for v in values))
     if len(unique) != len(values):
         raise InvalidArgument(f"--axis {key}: values repeat ({raw})")
     return Axis(key, tuple(values))
@@ -94,18 +88,18 @@ def expand(path: str | Path, axes: list[Axis], overrides: list[str] | None = Non
     if len(set(keys)) != len(keys):
         raise InvalidArgument(f"--axis: a field is given twice ({', '.join(k for k in keys if keys.count(k) > 1)})")
     base = list(overrides or [])
-    base += [f"{a.key}={_toml_value(list(a.values))}" for a in axes if a.key in ARM_AXES]
+    base += [f"{a.key}={toml_value(list(a.values))}" for a in axes if a.key in ARM_AXES]
     variant_axes = [a for a in axes if a.key not in ARM_AXES]
     labels = _labels(variant_axes)
     points = []
     for combo in itertools.product(*(a.values for a in variant_axes)):
-        extra = [f"{a.key}={_toml_value(v)}" for a, v in zip(variant_axes, combo)]
+        extra = [f"{a.key}={toml_value(v)}" for a, v in zip(variant_axes, combo)]
         try:
             scenario = load_scenario(path, base + extra)
         except InvalidArgument as exc:
             where = ", ".join(extra) or "the scenario"
             raise InvalidArgument(f"sweep point {where}: {exc}") from None
-        variant = ",".join(f"{label}={_toml_value(v)}".replace('"', "") for label, v in zip(labels, combo))
+        variant = ",".join(f"{label}={toml_value(v)}".replace('"', "") for label, v in zip(labels, combo))
         points.append(SweepPoint(variant, tuple(base + extra), scenario))
     first = points[0].scenario
     if first.plan_source == "hypothesis":
