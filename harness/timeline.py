@@ -92,7 +92,3 @@ class Timeline:
     def rows(self) -> list[dict[str, Any]]:
         """All rows recorded so far, in order."""
         return list(self._rows)
-
-    def total(self, stage: str) -> float:
-        """Sum of durations of every ``stage`` row."""
-        return sum(r["duration_s"] for r in self._rows if r["stage"] == stage)
