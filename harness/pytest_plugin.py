@@ -86,7 +86,7 @@ def _as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def _arm_params(config: pytest.Config, patterns: list[str], base: Path | None, backends: list[str], overrides: list[str]) -> list[tuple[Path, str, str]]:
+def _arm_params(patterns: list[str], base: Path | None, backends: list[str], overrides: list[str]) -> list[tuple[Path, str, str]]:
     """``(scenario path, arm label, test id)`` for every arm of every matching scenario."""
     from harness import gate
 
@@ -151,7 +151,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from harness.errors import CutbenchError
 
     try:
-        params = _arm_params(config, patterns, None, config.getoption("--cutbench-backend"), [])
+        params = _arm_params(patterns, None, config.getoption("--cutbench-backend"), [])
     except CutbenchError as exc:
         raise pytest.UsageError(f"--cutbench-scenario: {exc}") from None
     for path, label, test_id in params:
@@ -178,7 +178,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from harness.errors import CutbenchError
 
     try:
-        params = _arm_params(config, patterns, Path(str(metafunc.definition.path)).parent, backends, overrides)
+        params = _arm_params(patterns, Path(str(metafunc.definition.path)).parent, backends, overrides)
     except CutbenchError as exc:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: cutbench marker: {exc}") from None
     metafunc.parametrize(_RUN_FIXTURE, [(p, label, backends, overrides) for p, label, _ in params], indirect=True,
