@@ -132,23 +132,45 @@ class Counter:
 
     def run_op(self, op: int) -> None:
         """Run op ``op`` through all seven phases."""
-        rt = self.rt
+        self.compute(op)
+        self.deliver(op, self.last_digest)
+        self.commit(op)
+
+    # -- the op's steps (a variant may change one of them) ----
+    def point(self, op: int, phase: str) -> None:
+        """``rt.point``, then :meth:`on_point`: a restored process resumes inside
+        ``rt.point``, so this is the first code it runs after a restore."""
+        self.rt.point(op, phase)
+        self.on_point()
+
+    def on_point(self) -> None:
+        """Hook run after every cut point (variants notice restores here)."""
+
+    def compute(self, op: int) -> None:
+        """Phases ``admit`` to ``record``: update the state, record its digest on the host."""
         self.cursor = op
-        rt.point(op, "admit")
+        self.point(op, "admit")
         self.launch_op(op)
-        rt.point(op, "launch")
+        self.point(op, "launch")
         self.wait_op(op)
-        rt.point(op, "device_done")
+        self.point(op, "device_done")
         self.last_digest = self.state_digest()
         self.host_op = op
-        rt.point(op, "record")
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, self.last_digest)
-        rt.point(op, "publish")
+        self.point(op, "record")
+
+    def deliver(self, op: int, payload: str) -> None:
+        """Phases ``publish`` and ``ack``: send the effect, wait for the receiver's ack."""
+        rt = self.rt
+        rt.receiver.send_effect(rt.trial, op, rt.epoch, payload)
+        self.point(op, "publish")
         rt.receiver.wait_ack(op)
-        rt.point(op, "ack")
-        rt.commit_marker(op)
+        self.point(op, "ack")
+
+    def commit(self, op: int) -> None:
+        """Phase ``commit``: the durable marker, then the op interval."""
+        self.rt.commit_marker(op)
         self.committed = op
-        rt.point(op, "commit")
+        self.point(op, "commit")
         if self.p["op_interval_ms"]:
             time.sleep(self.p["op_interval_ms"] / 1000.0)
 

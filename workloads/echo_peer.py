@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from workloads.common import MASK
+from workloads.counter import Counter
 from workloads.runtime import WorkloadConfig
-from workloads.variants import CounterSteps
 
-MASK = (1 << 64) - 1
 ANSWER_MULT = 0x9E3779B97F4A7C15
 ADDR_FILE = "peer.addr"
 IO_TIMEOUT_S = 1.0
@@ -45,7 +45,7 @@ def answer(value: int) -> int:
     return (value * ANSWER_MULT + 1) & MASK
 
 
-class EchoPeer(CounterSteps):
+class EchoPeer(Counter):
     """Correct twin: sequence-numbered requests, resent after a reconnect (see module docstring)."""
 
     name: ClassVar[str] = "echo_peer"

@@ -28,62 +28,18 @@ before the restored process runs.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 from workloads.control import PHASES
-from workloads.counter import Counter, apply_op, digest
+from workloads.counter import Counter, digest
 from workloads.runtime import read_marker, write_marker
-from workloads.xp import synchronize
-
-
-class CounterSteps(Counter):
-    """``counter`` split into reusable steps, for variants that change one of them."""
-
-    def point(self, op: int, phase: str) -> None:
-        """``rt.point``, then :meth:`on_point`: a restored process resumes inside
-        ``rt.point``, so this is the first code it runs after a restore."""
-        self.rt.point(op, phase)
-        self.on_point()
-
-    def on_point(self) -> None:
-        """Hook run after every cut point (variants notice restores here)."""
-
-    def compute(self, op: int) -> None:
-        """Phases ``admit`` to ``record``: update the state, record its digest on the host."""
-        xp = self.xp
-        self.cursor = op
-        self.point(op, "admit")
-        apply_op(xp, self.state, self.p["seed"], op)
-        self.point(op, "launch")
-        synchronize(xp)
-        self.point(op, "device_done")
-        self.last_digest = digest(xp, self.state)
-        self.host_op = op
-        self.point(op, "record")
-
-    def deliver(self, op: int, payload: str) -> None:
-        """Phases ``publish`` and ``ack``: send the effect, wait for the receiver's ack."""
-        rt = self.rt
-        rt.receiver.send_effect(rt.trial, op, rt.epoch, payload)
-        self.point(op, "publish")
-        rt.receiver.wait_ack(op)
-        self.point(op, "ack")
-
-    def commit(self, op: int) -> None:
-        """Phase ``commit``: the durable marker, then the op interval."""
-        self.rt.commit_marker(op)
-        self.committed = op
-        self.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
 
 
 # -- outbox: a durable "already sent" mark consulted after a restore ----------
 
 
-class Outbox(CounterSteps):
+class Outbox(Counter):
     """Correct twin: marks an op in its durable outbox only once the receiver acknowledged it.
 
     Right after a restore (the first cut point the restored process passes)
@@ -143,7 +99,7 @@ class OutboxMarkBeforeSend(Outbox):
 # -- resend: recomputing an op's effect after a restore -----------------------
 
 
-class Resend(CounterSteps):
+class Resend(Counter):
     """Correct twin: when a restore lands inside an op, it recomputes the op's
     effect from the current state before publishing."""
 
@@ -174,7 +130,7 @@ class ResendStaleDigest(Resend):
 # -- restore hook: what a workload does when it notices a restore -------------
 
 
-class RestoreHook(CounterSteps):
+class RestoreHook(Counter):
     """Correct twin: notices every restore (``rt.epoch``) and keeps using its buffers."""
 
     name: ClassVar[str] = "restore_hook"
