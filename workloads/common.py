@@ -289,9 +289,13 @@ class BaseWorkload:
         rt.point(op, "publish")
         rt.receiver.wait_ack(key)
         rt.point(op, "ack")
-        rt.commit_marker(key)
+        self.commit(op, key)
+
+    def commit(self, op: int, key: int) -> None:
+        """Phase ``commit`` of op ``op``: commit ``key`` durably, then idle."""
+        self.rt.commit_marker(key)
         self.committed = key
-        rt.point(op, "commit")
+        self.rt.point(op, "commit")
         if self.p["op_interval_ms"]:
             time.sleep(self.p["op_interval_ms"] / 1000.0)
 

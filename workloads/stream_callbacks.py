@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
@@ -173,11 +172,7 @@ class StreamCallbacks(BaseWorkload):
         rt.point(op, "device_done")
         self.recorded = sums_digest(self.p["state_size"], int(self.landing[0]), int(self.landing[1]))
         rt.point(op, "record")
-        rt.commit_marker(op)
-        self.committed = op
-        rt.point(op, "commit")
-        if self.p["op_interval_ms"]:
-            time.sleep(self.p["op_interval_ms"] / 1000.0)
+        self.commit(op, op)
 
     def finish(self) -> None:
         """Stop the stream's worker thread (NumPy)."""
