@@ -24,7 +24,7 @@ from harness import checkpointers, environment, oracle, report, scheduler, summa
 from harness.checkpointers.base import CutContext
 from harness.errors import InvalidArgument, Unavailable
 from harness.pipeline import execute_cut
-from harness.plan import CutPlan
+from harness.plan import CutPlan, position
 from harness.procs import Child, become_subreaper, spawn
 from harness.results import RunDir
 from harness.scenario import Arm, Scenario
@@ -375,7 +375,7 @@ class TrialRunner:
         (the trial becomes ``unknown``).
         """
         deadline = time.monotonic() + self.spec.stage_timeout_s
-        target = cut.op * len(self.phases) + self.phases.index(cut.phase)
+        target = position(cut, self.phases)
         # After a leave_running crash the progress slots still hold where the
         # crashed process got to; only a count that moved since now is news.
         baseline = last_count = control.get("progress_count")
