@@ -43,6 +43,11 @@ class ReceiverError(CutbenchError):
         self.message = message
         self.reply = reply or {}
 
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> "ReceiverError":
+        """The error an ``error`` reply stands for."""
+        return cls(reply.get("code", "?"), reply.get("message", ""), reply)
+
 
 class _Lost(Exception):
     """Internal: the connection is gone; reconnect and resend."""
@@ -150,7 +155,7 @@ class ReceiverClient:
             deadline = self._progress(deadline)
         reply = self._acked.pop(key)
         if reply.get("type") == "error":
-            raise ReceiverError(reply.get("code", "?"), reply.get("message", ""), reply)
+            raise ReceiverError.from_reply(reply)
         return reply
 
     def publish(self, trial: str, op_id: int, epoch: int, digest: str, timeout: float | None = None) -> dict[str, Any]:
@@ -286,16 +291,13 @@ class ReceiverClient:
             try:
                 self._send(msg)
                 while rid not in self._replies:
-                    if not self._pump(min(deadline, time.monotonic() + self.ack_timeout)):
-                        if time.monotonic() >= deadline:
-                            raise ReceiverUnavailable(f"no reply to {msg['type']} from {self.address} in time")
-                        raise _Lost()
+                    self._await_frame(deadline, f"no reply to {msg['type']} from {self.address} in time")
             except _Lost:
                 self._drop()
                 continue
             reply = self._replies.pop(rid)
             if reply.get("type") == "error":
-                raise ReceiverError(reply.get("code", "?"), reply.get("message", ""), reply)
+                raise ReceiverError.from_reply(reply)
             return reply
 
     def _progress(self, deadline: float) -> float:
@@ -303,14 +305,19 @@ class ReceiverClient:
         if self._sock is None:
             return self._reconnect(deadline)
         try:
-            if not self._pump(min(deadline, time.monotonic() + self.ack_timeout)):
-                if time.monotonic() >= deadline:
-                    raise ReceiverUnavailable(f"no ack from {self.address} within the timeout; "
-                                              f"{len(self._unacked)} effects pending")
-                raise _Lost()  # silent for ack_timeout although acks are owed: treat as dead
+            self._await_frame(deadline, f"no ack from {self.address} within the timeout; "
+                                        f"{len(self._unacked)} effects pending")
         except _Lost:
             self._drop()
         return deadline
+
+    def _await_frame(self, deadline: float, timeout_message: str) -> None:
+        """Read frames for up to ``ack_timeout``. None came: past ``deadline`` raise
+        ``ReceiverUnavailable(timeout_message)``, else ``_Lost`` (a silent connection is dead)."""
+        if not self._pump(min(deadline, time.monotonic() + self.ack_timeout)):
+            if time.monotonic() >= deadline:
+                raise ReceiverUnavailable(timeout_message)
+            raise _Lost()
 
     def _reconnect(self, deadline: float) -> float:
         """Connect (with backoff) and resend; returns the deadline, extended so resends get a fair wait."""
@@ -376,7 +383,7 @@ class ReceiverClient:
         reply = self._replies.pop(rid)
         if reply.get("type") == "error":
             self._drop()
-            raise ReceiverError(reply.get("code", "?"), reply.get("message", ""), reply)
+            raise ReceiverError.from_reply(reply)
         self.connection_id = reply.get("connection_id")
 
     def _pump(self, until: float) -> bool:
