@@ -26,6 +26,7 @@ BACKENDS: tuple[str, ...] = ("criu", "cuda", "cuda-checkpoint", "cuda+criu", "cr
 # Backends that drive the CUDA driver's checkpoint calls per process (rank skew and GPU remap apply).
 CUDA_BACKENDS: tuple[str, ...] = ("cuda", "cuda-checkpoint", "cuda+criu")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
+PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (harness.search)
 ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
@@ -199,7 +200,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         cuts_per_trial=_positive(_get(pn, "plan", "cuts_per_trial", int, 1), "plan.cuts_per_trial"),
         cut_mode=_choice(_get(pn, "plan", "cut_mode", str, "precise"), "plan.cut_mode", ("precise", "async", "mixed")),
         async_offset_ms=_numbers(_get(pn, "plan", "async_offset_ms", (list, int, float), [0.0]), "plan.async_offset_ms"),
-        profile=_choice(_get(pn, "plan", "profile", str, "ci"), "plan.profile", ("ci", "research")),
+        profile=_choice(_get(pn, "plan", "profile", str, "ci"), "plan.profile", PROFILES),
         watchdog_s=float(_positive(_get(rn, "run", "watchdog_s", (int, float), 20.0), "run.watchdog_s")),
         trial_timeout_s=float(_positive(_get(rn, "run", "trial_timeout_s", (int, float), 120.0), "run.trial_timeout_s")),
         stage_timeout_s=float(_positive(_get(rn, "run", "stage_timeout_s", (int, float), 60.0), "run.stage_timeout_s")),

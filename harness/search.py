@@ -53,9 +53,8 @@ from harness.errors import InvalidArgument
 from harness.plan import CutPlan
 from harness.results import RunDir
 from harness.runner import Driver, ProgressFn, RunOutcome, TrialResult, TrialSpec, check_backends, execute, spec_for
-from harness.scenario import Arm, Scenario
+from harness.scenario import PROFILES, Arm, Scenario
 
-PROFILES: tuple[str, ...] = ("ci", "research")
 # Trials cost seconds: no deadline, no health check about slow data, and no
 # `explain` phase (it re-runs variations of the failing example: more trials).
 _COMMON = dict(deadline=None, verbosity=Verbosity.quiet, print_blob=False,
