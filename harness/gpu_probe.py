@@ -30,7 +30,7 @@ from pathlib import Path
 
 GPU_SCENARIO = "scenarios/gpu-quick.toml"
 
-# The four driver calls the `cuda` backend drives (cuda.h, CUDA >= 12.8 drivers).
+# The five driver calls the `cuda` backend drives (cuda.h, CUDA >= 12.8 drivers).
 CHECKPOINT_CALLS = (
     "cuCheckpointProcessGetState",
     "cuCheckpointProcessLock",
