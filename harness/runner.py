@@ -633,6 +633,8 @@ def execute(
     """
     run = RunDir.create(results_root, name or scenario.name)
     started = time.time()
+    if isinstance(specs, list):
+        planned = len(specs)
     meta = {
         "run_id": run.run_id,
         "run_dir": str(run.path),
@@ -642,13 +644,13 @@ def execute(
         "scenario": scenario.to_dict(),
         "environment": environment.collect(),
         "skipped_arms": skipped or [],
-        "n_trials_planned": len(specs) if isinstance(specs, list) else planned,
+        "n_trials_planned": planned,
         **(extra_meta or {}),
     }
     run.write_meta(meta)
     results: list[TrialResult] = []
     complete = False
-    total = len(specs) if isinstance(specs, list) else (planned or 0)
+    total = planned or 0
     try:
         with Session(run.run_id, scenario.store, workdir=workdir) as session:
 
