@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-FINDINGS = ("duplicate", "missing", "mixed_epoch", "pointer_changed", "deadlock", "unsafe_acceptance")
+from harness.oracle import FINDING_KINDS, OUTCOMES
 
 
 def compare(trials: pd.DataFrame) -> pd.DataFrame:
@@ -25,9 +25,9 @@ def compare(trials: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (fault, mode, window), g in t.groupby(["fault", "receiver_mode", "window"]):
         row = {"fault": fault, "receiver_mode": mode, "window": window, "trials": len(g)}
-        for outcome in ("valid", "invalid", "refused", "unknown"):
+        for outcome in OUTCOMES:
             row[outcome] = int((g["outcome"] == outcome).sum())
-        for f in FINDINGS:
+        for f in FINDING_KINDS:
             row[f] = int(g[f].sum())
         row["unknown at"] = ", ".join(f"{p}:{s}" for p, s in g[g["outcome"] == "unknown"][["cut_phase", "failed_stage"]]
                                       .itertuples(index=False)) or "-"
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     table = compare(pd.read_parquet(run / "trials.parquet"))
     print(f"# Split window against parked cuts: {run.name}\n")
     print(table.to_markdown(index=False))
-    by_window = table.groupby("window")[list(FINDINGS) + ["trials", "unknown"]].sum()
+    by_window = table.groupby("window")[list(FINDING_KINDS) + ["trials", "unknown"]].sum()
     print("\nTotals by window:\n")
     print(by_window.to_markdown())
     return 0
