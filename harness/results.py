@@ -99,10 +99,7 @@ class RunDir:
     def write_bytes(self, name: str, data: bytes) -> Path:
         """Write a binary artefact (a PNG plot) into the run directory."""
         path = self.path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        _atomic_write(path, data)
         return path
 
     def mark_latest(self) -> None:
@@ -143,10 +140,13 @@ def read_trial_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: Path, data: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     os.replace(tmp, path)
 
 
