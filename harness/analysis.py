@@ -19,8 +19,6 @@ from harness import oracle
 from harness.results import RunDir, read_trial_file
 from workloads import api as workload_api
 
-EMPTY_EFFECTS = ("op_id", "digest", "decision", "epoch")
-
 
 def verdict_key(verdict: dict[str, Any]) -> tuple[str, tuple[tuple[str, int | None], ...]]:
     """The exact comparable form of a stored verdict: outcome and the sorted ``(kind, op)`` of every finding."""
@@ -54,7 +52,7 @@ class Reanalysis:
 def trial_effects(effects: pd.DataFrame, trial_id: str) -> pd.DataFrame:
     """The stored receiver rows of one trial (an empty frame with the oracle's columns when none)."""
     if effects.empty or "trial_id" not in effects:
-        return pd.DataFrame(columns=list(EMPTY_EFFECTS))
+        return oracle.empty_effects()
     return effects[effects["trial_id"] == trial_id]
 
 

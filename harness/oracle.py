@@ -81,10 +81,19 @@ class Verdict:
         return {"outcome": self.outcome, "findings": [f.to_dict() for f in self.findings], "reason": self.reason}
 
 
+# The receiver columns the findings read; an empty effects frame has exactly these.
+EFFECT_COLUMNS: tuple[str, ...] = ("op_id", "digest", "decision", "attempt", "epoch")
+
+
+def empty_effects() -> pd.DataFrame:
+    """An effects frame with no rows and the columns the oracle reads."""
+    return pd.DataFrame(columns=list(EFFECT_COLUMNS))
+
+
 def visible(effects: pd.DataFrame | None) -> pd.DataFrame:
     """The receiver rows that made an effect visible (decision ``applied`` or ``committed``)."""
     if effects is None or effects.empty:
-        return pd.DataFrame(columns=["op_id", "digest", "decision", "attempt", "epoch"])
+        return empty_effects()
     return effects[effects["decision"].isin(APPLIED)]
 
 

@@ -449,7 +449,7 @@ class TrialRunner:
         except Exception as exc:  # a store we cannot read makes the verdict unknown
             self.record["status"] = "unknown"
             self.record["error"] = f"cannot read receiver store: {exc}"
-            return pd.DataFrame(columns=["op_id", "digest", "decision"])
+            return oracle.empty_effects()
 
 
 # -- a whole run -------------------------------------------------------------
