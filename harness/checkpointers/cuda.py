@@ -150,7 +150,7 @@ class CudaDriver:
         if code != 0:
             text = ""
             try:
-                e2, msg = self.drv.cuGetErrorString(err)
+                _, msg = self.drv.cuGetErrorString(err)
                 text = msg.decode() if isinstance(msg, bytes) else str(msg)
             except Exception:
                 pass
