@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
-DEMO_SCENARIO ?= $(shell $(BIN)/python -m harness.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
+DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
 .PHONY: venv criu postgres chromium demo test clean
 

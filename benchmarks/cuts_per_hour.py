@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from harness.runner import run_scenario  # noqa: E402
-from harness.scenario import parse_scenario  # noqa: E402
+from cutbench.harness.runner.run import run_scenario  # noqa: E402
+from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
 
 TOOL_PREFIXES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "split_window", "criu_", "fault_",
                  "run_until_crash")

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from harness import environment  # noqa: E402
-from harness.runner import run_scenario  # noqa: E402
-from harness.scenario import parse_scenario  # noqa: E402
+from cutbench.harness.environment import record as environment  # noqa: E402
+from cutbench.harness.runner.run import run_scenario  # noqa: E402
+from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
 
 STAGES = ("cuda_lock", "cuda_checkpoint", "criu_dump", "criu_restore", "cuda_restore", "cuda_unlock")
 MIB = 1 << 20

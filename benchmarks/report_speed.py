@@ -15,8 +15,10 @@ import time
 
 import pandas as pd
 
-from harness import plots, report, summary
-from harness.results import RunDir
+from cutbench.harness.reports import plots
+from cutbench.harness.reports import html as report
+from cutbench.harness.reports import summary
+from cutbench.harness.store.rundir import RunDir
 
 
 def scaled(frame: pd.DataFrame, k: int, n_trials: int) -> pd.DataFrame:

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tabulate import tabulate  # noqa: E402
 
-from harness.runner import build_specs, check_backends, execute, run_scenario  # noqa: E402
-from harness.scenario import parse_scenario  # noqa: E402
-from harness.search import until_invalid  # noqa: E402
+from cutbench.harness.runner.run import build_specs, check_backends, execute, run_scenario  # noqa: E402
+from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
+from cutbench.harness.runner.adaptive import until_invalid  # noqa: E402
 
 SOURCES = ("hypothesis", "random", "exhaustive")
 

@@ -1,3 +1,21 @@
-"""cutbench harness: scenarios, plans, checkpoint pipeline, oracle, results, CLI."""
+"""The benchmark, one package per role (Jepsen's split), lowest first.
 
-__version__ = "0.1.0"
+Each room may import the rooms above it in this list and the ground floor
+(``cutbench.errors``, ``procs``, ``files``, ``validate``, ``registry``),
+never one below it; ``tests/unit/test_layout.py`` enforces the order
+(``docs/DESIGN.md``, "Layout and import rule"):
+
+1. ``model``: the data every role exchanges: cut plans, the scenario, the
+   trial's spec, record and verdict types, the timeline.
+2. ``checker``: the oracle (findings over a trial's data) and statistics; pure.
+3. ``generator``: plan sources (exhaustive, random, Hypothesis) and sweeps;
+   pure: they return plans and never write.
+4. ``store``: the run directory (the only writer of results), table layouts
+   and re-analysis of a stored run.
+5. ``environment``: what this machine has: probes, CRIU provisioning, doctor.
+6. ``nemesis``: the checkpointer protocol, the backend registry, the cut
+   pipeline and every backend.
+7. ``reports``: summary, HTML report, plots, comparisons of two runs.
+8. ``runner``: trial and run execution, adaptive drivers, replay.
+9. ``integrations``: the command line, the pytest plugin and the CI gate.
+"""

@@ -1,4 +1,4 @@
-"""``python -m receivers serve ...``: run the receiver service (see ``receivers.server.main``)."""
+"""``python -m cutbench.receivers serve ...``: run the receiver service (see ``cutbench.receivers.server.main``)."""
 
 import sys
 

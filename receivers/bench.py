@@ -1,6 +1,6 @@
 """Receiver benchmark: durable acked effects/s and ack latency, by store and client count.
 
-    python -m receivers.bench [--clients 1,8,32] [--stores sqlite,postgresql] [--seconds 3] [--windows 1,32]
+    python -m cutbench.receivers.bench [--clients 1,8,32] [--stores sqlite,postgresql] [--seconds 3] [--windows 1,32]
 
 Each client is its own process with one ``ReceiverClient``; with window 1 it
 publishes and waits for each ack in turn (what a workload does), a larger
@@ -65,7 +65,7 @@ def run_one(address: str, clients: int, seconds: float, window: int, tag: str) -
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the table; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="python -m receivers.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m cutbench.receivers.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
     ap.add_argument("--stores", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per configuration")

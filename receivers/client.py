@@ -20,7 +20,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
 
 from . import protocol as P
 from .schema import EXPORT_COLUMNS, rows_to_frame

@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from harness.errors import Unavailable
+from cutbench.errors import Unavailable
 
 
 def find_pg_bin() -> Path | None:

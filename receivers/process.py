@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from harness.errors import InvalidArgument, Unavailable
+import cutbench
+from cutbench.errors import InvalidArgument, Unavailable
 
 from .server import TOKEN_ENV, check_exposure
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# The receiver process must import the same cutbench as this one.
+_PACKAGE_ROOT = str(cutbench.IMPORT_ROOT)
 
 
 class ReceiverHandle:
@@ -59,7 +61,7 @@ class ReceiverHandle:
         env.pop(TOKEN_ENV, None)
         if self.token:
             env[TOKEN_ENV] = self.token  # not on the command line, where ps would show it
-        cmd = [sys.executable, "-m", "receivers", "serve", "--store", self.store_url, "--listen", listen,
+        cmd = [sys.executable, "-m", "cutbench.receivers", "serve", "--store", self.store_url, "--listen", listen,
                "--ready-file", str(self.ready_path)]
         if self.allow_remote:
             cmd.append("--allow-remote")
@@ -137,7 +139,7 @@ class ReceiverHandle:
 
 def start_receiver(store_url: str, workdir: Path, listen: str = "127.0.0.1:0", token: str | None = None,
                    timeout: float = 10, *, allow_remote: bool = False) -> ReceiverHandle:
-    """Start ``python -m receivers serve`` as its own process and wait until it listens.
+    """Start ``python -m cutbench.receivers serve`` as its own process and wait until it listens.
 
     Returns a ``ReceiverHandle`` whose ``address`` is the actual listen address
     (``127.0.0.1:PORT`` or ``unix:PATH``). The log goes to

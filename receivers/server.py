@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness.errors import CutbenchError, InvalidArgument
+from cutbench.errors import CutbenchError, InvalidArgument
 
 from . import protocol as P
 from .ledger import Changes, Command, Ledger
@@ -388,8 +388,8 @@ def serve(store_url: str, listen: str, *, token: str | None = None, allow_remote
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m receivers serve --store URL --listen ADDR ...``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m receivers", description="cutbench receiver service")
+    """Command line: ``python -m cutbench.receivers serve --store URL --listen ADDR ...``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m cutbench.receivers", description="cutbench receiver service")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the receiver until SIGTERM")
     s.add_argument("--store", required=True, help="sqlite:PATH or postgresql://...")

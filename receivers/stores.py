@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from harness.errors import InvalidArgument, Unavailable
+from cutbench.errors import InvalidArgument, Unavailable
 
 from .ledger import Changes, Ledger
 from .schema import EXPORT_COLUMNS, FENCE_COLUMNS, ROW_COLUMNS, rows_to_frame

@@ -15,7 +15,7 @@ else
   export PYTHONPATH=$PWD
 fi
 PY=python3
-CB="$PY -m harness.cli"
+CB="$PY -m cutbench"
 RES=${RES:-/tmp/results}
 mkdir -p "$RES"
 
@@ -37,7 +37,7 @@ try:
 except Exception as e:
     print("cupy nccl:", type(e).__name__, e)
 PY
-  $PY -m harness.gpu_probe | head -60
+  $PY -m cutbench.harness.environment.gpu_probe | head -60
   $CB doctor || true
 }
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import EXIT_BAD_ARGUMENTS, CutbenchError
-from harness.oracle import FINDING_KINDS
-from harness.results import RunDir
+from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError
+from cutbench.harness.checker.oracle import FINDING_KINDS
+from cutbench.harness.store.rundir import RunDir
 
 
 def finding_table(trials: pd.DataFrame) -> pd.DataFrame:

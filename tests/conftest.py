@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def gpu_skip_reason() -> str | None:
     """Why GPU tests cannot run here, or None when they can."""
     try:
-        from harness import gpu_probe
+        from cutbench.harness.environment import gpu_probe
 
         facts = gpu_probe.probe()
     except Exception as exc:  # a probe failure is a reason to skip, shown to the user
@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def criu():
     """The CRIU install the tests use; raises (fails the test) when CRIU is unusable."""
-    from harness import criu_tool
+    from cutbench.harness.environment import criu_tool
 
     return criu_tool.require_criu()
 
@@ -74,5 +74,5 @@ def live_processes() -> list[tuple[int, str]]:
 
 def workload_processes() -> list[tuple[int, str]]:
     """Live (non-zombie) processes that are cutbench workloads (and their ranks) or receivers started by tests."""
-    marks = ("workloads.launch", "workloads.ranks", "receivers serve")
+    marks = ("cutbench.workloads.launch", "cutbench.workloads.ranks", "cutbench.receivers serve")
     return [(pid, cmd) for pid, cmd in live_processes() if any(m in cmd for m in marks)]

@@ -30,7 +30,7 @@ import ctypes
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import (
+from cutbench.workloads.common import (
     MASK,
     BaseWorkload,
     ReplayReference,
@@ -42,9 +42,9 @@ from workloads.common import (
     splitmix,
     sums,
 )
-from workloads.control import PHASES
-from workloads.counter import mix
-from workloads.xp import is_device, pointer, synchronize, to_host
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.counter import mix
+from cutbench.workloads.xp import is_device, pointer, synchronize, to_host
 
 TAG_SALT = 0x7A6_0F_B0F
 TRAVERSE_SRC = r"""

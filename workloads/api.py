@@ -16,7 +16,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from workloads.control import PHASES
+from cutbench.workloads.control import PHASES
 
 ENTRY_POINT_GROUP = "cutbench.workloads"
 
@@ -27,23 +27,23 @@ ENTRY_POINT_GROUP = "cutbench.workloads"
 DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk")
 
 BUILTIN: dict[str, str] = {
-    "counter": "workloads.counter:Counter",
-    "persistent_kernel": "workloads.persistent_kernel:PersistentKernel",
-    "nccl_ranks": "workloads.nccl_ranks:NcclRanks",
-    "request_service": "workloads.request_service:RequestService",
-    "training": "workloads.training:Training",
-    "allocator_churn": "workloads.allocator_churn:AllocatorChurn",
-    "stream_callbacks": "workloads.stream_callbacks:StreamCallbacks",
-    "ranks": "workloads.ranks:Ranks",
+    "counter": "cutbench.workloads.counter:Counter",
+    "persistent_kernel": "cutbench.workloads.persistent_kernel:PersistentKernel",
+    "nccl_ranks": "cutbench.workloads.nccl_ranks:NcclRanks",
+    "request_service": "cutbench.workloads.request_service:RequestService",
+    "training": "cutbench.workloads.training:Training",
+    "allocator_churn": "cutbench.workloads.allocator_churn:AllocatorChurn",
+    "stream_callbacks": "cutbench.workloads.stream_callbacks:StreamCallbacks",
+    "ranks": "cutbench.workloads.ranks:Ranks",
     # Sensitivity suite (workloads/variants.py): known-bad variants and their correct twins.
-    "outbox": "workloads.variants:Outbox",
-    "outbox_mark_before_send": "workloads.variants:OutboxMarkBeforeSend",
-    "resend": "workloads.variants:Resend",
-    "resend_stale_digest": "workloads.variants:ResendStaleDigest",
-    "restore_hook": "workloads.variants:RestoreHook",
-    "restore_hook_realloc": "workloads.variants:RestoreHookRealloc",
-    "echo_peer": "workloads.echo_peer:EchoPeer",
-    "echo_peer_noseq": "workloads.echo_peer:EchoPeerNoSeq",
+    "outbox": "cutbench.workloads.variants:Outbox",
+    "outbox_mark_before_send": "cutbench.workloads.variants:OutboxMarkBeforeSend",
+    "resend": "cutbench.workloads.variants:Resend",
+    "resend_stale_digest": "cutbench.workloads.variants:ResendStaleDigest",
+    "restore_hook": "cutbench.workloads.variants:RestoreHook",
+    "restore_hook_realloc": "cutbench.workloads.variants:RestoreHookRealloc",
+    "echo_peer": "cutbench.workloads.echo_peer:EchoPeer",
+    "echo_peer_noseq": "cutbench.workloads.echo_peer:EchoPeerNoSeq",
 }
 
 # Array backends a workload runs on unless it says otherwise (``arrays``).
@@ -173,7 +173,7 @@ def unavailable_reason(cls: type, array: str) -> str | None:
     if wanted != "auto" and wanted not in arrays:
         return f"workload {cls.name!r} runs on {', '.join(arrays)}, not {wanted!r}"
     if wanted == "cupy":
-        from workloads.xp import get_xp
+        from cutbench.workloads.xp import get_xp
 
         try:
             get_xp("cupy")

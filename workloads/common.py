@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
-from workloads.xp import is_device, synchronize, to_host
+from cutbench.workloads.xp import is_device, synchronize, to_host
 
 MASK = (1 << 64) - 1
 MULT = 6364136223846793005  # odd: x -> x * MULT + c is a bijection mod 2**64

@@ -15,9 +15,9 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, load_state_into, save_state_file, sums
-from workloads.control import PHASES
-from workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
+from cutbench.workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, load_state_into, save_state_file, sums
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
 
 
 def mix(xp: ModuleType, n: int, seed: int, op: int) -> Any:

@@ -1,7 +1,7 @@
 """``echo_peer`` / ``echo_peer_noseq``: a workload that exchanges a message with a peer every op.
 
 The peer is a separate process the harness starts as the workload's
-companion (``python -m workloads.echo_peer CONFIG``): outside the checkpointed
+companion (``python -m cutbench.workloads.echo_peer CONFIG``): outside the checkpointed
 process tree, so a cut never rolls it back. It is a stateless echo service
 over loopback TCP — an external service like the receiver, reached through a
 protocol that has to survive the workload's restores on its own; that
@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from workloads.common import MASK
-from workloads.counter import Counter
-from workloads.runtime import WorkloadConfig
+from cutbench.workloads.common import MASK
+from cutbench.workloads.counter import Counter
+from cutbench.workloads.runtime import WorkloadConfig
 
 ANSWER_MULT = 0x9E3779B97F4A7C15
 ADDR_FILE = "peer.addr"
@@ -50,7 +50,7 @@ class EchoPeer(Counter):
 
     name: ClassVar[str] = "echo_peer"
     phases: ClassVar[tuple[str, ...]] = ("admit", "launch", "device_done", "record", "send", "recv", "publish", "ack", "commit")
-    companions: ClassVar[tuple[str, ...]] = ("workloads.echo_peer",)
+    companions: ClassVar[tuple[str, ...]] = ("cutbench.workloads.echo_peer",)
     sequenced: ClassVar[bool] = True
 
     def setup(self) -> None:
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     """The peer: listen on loopback, publish the address next to the control file, answer requests."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m workloads.echo_peer CONFIG.json", file=sys.stderr)
+        print("usage: python -m cutbench.workloads.echo_peer CONFIG.json", file=sys.stderr)
         return 2
     _die_with_parent()
     config = WorkloadConfig.load(args[0])

@@ -1,4 +1,4 @@
-"""Entry point of a workload process: ``python -m workloads.launch CONFIG.json``.
+"""Entry point of a workload process: ``python -m cutbench.workloads.launch CONFIG.json``.
 
 Exit codes: 0 finished and reported; 1 the workload raised (traceback in its
 log); 3 stopped by the harness; 4 a park was never released.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
-from workloads import api
-from workloads.control import ControlFile
-from workloads.runtime import Runtime, WorkloadConfig, format_exception
-from workloads.xp import get_xp
+from cutbench.workloads import api
+from cutbench.workloads.control import ControlFile
+from cutbench.workloads.runtime import Runtime, WorkloadConfig, format_exception
+from cutbench.workloads.xp import get_xp
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         # The `app` backend's restore: a fresh process loads a saved state.
         args, resume = args[:1], args[2]
     if len(args) != 1:
-        print("usage: python -m workloads.launch CONFIG.json [--resume STATE]", file=sys.stderr)
+        print("usage: python -m cutbench.workloads.launch CONFIG.json [--resume STATE]", file=sys.stderr)
         return 2
     config = WorkloadConfig.load(args[0])
     control = ControlFile(config.control_path)
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = Runtime(config=config, control=control, xp=get_xp(config.array_backend), phases=tuple(cls.phases))
     try:
         if config.receiver:
-            from receivers.client import ReceiverClient
+            from cutbench.receivers.client import ReceiverClient
 
             rt.receiver = ReceiverClient(config.receiver)
         workload = cls(rt, config.params)

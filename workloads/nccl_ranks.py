@@ -27,7 +27,7 @@ collective kernel in flight. NVLink multicast is always off
 NCCL's peer-to-peer, shared-memory and cuMem paths, so ranks talk over
 loopback TCP (which CRIU can dump); ``"default"`` lets NCCL choose.
 
-Run a worker by hand: ``python -m workloads.nccl_ranks --worker CONFIG RANK``.
+Run a worker by hand: ``python -m cutbench.workloads.nccl_ranks --worker CONFIG RANK``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import MASK, BaseWorkload
-from workloads.counter import apply_op, initial_state
-from workloads.xp import device_uuid, is_device, pointer, synchronize
+from cutbench.workloads.common import MASK, BaseWorkload
+from cutbench.workloads.counter import apply_op, initial_state
+from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize
 
 PHASES: tuple[str, ...] = ("admit", "launch", "collective", "device_done", "record", "publish", "ack", "commit")
 # Always off (a multicast program can take the host's GPUs out of service).
@@ -329,7 +329,7 @@ class NcclRanks(BaseWorkload):
             # Children of rank 0, in its session: CRIU dumps them with it and a
             # kill of the process group takes them all.
             self.workers.append(subprocess.Popen(
-                [sys.executable, "-m", "workloads.nccl_ranks", "--worker", str(config_path), str(r)],
+                [sys.executable, "-m", "cutbench.workloads.nccl_ranks", "--worker", str(config_path), str(r)],
                 cwd=str(base), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, close_fds=True))
         self.me = _setup_rank(self.xp, self.p, 0, self.rankfile_path, self.uid_path)
@@ -394,8 +394,8 @@ class NcclRanks(BaseWorkload):
 
 def worker_main(config_path: str, rank: int) -> int:
     """Rank ``rank`` ≥ 1: follow rank 0's ``go`` slot through every op, then report and exit."""
-    from workloads.runtime import WorkloadConfig
-    from workloads.xp import get_xp
+    from cutbench.workloads.runtime import WorkloadConfig
+    from cutbench.workloads.xp import get_xp
 
     config = WorkloadConfig.load(config_path)
     params = {**NcclRanks.defaults, **config.params}
@@ -427,5 +427,5 @@ def worker_main(config_path: str, rank: int) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2], int(sys.argv[3])))
-    print("usage: python -m workloads.nccl_ranks --worker CONFIG RANK", file=sys.stderr)
+    print("usage: python -m cutbench.workloads.nccl_ranks --worker CONFIG RANK", file=sys.stderr)
     sys.exit(2)

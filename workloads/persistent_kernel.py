@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
-from workloads.control import PHASES
-from workloads.counter import Counter
-from workloads.xp import is_device
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.counter import Counter
+from cutbench.workloads.xp import is_device
 
 KERNEL = r"""
 extern "C" __global__ void persistent_counter(volatile long long* q, unsigned long long* state,

@@ -1,7 +1,7 @@
 """``ranks``: 2 to 4 processes that all-reduce over a loopback TCP ring every op.
 
 The workload's process is rank 0. At its first op it starts ranks 1..n-1 as
-its own children (``python -m workloads.ranks CONFIG``), so a checkpoint of
+its own children (``python -m cutbench.workloads.ranks CONFIG``), so a checkpoint of
 rank 0 with CRIU (``criu dump -t ROOT``) takes the whole tree. Every rank holds
 a replica ``x`` of one uint64 vector. Op *i*: each rank computes its
 contribution ``g_r = (x ^ H(seed, r, i)) >> 1``, the ranks sum the
@@ -45,8 +45,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
-from harness.procs import is_zombie_or_gone
-from workloads.common import (
+from cutbench.procs import is_zombie_or_gone
+from cutbench.workloads.common import (
     MASK,
     MULT,
     BaseWorkload,
@@ -58,8 +58,8 @@ from workloads.common import (
     save_state_file,
     sums,
 )
-from workloads.counter import mix
-from workloads.xp import pointer, synchronize, to_host
+from cutbench.workloads.counter import mix
+from cutbench.workloads.xp import pointer, synchronize, to_host
 
 PHASES: tuple[str, ...] = ("admit", "allreduce", "device_done", "record", "publish", "ack", "commit")
 RANK_SALT = 0x0DDB_A11_5EED
@@ -422,7 +422,7 @@ class Ranks(BaseWorkload):
                    "seed": self.p["seed"], "ops": self.p["ops"], "array": self.xp.__name__,
                    "log_path": self.rt.config.log_path, "root_pid": os.getpid()}
             self.children.append(subprocess.Popen(
-                [sys.executable, "-m", "workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),
+                [sys.executable, "-m", "cutbench.workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             listeners[rank].close()
         self.ring = Ring(0, n, listeners[0], ports, log=self.rt.log)
@@ -502,12 +502,12 @@ class Ranks(BaseWorkload):
         return ReplayReference(lambda: RanksModel(np, p["seed"], p["state_size"], p["ranks"]))
 
 
-# -- ranks 1..n-1: ``python -m workloads.ranks CONFIG`` ----------------------------
+# -- ranks 1..n-1: ``python -m cutbench.workloads.ranks CONFIG`` ----------------------------
 
 
 def rank_main(cfg: dict[str, Any]) -> int:
     """Run one non-zero rank to the end of the run; return its exit code."""
-    from workloads.xp import get_xp
+    from cutbench.workloads.xp import get_xp
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # inherited SIG_IGN from rank 0; restore the default
     rank, ops = cfg["rank"], cfg["ops"]

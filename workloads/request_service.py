@@ -33,7 +33,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import (
+from cutbench.workloads.common import (
     MULT,
     BaseWorkload,
     ReplayReference,
@@ -46,9 +46,9 @@ from workloads.common import (
     splitmix,
     sums,
 )
-from workloads.control import PHASES
-from workloads.counter import mix
-from workloads.xp import pointer, synchronize
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.counter import mix
+from cutbench.workloads.xp import pointer, synchronize
 
 VALUE_SALT = 0x5EED_0F_5E41_1CE5
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from workloads.control import PHASES, ControlFile
+from cutbench.workloads.control import PHASES, ControlFile
 
 # A parked workload gives up after this long without a release: a harness that
 # died must not leave a spinning process behind forever.

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import BaseWorkload, check_range, load_state_into, save_state_file, sums
-from workloads.counter import CounterReference, apply_op, digest, initial_state
-from workloads.xp import is_device, pointer, synchronize
+from cutbench.workloads.common import BaseWorkload, check_range, load_state_into, save_state_file, sums
+from cutbench.workloads.counter import CounterReference, apply_op, digest, initial_state
+from cutbench.workloads.xp import is_device, pointer, synchronize
 
 PHASES: tuple[str, ...] = ("admit", "launch", "publish", "ack", "device_done", "record", "commit")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, ClassVar
 
-from workloads.common import (
+from cutbench.workloads.common import (
     BaseWorkload,
     ReplayReference,
     check_range,
@@ -34,9 +34,9 @@ from workloads.common import (
     save_state_file,
     sums,
 )
-from workloads.control import PHASES
-from workloads.counter import mix
-from workloads.xp import pointer, synchronize
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.counter import mix
+from cutbench.workloads.xp import pointer, synchronize
 
 DATA_SALT = 0xDA7A_5A17
 BETA = 0x9E37_79B9  # momentum multiplier (odd)

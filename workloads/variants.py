@@ -19,7 +19,7 @@ bad variant                twin           bug                                   
 ``restore_hook_realloc``   ``restore_hook`` re-allocates its state buffer when it        ``pointer_changed``
                                           notices a restore
 ``echo_peer_noseq``        ``echo_peer``  peer protocol without sequence numbers       ``deadlock``
-                                          (:mod:`workloads.echo_peer`)
+                                          (:mod:`cutbench.workloads.echo_peer`)
 ========================== ============== ============================================ =================
 
 A workload notices a restore through ``rt.epoch``, which the harness bumps
@@ -31,9 +31,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from workloads.control import PHASES
-from workloads.counter import Counter, digest
-from workloads.runtime import read_marker, write_marker
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.counter import Counter, digest
+from cutbench.workloads.runtime import read_marker, write_marker
 
 
 # -- outbox: a durable "already sent" mark consulted after a restore ----------

@@ -1,0 +1,32 @@
+"""cutbench: a fault-injection correctness benchmark for GPU checkpoint/restore.
+
+One import name for the whole project. The repository keeps its three
+top-level folders, and this package links them in (``cutbench/harness``,
+``cutbench/workloads``, ``cutbench/receivers`` are links to them), so that an
+installed cutbench puts exactly one name into ``site-packages``:
+
+- ``cutbench.harness``: the benchmark (its rooms follow Jepsen's roles; see
+  ``harness/__init__.py``);
+- ``cutbench.workloads``: deterministic programs with ground truth, run as
+  the checkpointed process;
+- ``cutbench.receivers``: the durable external service that records effects.
+
+The modules beside this file are the ground floor every room may import and
+that imports none of them: ``errors`` (the error types and exit codes),
+``procs`` (process trees), ``files`` (atomic writes), ``validate`` (argument
+checks) and ``registry`` (plug-ins by entry point).
+"""
+
+__version__ = "0.1.0"
+
+from pathlib import Path
+
+# This file is a real file in the checkout (the room folders are links), so
+# its parent's parent is the folder that holds the package: the repository
+# root in a checkout, site-packages in an installed copy.
+IMPORT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def source_checkout() -> Path | None:
+    """The repository root when cutbench runs from a source checkout, else None."""
+    return IMPORT_ROOT if (IMPORT_ROOT / "pyproject.toml").is_file() and (IMPORT_ROOT / "harness").is_dir() else None

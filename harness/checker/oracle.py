@@ -1,0 +1,243 @@
+"""The checker: a pure function from a trial's recorded data to a verdict.
+
+Inputs are plain data — the trial record (runner status, the workload's final
+report, the commit marker, declared domains, the backend's coverage), the
+receiver's effects for the trial as a DataFrame, and the workload's
+reference — so a stored run is re-analysed with the same verdict and every
+finding is unit-testable without CRIU or a GPU.
+
+Outcomes (as Jepsen's ``:valid?``): ``valid``; ``invalid`` (one finding or
+more); ``refused`` (a stage declined cleanly and the workload went on);
+``unknown`` (the harness or tool failed; never counted as valid).
+
+The six findings, each defined precisely in its function's docstring:
+
+==================== =====================================================
+``duplicate``        :func:`find_duplicates`
+``missing``          :func:`find_missing`
+``mixed_epoch``      :func:`find_mixed_epoch`
+``pointer_changed``  :func:`find_pointer_changes`
+``deadlock``         :func:`find_deadlock`
+``unsafe_acceptance`` :func:`find_unsafe_acceptance`
+==================== =====================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES, Finding, Verdict
+
+# Decisions at the receiver that make an effect externally visible: applied
+# (at_least_once, idempotent) or committed (fenced). Suppressed, prepared,
+# aborted and rejected deliveries were recorded but are not visible.
+APPLIED = ("applied", "committed")
+# Domains that are the outside world by definition: no checkpoint covers the
+# receiver; what it saw is judged by ``duplicate``/``missing`` instead.
+EXTERNAL_DOMAINS = frozenset({"receiver"})
+
+
+# The receiver columns the findings read; an empty effects frame has exactly these.
+EFFECT_COLUMNS: tuple[str, ...] = ("op_id", "digest", "decision", "attempt", "epoch")
+
+
+def empty_effects() -> pd.DataFrame:
+    """An effects frame with no rows and the columns the oracle reads."""
+    return pd.DataFrame(columns=list(EFFECT_COLUMNS))
+
+
+def visible(effects: pd.DataFrame | None) -> pd.DataFrame:
+    """The receiver rows that made an effect visible (decision ``applied`` or ``committed``)."""
+    if effects is None or effects.empty:
+        return empty_effects()
+    return effects[effects["decision"].isin(APPLIED)]
+
+
+def applied_counts(effects: pd.DataFrame | None) -> pd.Series:
+    """How many times each op was applied (visible) at the receiver, indexed by op."""
+    rows = visible(effects)
+    if rows.empty:
+        return pd.Series(dtype="int64")
+    return rows.groupby("op_id").size()
+
+
+def committed_op(trial: dict[str, Any]) -> int:
+    """The workload's final committed op: ``report["host_op"]`` when it reported, else its durable marker."""
+    report = trial.get("report")
+    if report and report.get("host_op") is not None:
+        return int(report["host_op"])
+    return int(trial.get("marker_op") or 0)
+
+
+def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
+    """``duplicate``: an op whose effect became visible at the receiver more than once.
+
+    Fires once per op with two or more rows whose decision is ``applied`` or
+    ``committed``, whatever their attempt or epoch. A redelivery the receiver
+    suppressed (``idempotent``) or aborted (``fenced``) is not visible and does
+    not count: that is the receiver doing its job.
+    """
+    rows = visible(effects)
+    out = []
+    for op, group in rows.groupby("op_id", sort=True):
+        if len(group) > 1:
+            epochs = sorted({int(e) for e in group["epoch"]}) if "epoch" in group else []
+            out.append(Finding("duplicate", int(op), f"applied {len(group)} times (epochs {epochs})"))
+    return out
+
+
+def find_missing(effects: pd.DataFrame | None, committed: int) -> list[Finding]:
+    """``missing``: an op ``i <= committed`` that has no visible row at the receiver.
+
+    ``committed`` is :func:`committed_op`: the last op the workload itself
+    considers done. A workload commits op *i* only after the receiver
+    acknowledged it, so a committed op absent from the store is an
+    acknowledged effect that was lost, or one the workload believed it had
+    sent and never did. Ops after ``committed`` are not judged (the workload
+    may legitimately not have reached them).
+    """
+    counts = applied_counts(effects)
+    return [Finding("missing", op, "committed by the workload, never applied") for op in range(1, committed + 1) if counts.get(op, 0) == 0]
+
+
+def find_mixed_epoch(effects: pd.DataFrame | None, report: dict[str, Any] | None, reference: Any) -> list[Finding]:
+    """``mixed_epoch``: state observed at one moment that comes from two.
+
+    Fires when
+
+    * a visible effect of op *i* carries a payload ≠ ``reference.payload(i)``
+      (it was computed from state of another op, e.g. the previous one);
+    * the final state checksum ``report["checksum"]`` ≠
+      ``reference.checksum(report["host_op"])``: device/host state and the
+      host's op counter disagree at the end;
+    * the report's own domains disagree: ``report["domain_ops"]`` (op reached
+      by each state domain at the end) has more than one value;
+    * at a resume: an entry of ``report["resumes"]`` (one per restore the
+      workload noticed, each ``{"epoch": e, "domain_ops": {domain: op}}``)
+      has domains at different ops — the restored process came back with,
+      say, the device at op 4 and the host at op 3.
+    """
+    out: list[Finding] = []
+    rows = visible(effects)
+    if not rows.empty:
+        for op, digest in rows[["op_id", "digest"]].drop_duplicates().itertuples(index=False):
+            expected = reference.payload(int(op))
+            if digest != expected:
+                out.append(Finding("mixed_epoch", int(op), f"payload {str(digest)[:12]}… ≠ reference {expected[:12]}…"))
+    if report is None:
+        return out
+    host_op = int(report.get("host_op", 0))
+    checksum = report.get("checksum")
+    if checksum is not None and checksum != reference.checksum(host_op):
+        out.append(Finding("mixed_epoch", host_op, f"final state checksum ≠ reference after host op {host_op}"))
+    domain_ops = report.get("domain_ops") or {}
+    if len(set(domain_ops.values())) > 1:
+        out.append(Finding("mixed_epoch", host_op, f"domains at different ops at the end: {domain_ops}"))
+    for resume in report.get("resumes") or ():
+        ops = resume.get("domain_ops") or {}
+        if len(set(ops.values())) > 1:
+            first = min(int(v) for v in ops.values())
+            out.append(Finding("mixed_epoch", first, f"domains at different ops at resume (epoch {resume.get('epoch')}): {ops}"))
+    return out
+
+
+def find_pointer_changes(report: dict[str, Any] | None) -> list[Finding]:
+    """``pointer_changed``: pointer identity did not survive the restore.
+
+    Fires for every buffer name in ``report["pointers_initial"]`` (addresses
+    recorded before any cut) whose address in ``report["pointers_final"]``
+    differs or is absent, and when the workload's device-side pointer table
+    (addresses stored in device memory and traversed there) no longer
+    verifies: ``report["pointer_table_ok"] is False``. No report, nothing to judge.
+    """
+    if report is None:
+        return []
+    before = report.get("pointers_initial") or {}
+    after = report.get("pointers_final") or {}
+    out = [
+        Finding("pointer_changed", None, f"{name}: {before[name]:#x} → {after[name]:#x}" if name in after else f"{name}: {before[name]:#x} → gone")
+        for name in sorted(before)
+        if after.get(name) != before[name]
+    ]
+    if report.get("pointer_table_ok") is False:
+        out.append(Finding("pointer_changed", None, "device-side pointer table no longer verifies"))
+    return out
+
+
+def find_deadlock(trial: dict[str, Any]) -> list[Finding]:
+    """``deadlock``: no progress within the watchdog after a cut.
+
+    Fires when the runner's status is ``deadlock`` — its watchdog saw no cut
+    point passed for ``watchdog_s`` while the workload had not finished — and
+    at least one cut was carried out (``cut_outcomes`` not empty): the hang
+    is the recovery's. Typical cause: after a restore a peer waits for a
+    message that the restored process believes it already sent, and the
+    restored process waits for the peer's answer. ``progress_op`` /
+    ``progress_phase`` say where the workload stood last.
+    """
+    if trial.get("status") != "deadlock" or not trial.get("cut_outcomes"):
+        return []
+    op = trial.get("progress_op")
+    where = f"{op}/{trial['progress_phase']}" if trial.get("progress_phase") else f"op {op}"
+    after = f" after restore {trial['restores']}" if trial.get("restores") else ""
+    why = trial.get("error") or "no progress within the watchdog"
+    return [Finding("deadlock", op, f"stalled at {where}{after}: {why}")]
+
+
+def find_unsafe_acceptance(trial: dict[str, Any]) -> list[Finding]:
+    """``unsafe_acceptance``: a restore went ahead although a domain the workload uses is not covered.
+
+    The workload declares the state domains it uses (``workload_domains``:
+    cpu, cuda, peer, ipc, uvm, disk, receiver); the backend declares what a
+    restore brings back (``covered_domains``). Fires when at least one restore
+    was accepted (``restores >= 1``) and a used domain other than the
+    external ``receiver`` is not covered: the tool said yes where it should
+    have refused. A refused cut never fires this.
+    """
+    if int(trial.get("restores") or 0) == 0:
+        return []
+    used = set(trial.get("workload_domains", ())) - EXTERNAL_DOMAINS
+    uncovered = sorted(used - set(trial.get("covered_domains", ())))
+    if not uncovered:
+        return []
+    return [Finding("unsafe_acceptance", None, f"restored without covering {', '.join(uncovered)}")]
+
+
+def judge(trial: dict[str, Any], effects: pd.DataFrame | None, reference: Any) -> Verdict:
+    """The verdict for one trial.
+
+    ``trial`` needs ``status`` (runner: ``completed``, ``deadlock``, ``refused``
+    or ``unknown``), ``report`` (dict or None), ``marker_op``, ``restores``,
+    ``cut_outcomes``, ``workload_domains`` and ``covered_domains``;
+    ``progress_op``/``progress_phase``/``error`` feed details. ``effects`` are
+    the receiver's rows for this trial (columns ``op_id``, ``digest``,
+    ``decision``, ``epoch``). ``reference`` gives ``payload(i)`` and ``checksum(i)``.
+
+    ``unknown`` whenever the runner could not finish the trial, and for a
+    hang in a trial where no cut was carried out (not a recovery failure).
+    """
+    status = trial.get("status")
+    if status == "unknown":
+        return Verdict("unknown", reason=str(trial.get("error") or ""))
+    if status == "deadlock" and not trial.get("cut_outcomes"):
+        return Verdict("unknown", reason=f"hang before any cut: {trial.get('error') or ''}")
+    report = trial.get("report")
+    findings: list[Finding] = []
+    findings += find_deadlock(trial)
+    findings += find_duplicates(effects)
+    findings += find_missing(effects, committed_op(trial))
+    findings += find_mixed_epoch(effects, report, reference)
+    findings += find_pointer_changes(report)
+    findings += find_unsafe_acceptance(trial)
+    if findings:
+        return Verdict("invalid", tuple(findings))
+    if status == "refused":
+        return Verdict("refused", reason=str(trial.get("error") or ""))
+    if status != "completed":
+        return Verdict("unknown", reason=f"runner status {status!r}")
+    return Verdict("valid")
+
+
+__all__ = ["FINDING_KINDS", "OUTCOMES", "Finding", "Verdict", "empty_effects", "judge"]

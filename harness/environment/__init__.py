@@ -1,0 +1,7 @@
+"""The environment: what this machine offers, and how to provision what it lacks.
+
+``criu_tool`` finds, checks and installs CRIU; ``gpu_probe`` and
+``gpu_mem`` ask the GPU and driver; ``doctor`` turns all of it into a list of
+checks with fixes; ``record`` is the environment stored with every run.
+Every probe answers on a machine without a GPU instead of failing.
+"""

@@ -1,0 +1,605 @@
+"""Find, check and provision CRIU.
+
+cutbench needs CRIU >= 4.2: older releases fail ``criu check`` on recent
+kernels (vDSO bounds on 6.18) and cannot dump TCP sockets on Linux >= 6.16.
+When no such CRIU is on PATH, :func:`install` fetches Debian's ``criu``
+package and every library it depends on with ``apt-get download`` (mirror and
+keyring taken from the machine's own apt configuration), unpacks them into a
+project-local prefix, and runs CRIU through the *bundled* dynamic loader::
+
+    PREFIX/root/usr/lib/<triple>/ld-linux-*.so.* --library-path PREFIX/root/usr/lib/<triple> PREFIX/root/usr/sbin/criu
+
+so nothing is taken from the host's libc. ``--library-path`` (unlike
+``LD_LIBRARY_PATH``) does not leak into programs CRIU executes.
+
+Prefix layout::
+
+    PREFIX/root/        the unpacked .debs
+    PREFIX/bin/criu     a relocatable shell wrapper (for tools that want `criu` on PATH)
+    PREFIX/install.json what was installed, from where
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cutbench
+from cutbench.errors import InvalidArgument, Unavailable
+
+MIN_VERSION = (4, 2)
+PACKAGE = "criu"
+DEFAULT_SUITE = "unstable"
+
+# How to tell the user to fix a missing CRIU; every error message ends with it.
+FIX = (
+    "run `cutbench criu install` (fetches Debian's CRIU >= 4.2 into a project-local prefix); "
+    "on a machine without network run `cutbench criu install --download-only DIR` elsewhere, "
+    "copy DIR over, then `cutbench criu install --from DIR`"
+)
+
+
+@dataclass(frozen=True)
+class CriuInstall:
+    """A runnable CRIU: ``argv`` is the command prefix, CRIU's own arguments follow."""
+
+    argv: tuple[str, ...]
+    version: str
+    source: str  # "path" | "bundled"
+    prefix: Path | None = None
+
+    def command(self, *args: str) -> list[str]:
+        """The full command line for ``criu ARGS...``."""
+        return [*self.argv, *args]
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def default_prefix() -> Path:
+    """Where a bundled CRIU lives.
+
+    ``$CUTBENCH_CRIU_PREFIX`` if set; else ``<repo>/.criu`` when running from a
+    source checkout (:func:`cutbench.source_checkout`); else
+    ``$XDG_DATA_HOME/cutbench/criu`` (``~/.local/share/cutbench/criu``).
+    """
+    env = os.environ.get("CUTBENCH_CRIU_PREFIX")
+    if env:
+        return Path(env).expanduser()
+    repo = cutbench.source_checkout()
+    if repo is not None:
+        return repo / ".criu"
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "cutbench" / "criu"
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """``(4, 2, 1)`` from ``criu --version`` output ("Version: 4.2.1"), else None."""
+    m = re.search(r"Version:\s*(\d+(?:\.\d+)*)", text)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def _run(argv: list[str], *, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command capturing text output; a missing or hanging program becomes Unavailable."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError as e:
+        raise Unavailable(f"cannot run {argv[0]}: {e.strerror}") from e
+    except subprocess.TimeoutExpired as e:
+        raise Unavailable(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s") from e
+
+
+def _version_of(argv: tuple[str, ...]) -> str | None:
+    """The version string a CRIU command reports, or None if it does not run."""
+    try:
+        p = _run([*argv, "--version"], timeout=30)
+    except Unavailable:
+        return None
+    v = parse_version(p.stdout + p.stderr)
+    return ".".join(map(str, v)) if (p.returncode == 0 and v) else None
+
+
+def _bundled_argv(root: Path) -> tuple[str, ...] | None:
+    """The loader command line for a CRIU unpacked under ``root``, or None if incomplete."""
+    criu = root / "usr" / "sbin" / "criu"
+    loaders = sorted(root.glob("usr/lib/*/ld-linux*.so.*"))
+    if not criu.is_file() or not loaders:
+        return None
+    loader = loaders[0]
+    return (str(loader), "--library-path", str(loader.parent), str(criu))
+
+
+def bundled(prefix: Path | None = None) -> CriuInstall | None:
+    """The CRIU unpacked under ``prefix`` if it exists and reports a version (no ``criu check``)."""
+    prefix = Path(prefix) if prefix is not None else default_prefix()
+    argv = _bundled_argv(prefix / "root")
+    if argv is None:
+        return None
+    version = _version_of(argv)
+    return CriuInstall(argv, version, "bundled", prefix) if version else None
+
+
+def on_path() -> CriuInstall | None:
+    """``criu`` on PATH with its version (any version, no ``criu check``), or None."""
+    exe = shutil.which("criu")
+    if exe is None:
+        return None
+    version = _version_of((exe,))
+    return CriuInstall((exe,), version, "path", None) if version else None
+
+
+def version_ok(install: CriuInstall) -> bool:
+    """Whether the install is at least :data:`MIN_VERSION`."""
+    v = parse_version(f"Version: {install.version}")
+    return v is not None and v >= MIN_VERSION
+
+
+def check(install: CriuInstall) -> tuple[bool, str]:
+    """Run ``criu check``; returns (passed, combined output).
+
+    CRIU prints "Looks good." on success; its "Can't keep kdat cache on
+    non-tempfs" warnings are harmless and stay in the output.
+    """
+    try:
+        p = _run(install.command("check"), timeout=60)
+    except Unavailable as e:
+        return False, str(e)
+    out = (p.stdout + p.stderr).strip()
+    return (p.returncode == 0 and "Looks good" in out), out
+
+
+def check_feature(install: CriuInstall, feature: str) -> bool:
+    """Whether ``criu check --feature FEATURE`` says it is supported (e.g. ``network_lock_nftables``)."""
+    try:
+        p = _run(install.command("check", "--feature", feature), timeout=60)
+    except Unavailable:
+        return False
+    return p.returncode == 0 and "is supported" in p.stdout + p.stderr
+
+
+def find_criu(prefix: Path | None = None) -> CriuInstall | None:
+    """A working CRIU >= 4.2, or None.
+
+    A bundled install under ``prefix`` wins (so a project-local install beats a
+    broken host CRIU); else ``criu`` on PATH. Either must pass ``criu check``.
+    """
+    for cand in (bundled(prefix), on_path()):
+        if cand is not None and version_ok(cand) and check(cand)[0]:
+            return cand
+    return None
+
+
+_required: dict[Path, CriuInstall] = {}
+
+
+def clear_cache() -> None:
+    """Forget what :func:`require_criu` found (after an install)."""
+    _required.clear()
+
+
+def require_criu(prefix: Path | None = None) -> CriuInstall:
+    """A working CRIU >= 4.2, cached per process; raises Unavailable saying what is wrong and the fix."""
+    key = (Path(prefix) if prefix is not None else default_prefix()).resolve()
+    if key in _required:
+        return _required[key]
+    found = find_criu(key)
+    if found is not None:
+        _required[key] = found
+        return found
+    raise Unavailable(diagnose(key))
+
+
+def diagnose(prefix: Path | None = None) -> str:
+    """Explain why no usable CRIU was found, ending with the fix."""
+    prefix = Path(prefix) if prefix is not None else default_prefix()
+    problems = []
+    b = bundled(prefix)
+    if b is None:
+        if (prefix / "root").exists():
+            problems.append(f"the CRIU under {prefix} is incomplete or does not run")
+        else:
+            problems.append(f"no bundled CRIU under {prefix}")
+    else:
+        ok, out = check(b)
+        if not ok:
+            problems.append(f"bundled CRIU {b.version} under {prefix} fails `criu check`:\n{tail(out)}")
+    p = on_path()
+    if p is None:
+        problems.append("no `criu` on PATH")
+    elif not version_ok(p):
+        problems.append(f"`criu` on PATH ({p.argv[0]}) is {p.version}, cutbench needs >= 4.2")
+    else:
+        ok, out = check(p)
+        if not ok:
+            problems.append(f"`criu` on PATH ({p.argv[0]}) fails `criu check`:\n{tail(out)}")
+    if os.geteuid() != 0:
+        problems.append("not running as root (CRIU needs root or CAP_SYS_ADMIN + CAP_CHECKPOINT_RESTORE)")
+    return "CRIU is unavailable: " + "; ".join(problems) + ".\nFix: " + FIX + "."
+
+
+def tail(text: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of ``text`` (for error messages)."""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------- apt configuration
+
+# Debian code names and suite aliases; a source whose suite is one of these
+# (optionally with -updates/-backports) is a Debian archive. Security archives
+# carry only security updates, never `criu` from unstable, so they are skipped.
+DEBIAN_SUITES = {
+    "sid", "unstable", "experimental", "testing", "stable", "oldstable", "oldoldstable",
+    "stretch", "buster", "bullseye", "bookworm", "trixie", "forky", "duke",
+}
+
+
+@dataclass
+class AptSource:
+    """One apt source entry (one URI) from sources.list or a deb822 .sources file."""
+
+    uri: str
+    suites: list[str]
+    components: list[str] = field(default_factory=list)
+    signed_by: str | None = None  # a keyring path, or an embedded ASCII-armoured key
+    types: list[str] = field(default_factory=lambda: ["deb"])
+    origin: str = ""
+
+    @property
+    def is_debian(self) -> bool:
+        """Whether this looks like a Debian archive (not security, not Ubuntu or a third party)."""
+        if "security" in self.uri or any(s.endswith("-security") or "/updates" in s for s in self.suites):
+            return False
+        if not self.uri.startswith(("http://", "https://", "mirror+", "file:")):
+            return False
+        bases = {re.sub(r"-(updates|backports|backports-sloppy|proposed-updates)$", "", s) for s in self.suites}
+        return bool(bases & DEBIAN_SUITES) or self.uri.rstrip("/").endswith("/debian")
+
+
+def parse_deb822(text: str, origin: str = "") -> list[AptSource]:
+    """Parse a deb822 ``.sources`` file; stanzas with ``Enabled: no`` are dropped."""
+    out = []
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        key = None
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1] in (" ", "\t") and key:  # continuation line ("." is an empty line)
+                cont = line.strip()
+                fields[key] += "\n" + ("" if cont == "." else cont)
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                fields[key] = value.strip()
+        if "uris" not in fields or fields.get("enabled", "yes").lower() == "no":
+            continue
+        for uri in fields["uris"].split():
+            out.append(AptSource(
+                uri=uri,
+                suites=fields.get("suites", "").split(),
+                components=fields.get("components", "").split(),
+                signed_by=fields.get("signed-by", "").strip() or None,
+                types=fields.get("types", "deb").split(),
+                origin=origin,
+            ))
+    return out
+
+
+def parse_one_line(text: str, origin: str = "") -> list[AptSource]:
+    """Parse one-line-style ``sources.list`` text (``deb [opts] URI SUITE COMP...``)."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        m = re.match(r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s+)?(\S+)\s+(\S+)\s*(.*)$", line)
+        if not m:
+            continue
+        opts = dict(o.split("=", 1) for o in (m.group(2) or "").split() if "=" in o)
+        out.append(AptSource(
+            uri=m.group(3),
+            suites=[m.group(4)],
+            components=m.group(5).split(),
+            signed_by=opts.get("signed-by"),
+            types=[m.group(1)],
+            origin=origin,
+        ))
+    return out
+
+
+def read_apt_sources(etc_apt: Path = Path("/etc/apt")) -> list[AptSource]:
+    """All apt sources in the order apt reads them: sources.list, then sources.list.d/ by name."""
+    files = [etc_apt / "sources.list"]
+    parts = etc_apt / "sources.list.d"
+    if parts.is_dir():
+        files += sorted(p for p in parts.iterdir() if p.suffix in (".list", ".sources"))
+    out: list[AptSource] = []
+    for f in files:
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        out += parse_deb822(text, str(f)) if f.suffix == ".sources" else parse_one_line(text, str(f))
+    return out
+
+
+def debian_mirror(etc_apt: Path = Path("/etc/apt")) -> AptSource:
+    """The first Debian binary mirror in the machine's apt configuration; Unavailable if none."""
+    for src in read_apt_sources(etc_apt):
+        if "deb" in src.types and src.is_debian:
+            return src
+    raise Unavailable(
+        f"no Debian mirror found in {etc_apt}/sources.list or {etc_apt}/sources.list.d/ "
+        "(needed to fetch Debian's criu package). Fix: pass a Debian mirror explicitly "
+        "(`cutbench criu install --mirror http://<debian mirror>/debian`), or run "
+        "`cutbench criu install --download-only DIR` on a Debian machine and `--from DIR` here"
+    )
+
+
+# --------------------------------------------------------------------------- download
+
+
+def _arch() -> str:
+    """The Debian architecture name of this machine (amd64, arm64, ...)."""
+    if shutil.which("dpkg"):
+        p = _run(["dpkg", "--print-architecture"])
+        if p.returncode == 0 and p.stdout.strip():
+            return p.stdout.strip()
+    m = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64el"}.get(m, m)
+
+
+def _apt_options(state: Path, arch: str) -> list[str]:
+    """apt options for a private, throw-away apt state: the host's lists, cache and dpkg status are untouched."""
+    return [
+        "-o", f"Dir::Etc::SourceList={state / 'sources.list'}",
+        "-o", "Dir::Etc::SourceParts=/dev/null",
+        "-o", f"Dir::State::Lists={state / 'lists'}",
+        "-o", f"Dir::Cache={state / 'cache'}",
+        # An empty dpkg status: every dependency counts as "not installed", so all are fetched.
+        "-o", "Dir::State::status=/dev/null",
+        "-o", f"APT::Architecture={arch}",
+        "-o", f"APT::Architectures={arch}",
+        "-o", "Acquire::Languages=none",
+        # As root apt would drop to _apt, who cannot write our temp dirs.
+        "-o", "APT::Sandbox::User=root",
+        "-q",
+    ]
+
+
+def _apt(args: list[str], what: str, *, cwd: Path | None = None, timeout: float = 600) -> str:
+    """Run apt-get/apt-cache; a failure raises Unavailable naming the step and apt's own message."""
+    p = _run(args, cwd=cwd, timeout=timeout)
+    if p.returncode != 0:
+        raise Unavailable(f"{what} failed (exit {p.returncode}):\n{tail(p.stderr or p.stdout)}")
+    return p.stdout
+
+
+def resolve_packages(apt_cache_output: str) -> list[str]:
+    """Package names from ``apt-cache depends --recurse`` output (virtual ``<pkg>`` entries dropped)."""
+    names = {ln.strip() for ln in apt_cache_output.splitlines() if ln and not ln[0].isspace()}
+    return sorted(n for n in names if not n.startswith("<"))
+
+
+def download_debs(
+    dest: Path,
+    *,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    keyring: str | None = None,
+    etc_apt: Path = Path("/etc/apt"),
+) -> list[Path]:
+    """Download ``criu`` and its recursive dependencies from ``suite`` into ``dest``; returns the .deb paths.
+
+    The mirror and keyring come from the machine's apt configuration unless
+    given. apt runs with a private state directory, so the host's package
+    lists and installed packages are untouched (and root is not needed).
+    """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", suite):
+        raise InvalidArgument(f"suite: {suite!r} is not a Debian suite name (e.g. unstable, trixie)")
+    for tool in ("apt-get", "apt-cache"):
+        if shutil.which(tool) is None:
+            raise Unavailable(
+                f"{tool} not found: fetching CRIU needs apt. Fix: run "
+                "`cutbench criu install --download-only DIR` on a Debian/Ubuntu machine, copy DIR here, "
+                "then `cutbench criu install --from DIR`"
+            )
+    if mirror is None:
+        src = debian_mirror(etc_apt)
+        mirror, keyring = src.uri, keyring or src.signed_by
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = _arch()
+    with tempfile.TemporaryDirectory(prefix="cutbench-apt-") as tmp:
+        state = Path(tmp)
+        for d in ("lists/partial", "cache/archives/partial"):
+            (state / d).mkdir(parents=True)
+        opts = []
+        if keyring and "BEGIN PGP" in keyring:  # deb822 may embed the key itself
+            (state / "keyring.asc").write_text(keyring.strip() + "\n")
+            keyring = str(state / "keyring.asc")
+        if keyring:
+            opts.append(f"signed-by={keyring}")
+        opt_text = f"[{' '.join(opts)}] " if opts else ""
+        (state / "sources.list").write_text(f"deb {opt_text}{mirror} {suite} main\n")
+        o = _apt_options(state, arch)
+        _apt(["apt-get", *o, "update"], f"apt-get update from {mirror} {suite} (is the mirror reachable?)")
+        deps = _apt(
+            ["apt-cache", *o, "depends", "--recurse", "--no-recommends", "--no-suggests",
+             "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", PACKAGE],
+            f"resolving the dependencies of {PACKAGE} in {suite}",
+        )
+        packages = resolve_packages(deps)
+        if PACKAGE not in packages:
+            raise Unavailable(f"{mirror} {suite} has no {PACKAGE} package for {arch}")
+        before = set(dest.glob("*.deb"))
+        _apt(["apt-get", *o, "download", *packages], f"apt-get download of {len(packages)} packages", cwd=dest)
+    debs = sorted(dest.glob("*.deb"))
+    if not set(debs) - before and not any(d.name.startswith(PACKAGE + "_") for d in debs):
+        raise Unavailable(f"apt-get download wrote no .deb files into {dest}")
+    return debs
+
+
+# --------------------------------------------------------------------------- unpack
+
+
+def unpack_deb(deb: Path, dest: Path) -> None:
+    """Extract a .deb's files into ``dest`` (dpkg-deb when present, else a pure-Python reader)."""
+    if shutil.which("dpkg-deb"):
+        p = _run(["dpkg-deb", "-x", str(deb), str(dest)], timeout=300)
+        if p.returncode != 0:
+            raise Unavailable(f"dpkg-deb -x {deb.name} failed: {tail(p.stderr)}")
+        return
+    _unpack_deb_python(deb, dest)
+
+
+def _unpack_deb_python(deb: Path, dest: Path) -> None:
+    """Read the ar archive by hand and extract data.tar.{xz,gz,bz2,} (hosts without dpkg)."""
+    with open(deb, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise Unavailable(f"{deb} is not a .deb (no ar header)")
+        while True:
+            header = f.read(60)
+            if len(header) < 60:
+                raise Unavailable(f"{deb} has no data.tar member")
+            name = header[:16].decode().strip().rstrip("/")
+            size = int(header[48:58].decode().strip())
+            if name.startswith("data.tar"):
+                data = f.read(size)
+                break
+            f.seek(size + (size & 1), os.SEEK_CUR)  # ar members are 2-byte aligned
+    mode = {"data.tar.xz": "r:xz", "data.tar.gz": "r:gz", "data.tar.bz2": "r:bz2", "data.tar": "r:"}.get(name)
+    if mode is None:
+        raise Unavailable(f"{deb}: {name} needs dpkg-deb (install dpkg) to unpack")
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(data), mode=mode) as tar:
+        # The "tar" filter keeps symlinks but refuses paths that escape dest.
+        tar.extractall(dest, filter="tar") if hasattr(tarfile, "tar_filter") else tar.extractall(dest)
+
+
+# --------------------------------------------------------------------------- install
+
+
+def _write_wrapper(prefix: Path, argv: tuple[str, ...]) -> None:
+    """PREFIX/bin/criu: a relocatable wrapper, for tools (docker) that exec `criu` from PATH."""
+    root = prefix / "root"
+    rel = [str(Path(a).relative_to(root)) if a.startswith(str(root)) else a for a in argv]
+    loader, _, lib, criu = rel
+    text = (
+        "#!/bin/sh\n"
+        "# Written by `cutbench criu install`: runs the bundled CRIU through its bundled loader.\n"
+        'R="$(dirname "$(readlink -f "$0")")/../root"\n'
+        f'exec "$R/{loader}" --library-path "$R/{lib}" "$R/{criu}" "$@"\n'
+    )
+    (prefix / "bin").mkdir(exist_ok=True)
+    w = prefix / "bin" / "criu"
+    w.write_text(text)
+    w.chmod(0o755)
+
+
+def install(
+    prefix: Path | None = None,
+    *,
+    download_only: Path | None = None,
+    from_dir: Path | None = None,
+    suite: str = DEFAULT_SUITE,
+    force: bool = False,
+    mirror: str | None = None,
+) -> CriuInstall | None:
+    """Provision CRIU >= 4.2; returns the working install (None with ``download_only``).
+
+    - ``download_only=DIR``: only download the .debs into DIR (for an offline machine).
+    - ``from_dir=DIR``: unpack the .debs found in DIR, no network.
+    - otherwise download into a temporary directory and unpack.
+
+    Idempotent: a working CRIU (bundled under ``prefix`` or >= 4.2 on PATH) is
+    returned as is unless ``force``. The new tree is unpacked beside the old
+    one and replaces it only after ``criu check`` passes; on failure the
+    Unavailable error carries CRIU's output.
+    """
+    if download_only is not None and from_dir is not None:
+        raise InvalidArgument("--download-only and --from exclude each other: pick one")
+    if download_only is not None:
+        download_debs(Path(download_only), suite=suite, mirror=mirror)
+        return None
+    prefix = Path(prefix) if prefix is not None else default_prefix()
+    if not force:
+        existing = find_criu(prefix)
+        if existing is not None:
+            return existing
+
+    prefix.mkdir(parents=True, exist_ok=True)
+    # Two installs at once (parallel make, two shells) would race on PREFIX/root.
+    with open(prefix / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force:
+            existing = find_criu(prefix)  # another process may have finished while we waited
+            if existing is not None:
+                return existing
+        return _install_locked(prefix, from_dir=from_dir, suite=suite, mirror=mirror)
+
+
+def _install_locked(prefix: Path, *, from_dir: Path | None, suite: str, mirror: str | None) -> CriuInstall:
+    """The unpack-check-replace part of :func:`install`, run under the prefix lock."""
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp:
+        tmp = Path(tmp)
+        if from_dir is not None:
+            debs = sorted(Path(from_dir).glob("*.deb"))
+            if not any(d.name.startswith(PACKAGE + "_") for d in debs):
+                raise Unavailable(
+                    f"--from {from_dir}: no {PACKAGE}_*.deb there. "
+                    "Fix: fill it with `cutbench criu install --download-only DIR` on a machine with network"
+                )
+            origin = str(from_dir)
+        else:
+            keyring = None
+            if mirror is None:
+                src = debian_mirror()
+                mirror, keyring = src.uri, src.signed_by
+            debs = download_debs(tmp / "debs", suite=suite, mirror=mirror, keyring=keyring)
+            origin = f"{mirror} {suite}"
+        staged = tmp / "root"
+        staged.mkdir()
+        for deb in debs:
+            unpack_deb(deb, staged)
+        argv = _bundled_argv(staged)
+        if argv is None:
+            raise Unavailable(f"the unpacked packages lack usr/sbin/criu or a dynamic loader ({len(debs)} .debs)")
+        version = _version_of(argv)
+        if version is None:
+            raise Unavailable("the unpacked CRIU does not run (`criu --version` failed through its bundled loader)")
+        ok, out = check(CriuInstall(argv, version, "bundled", prefix))
+        if not ok:
+            raise Unavailable(
+                f"CRIU {version} unpacked but `criu check` fails:\n{tail(out)}\n"
+                + ("" if os.geteuid() == 0 else "CRIU needs root: run this as root.\n")
+                + f"The previous install under {prefix} (if any) is kept."
+            )
+        # Only now replace the old tree: a failed install never breaks a working one.
+        final = prefix / "root"
+        if final.exists():
+            old = tmp / "old"
+            final.rename(old)
+        staged.rename(final)
+    result = bundled(prefix)
+    if result is None:
+        raise Unavailable(f"CRIU passed `criu check` in staging but does not run from {prefix / 'root'}")
+    _write_wrapper(prefix, result.argv)
+    (prefix / "install.json").write_text(json.dumps({
+        "version": result.version,
+        "from": origin,
+        "packages": sorted(d.name for d in debs),
+        "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }, indent=2) + "\n")
+    clear_cache()
+    return result

@@ -1,0 +1,234 @@
+"""`cutbench doctor`: what this machine has for cutbench, and how to fix what is missing.
+
+``run_checks()`` returns a list of :class:`Check`; ``format_checks()`` renders
+them as plain text (the CLI prints it). A check never raises: a failure to
+look something up is itself reported.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment import gpu_probe
+
+OK, MISSING, WARN, FAIL = "ok", "missing", "warn", "fail"
+
+# Capability bit numbers (linux/capability.h).
+CAP_SYS_ADMIN = 21
+CAP_CHECKPOINT_RESTORE = 40
+
+# Python packages reported, with the distribution names that provide them.
+PACKAGES = {
+    "numpy": ("numpy",),
+    "pandas": ("pandas",),
+    "pyarrow": ("pyarrow",),
+    "hypothesis": ("hypothesis",),
+    "cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy"),
+    "cuda-bindings": ("cuda-bindings", "cuda-python"),
+    "nvidia-ml-py": ("nvidia-ml-py",),
+    "psycopg": ("psycopg",),
+}
+REQUIRED_PACKAGES = ("numpy", "pandas", "pyarrow", "hypothesis")
+
+# Checks whose "missing" is a problem (nothing runs without them); other
+# missing things (GPU, optional packages) only narrow what can run.
+ESSENTIAL = {"criu"}
+
+
+@dataclass
+class Check:
+    """One line of the doctor's report."""
+
+    name: str
+    status: str  # "ok" | "missing" | "warn" | "fail"
+    detail: str
+    fix: str = ""
+
+
+def _capabilities(status_text: str | None = None) -> int:
+    """The effective capability mask of this process (CapEff in /proc/self/status)."""
+    if status_text is None:
+        status_text = Path("/proc/self/status").read_text()
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", status_text, re.M)
+    return int(m.group(1), 16) if m else 0
+
+
+def check_privileges(status_text: str | None = None, euid: int | None = None) -> Check:
+    """Root, or CAP_SYS_ADMIN + CAP_CHECKPOINT_RESTORE, which CRIU dump/restore need."""
+    euid = os.geteuid() if euid is None else euid
+    try:
+        caps = _capabilities(status_text)
+    except OSError as e:
+        return Check("privileges", WARN, f"cannot read capabilities: {e}")
+    have = {n: bool(caps >> b & 1) for n, b in
+            (("CAP_SYS_ADMIN", CAP_SYS_ADMIN), ("CAP_CHECKPOINT_RESTORE", CAP_CHECKPOINT_RESTORE))}
+    detail = f"euid {euid}; " + ", ".join(f"{n} {'yes' if v else 'no'}" for n, v in have.items())
+    if all(have.values()):
+        return Check("privileges", OK, detail)
+    fix = "run cutbench as root (sudo), or grant CAP_SYS_ADMIN and CAP_CHECKPOINT_RESTORE"
+    return Check("privileges", FAIL, detail, fix)
+
+
+def check_kernel() -> Check:
+    """Kernel release; CRIU < 4.2 is known broken on >= 6.16, which is why cutbench needs 4.2."""
+    rel = platform.release()
+    m = re.match(r"(\d+)\.(\d+)", rel)
+    detail = f"Linux {rel}"
+    if m and (int(m.group(1)), int(m.group(2))) >= (6, 16):
+        detail += " (>= 6.16: needs CRIU >= 4.2 for TCP sockets)"
+    return Check("kernel", OK, detail)
+
+
+def check_criu(prefix: Path | None = None) -> tuple[Check, criu_tool.CriuInstall | None]:
+    """CRIU path, version, source and `criu check` verdict; also returns the install found."""
+    cand = criu_tool.find_criu(prefix)
+    if cand is None:
+        return Check("criu", MISSING, criu_tool.diagnose(prefix).split("\nFix:")[0], criu_tool.FIX), None
+    # find_criu only returns an install that passed `criu check`.
+    return Check("criu", OK, f"{cand.version} ({cand.source}) {cand.argv[-1]}; criu check: Looks good."), cand
+
+
+def check_network_lock(install: criu_tool.CriuInstall | None) -> Check:
+    """Whether CRIU can lock the network around a TCP dump: nftables (built in) or iptables."""
+    if install is None:
+        return Check("network lock", MISSING, "no CRIU to ask", "install CRIU first (see criu)")
+    nft = criu_tool.check_feature(install, "network_lock_nftables")
+    ipt = shutil.which("iptables-restore") is not None
+    if nft:
+        return Check("network lock", OK, "nftables (use --network-lock nftables)"
+                     + ("; iptables-restore also on PATH" if ipt else "; no iptables-restore on PATH"))
+    if ipt:
+        return Check("network lock", WARN, "nftables unsupported; iptables (CRIU's default) available")
+    return Check("network lock", FAIL, "neither nftables via CRIU nor iptables-restore works",
+                 "enable nf_tables in the kernel or install iptables; TCP connections cannot be dumped without it")
+
+
+def check_gpu(facts: dict | None = None) -> list[Check]:
+    """GPU, driver, CUDA, cuda-bindings, CuPy, cuda-checkpoint: missing is fine (CPU backends still work)."""
+    facts = gpu_probe.probe() if facts is None else facts
+    out = []
+    gpus = facts.get("gpus") or []
+    if gpus:
+        names = "; ".join(f"{g['index']}: {g['name']} {g['uuid']}" for g in gpus)
+        out.append(Check("gpu", OK, f"{len(gpus)} GPU(s): {names}; driver {facts.get('driver_version')}, "
+                                    f"CUDA {facts.get('cuda_driver_version')}"))
+    elif facts.get("nvidia_smi"):
+        out.append(Check("gpu", FAIL, f"nvidia-smi present but lists no GPU: {facts.get('nvidia_smi_error')}",
+                         "check the NVIDIA driver (nvidia-smi must list the GPU)"))
+    else:
+        out.append(Check("gpu", MISSING, "no nvidia-smi: no NVIDIA GPU/driver; GPU backends unavailable",
+                         "only needed for GPU scenarios: use a host with an NVIDIA GPU and driver >= 570"))
+    cb = facts.get("cuda_bindings") or {}
+    if cb.get("checkpoint_api"):
+        out.append(Check("cuda checkpoint API", OK, f"cuda-bindings {cb.get('version')}: cuCheckpointProcess* present"))
+    elif cb.get("version"):
+        why = cb.get("error") or "missing " + ", ".join(cb.get("missing_calls") or [])
+        out.append(Check("cuda checkpoint API", WARN if not gpus else FAIL,
+                         f"cuda-bindings {cb.get('version')}: {why}",
+                         "needs cuda-bindings >= 12.8 and an NVIDIA driver >= 570"))
+    else:
+        out.append(Check("cuda checkpoint API", MISSING, "cuda-bindings not installed",
+                         "pip install -e '.[gpu]' (only for GPU scenarios)"))
+    cp = facts.get("cupy") or {}
+    if cp.get("version") and cp.get("device_count"):
+        out.append(Check("cupy device", OK, f"CuPy {cp['version']} sees {cp['device_count']} device(s)"))
+    elif cp.get("version"):
+        out.append(Check("cupy device", WARN if not gpus else FAIL,
+                         f"CuPy {cp['version']} sees no device: {cp.get('error')}",
+                         "install the CuPy wheel matching the driver's CUDA (cupy-cuda13x or cupy-cuda12x)"))
+    else:
+        out.append(Check("cupy device", MISSING, "CuPy not installed",
+                         "pip install -e '.[gpu]' (only for GPU scenarios)"))
+    tool = facts.get("cuda_checkpoint")
+    out.append(Check("cuda-checkpoint", OK if tool else MISSING, tool or "utility not on PATH",
+                     "" if tool else
+                     "only for the `cuda-checkpoint` backend: put NVIDIA's cuda-checkpoint binary on PATH"))
+    return out
+
+
+def check_criu_cuda_plugin() -> Check:
+    """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: missing is fine."""
+    from cutbench.harness.nemesis.backends import criu_cuda_plugin
+
+    why = criu_cuda_plugin.plugin_unavailable_reason()
+    if why is None:
+        return Check("criu cuda plugin", OK, str(criu_cuda_plugin.plugin_dir()))
+    return Check("criu cuda plugin", MISSING, why, "only for the `criu-cuda-plugin` backend")
+
+
+def check_postgres() -> Check:
+    """PostgreSQL server binaries for the pg store (initdb on PATH or under /usr/lib/postgresql)."""
+    found = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                                                      reverse=True)), None)
+    if found:
+        return Check("postgresql", OK, f"initdb at {found}")
+    return Check("postgresql", MISSING, "no initdb: the PostgreSQL store and its tests cannot run",
+                 "apt-get install postgresql (or `make postgres`); SQLite is the default store")
+
+
+def check_packages() -> list[Check]:
+    """Installed versions of the Python packages cutbench uses."""
+    out = []
+    for name, dists in PACKAGES.items():
+        version = gpu_probe._dist_version(*dists)
+        if version:
+            out.append(Check(f"python: {name}", OK, version))
+        elif name in REQUIRED_PACKAGES:
+            out.append(Check(f"python: {name}", FAIL, "not installed", "pip install -e ."))
+        else:
+            extra = "pg" if name == "psycopg" else "gpu"
+            out.append(Check(f"python: {name}", MISSING, "not installed (optional)", f"pip install -e '.[{extra}]'"))
+    return out
+
+
+def run_checks(prefix: Path | None = None) -> list[Check]:
+    """Every doctor check, in report order."""
+    checks = []
+    criu, install = check_criu(prefix)
+    checks.append(criu)
+    checks.append(check_privileges())
+    checks.append(check_kernel())
+    checks.append(check_network_lock(install))
+    checks += check_gpu()
+    checks.append(check_criu_cuda_plugin())
+    checks.append(check_postgres())
+    checks += check_packages()
+    return checks
+
+
+def format_checks(checks: list[Check]) -> str:
+    """Plain text, one check per line, each fix indented below it."""
+    width = max((len(c.name) for c in checks), default=0)
+    lines = []
+    for c in checks:
+        pad = " " * (width + 12)
+        first, *rest = (c.detail or "").splitlines() or [""]
+        lines.append(f"[{c.status:^7}] {c.name:<{width}}  {first}")
+        lines += [pad + r for r in rest]
+        if c.fix and c.status != OK:
+            lines.append(f"{pad}fix: {c.fix}")
+    bad = [c.name for c in problems(checks)]
+    lines.append("")
+    lines.append(f"{len(bad)} problem(s): {', '.join(bad)}" if bad else "no problems")
+    return "\n".join(lines)
+
+
+def problems(checks: list[Check]) -> list[Check]:
+    """The checks that stop cutbench from running: failures and missing essentials."""
+    return [c for c in checks if c.status == FAIL or (c.status == MISSING and c.name in ESSENTIAL)]
+
+
+def main() -> int:
+    checks = run_checks()
+    print(format_checks(checks))
+    return 1 if problems(checks) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The environment a run executed in: recorded in ``run.toml`` so results can be compared."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+PACKAGES = ("numpy", "pandas", "pyarrow", "hypothesis", "cupy-cuda13x", "cupy-cuda12x", "cuda-python", "cuda-bindings", "nvidia-ml-py", "psycopg")
+
+
+def cutbench_version() -> str:
+    """The installed cutbench version (``0+unknown`` when run from an uninstalled tree)."""
+    try:
+        return metadata.version("cutbench")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def collect() -> dict[str, Any]:
+    """Host, kernel, Python, CRIU, GPU and package versions (absent ones omitted)."""
+    env: dict[str, Any] = {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        with open("/etc/os-release") as fh:
+            for line in fh:
+                if line.startswith("PRETTY_NAME="):
+                    env["os"] = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    try:
+        from cutbench.harness.environment import criu_tool
+
+        install = criu_tool.find_criu()
+        if install is not None:
+            env["criu"] = {"version": install.version, "source": install.source, "argv": " ".join(install.argv)}
+    except Exception as exc:  # environment capture must never fail a run
+        env["criu_error"] = str(exc)
+    try:
+        from cutbench.harness.environment import gpu_probe
+
+        env["gpu"] = _scalars(gpu_probe.probe())
+    except Exception as exc:
+        env["gpu_error"] = str(exc)
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    env["packages"] = versions
+    return env
+
+
+def _scalars(value: Any) -> Any:
+    """Keep only what TOML can hold (drop None, stringify odd types)."""
+    if isinstance(value, dict):
+        return {str(k): _scalars(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_scalars(v) for v in value if v is not None]
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

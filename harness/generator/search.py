@@ -1,0 +1,209 @@
+"""The adaptive plan source: Hypothesis searches cut plans, one real trial per example.
+
+Hypothesis draws a :class:`~cutbench.harness.model.plan.CutPlan` (one to ``plan.cuts_per_trial``
+cuts at increasing positions; per cut a precise or asynchronous mode, an
+async offset, a split window and a crash delay), the runner executes it as
+an ordinary trial in the run's :class:`~cutbench.harness.runner.trial.Session`, and the
+example fails when the oracle says ``invalid``. ``hypothesis.target()`` on the
+number of findings steers generation toward plans that break more; shrinking
+(``research`` profile) reduces a failing plan to the smallest one that still
+fails — typically a single cut at the earliest point that shows the bug.
+
+Under this source the scenario's value lists become per-cut choices: each
+cut draws its crash delay from ``pipeline.crash_after_ms``, its split window
+from ``pipeline.split_window_ms`` (backends with a split window only) and its
+async offset from ``plan.async_offset_ms``; shrinking prefers the value listed
+first. Arms are therefore backend × receiver mode × fault (× the GPU axes),
+labelled with the largest values. List more values (``[0, 25, 50, 100]``)
+for a finer search.
+
+Every example is a fresh trial: a new receiver trial key, control file, work
+directory and workload process, so no state of ours leaks from one example
+into the next. What remains nondeterministic is the system under test (when
+a ``leave_running`` crash lands); a failure Hypothesis cannot reproduce is
+reported as flaky with the smallest failing plan seen, not raised.
+
+Profiles (``plan.profile``):
+
+* ``ci``: derandomized and seeded from ``plan.seed`` and the arm, at most
+  ``plan.trials`` generated examples, no shrinking, no example database —
+  stops at the first failure (Hypothesis may try one more example) and
+  replays it once.
+* ``research``: random, shrinking on, example database under
+  ``<run>/hypothesis-db/<arm>/`` (failing examples are saved there and
+  replayed first when the same database is searched again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
+
+from cutbench.harness.generator import scheduler
+from cutbench.errors import InvalidArgument
+from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.trial import TrialResult
+from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
+
+# Trials cost seconds: no deadline, no health check about slow data, and no
+# `explain` phase (it re-runs variations of the failing example: more trials).
+_COMMON = dict(deadline=None, verbosity=Verbosity.quiet, print_blob=False,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+
+@dataclass(frozen=True)
+class SearchArm:
+    """One arm of the search and the values its cuts choose from (ms, in the scenario's order)."""
+
+    arm: Arm
+    crash_after_ms: tuple[float, ...]
+    split_window_ms: tuple[float, ...]
+
+
+def search_arms(scenario: Scenario, arms: list[Arm] | None = None) -> list[SearchArm]:
+    """The scenario's arms with the crash-delay and split-window axes folded into per-cut choices.
+
+    ``arms`` (default ``scenario.arms()``) may be a runnable subset. Each
+    returned arm carries the largest values as its own, so its label reads
+    e.g. ``criu/at_least_once/leave_running+300ms``.
+    """
+    groups: dict[Arm, list[Arm]] = {}
+    for arm in scenario.arms() if arms is None else arms:
+        groups.setdefault(replace(arm, crash_after_ms=0.0, split_window_ms=0.0), []).append(arm)
+    out = []
+    for members in groups.values():
+        crash = tuple(dict.fromkeys(a.crash_after_ms for a in members))
+        split = tuple(dict.fromkeys(a.split_window_ms for a in members))
+        bound = replace(members[0], crash_after_ms=max(crash), split_window_ms=max(split))
+        out.append(SearchArm(bound, crash, split))
+    return out
+
+
+def _choice(values: tuple[float, ...]) -> st.SearchStrategy[float]:
+    """One of ``values``; shrinks toward the first."""
+    return st.just(float(values[0])) if len(values) == 1 else st.sampled_from([float(v) for v in values])
+
+
+def plan_strategy(scenario: Scenario, sarm: SearchArm) -> st.SearchStrategy[CutPlan]:
+    """Plans of 1 to ``cuts_per_trial`` cuts at distinct, increasing allowed positions.
+
+    Shrinks toward fewer cuts, earlier positions, precise mode and the first
+    listed value of every choice.
+    """
+    allowed = scheduler.positions(scenario)
+    if not allowed:
+        raise InvalidArgument("plan: no cut position to search (check plan.ops and plan.phases)")
+    k_max = min(scenario.cuts_per_trial, len(allowed))
+    mode_names = list(dict.fromkeys(m for m, _ in scheduler.modes(scenario)))
+    offset_st = _choice(tuple(scenario.async_offset_ms))
+    crash_st = _choice(sarm.crash_after_ms)
+    split_st = _choice(sarm.split_window_ms)
+
+    @st.composite
+    def plans(draw: Any) -> CutPlan:
+        picks = draw(st.lists(st.integers(0, len(allowed) - 1), min_size=1, max_size=k_max, unique=True))
+        cuts = []
+        for idx in sorted(picks):
+            op, phase = allowed[idx]
+            mode = draw(st.sampled_from(mode_names))
+            offset = draw(offset_st) if mode == "async" else 0.0
+            cuts.append(scheduler.cut_from_position(sarm.arm, op, phase, mode=mode, async_offset_ms=offset,
+                                                    crash_after_ms=draw(crash_st), split_window_ms=draw(split_st)))
+        return CutPlan(tuple(cuts))
+
+    return plans()
+
+
+def profile_settings(profile: str, max_examples: int, database_dir: Path | None = None) -> settings:
+    """The Hypothesis settings of ``profile`` (see the module docstring)."""
+    if profile == "ci":
+        return settings(max_examples=max_examples, derandomize=True, database=None,
+                        phases=(Phase.explicit, Phase.generate, Phase.target), **_COMMON)
+    if profile == "research":
+        database = DirectoryBasedExampleDatabase(str(database_dir)) if database_dir is not None else None
+        return settings(max_examples=max_examples, derandomize=False, database=database,
+                        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink), **_COMMON)
+    raise InvalidArgument(f"plan.profile = {profile!r}: allowed {', '.join(PROFILES)}")
+
+
+class InvalidRecovery(AssertionError):
+    """Raised inside a Hypothesis example when the trial's verdict is ``invalid``."""
+
+    def __init__(self, trial_id: str, plan: CutPlan, kinds: list[str]):
+        super().__init__(f"{trial_id}: {plan.describe()} -> invalid ({', '.join(kinds)})")
+        self.trial_id = trial_id
+        self.plan = plan
+
+
+@dataclass
+class ArmSearch:
+    """What the search found for one arm."""
+
+    arm: str
+    profile: str
+    trials: int = 0
+    failures: int = 0
+    first_failure: int | None = None  # 1-based trial number within the arm
+    first_failure_trial: str | None = None
+    minimal_plan: dict[str, Any] | None = None  # the smallest failing plan (Hypothesis's final example)
+    minimal_trial: str | None = None
+    minimal_cuts: int | None = None
+    reproduced: bool | None = None  # did the final replay of the minimal plan fail again?
+    flaky: str = ""
+    trial_ids: list[str] = field(default_factory=list)
+
+    def note(self, result: TrialResult) -> None:
+        """Account for one finished trial of this arm."""
+        self.trials += 1
+        self.trial_ids.append(result.spec.trial_id)
+        if result.verdict.outcome == "invalid":
+            self.failures += 1
+            if self.first_failure is None:
+                self.first_failure, self.first_failure_trial = self.trials, result.spec.trial_id
+            self._minimal(result.spec.cut_plan(), result.spec.trial_id)
+
+    def _minimal(self, plan: CutPlan, trial_id: str) -> None:
+        self.minimal_plan, self.minimal_trial, self.minimal_cuts = plan.to_dict(), trial_id, len(plan.cuts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``search.json``, ``run.toml``)."""
+        return asdict(self)
+
+
+def search_arm(scenario: Scenario, sarm: SearchArm, run_plan: Callable[[CutPlan], TrialResult],
+               database_dir: Path | None = None) -> ArmSearch:
+    """Let Hypothesis search plans for one arm; ``run_plan`` runs one trial. Returns the :class:`ArmSearch`."""
+    found = ArmSearch(sarm.arm.label(), scenario.profile)
+
+    def example(plan: CutPlan) -> None:
+        result = run_plan(plan)
+        found.note(result)
+        target(float(len(result.verdict.findings)), label="findings")
+        if result.verdict.outcome == "invalid":
+            raise InvalidRecovery(result.spec.trial_id, plan, sorted({f.kind for f in result.verdict.findings}))
+
+    test = given(plan_strategy(scenario, sarm))(example)
+    test = profile_settings(scenario.profile, scenario.trials, database_dir)(test)
+    if scenario.profile == "ci":
+        # Hypothesis's seed also switches the example database off: ci only.
+        test = seed(scheduler.arm_seed(scenario, sarm.arm))(test)
+    try:
+        test()
+    except InvalidRecovery as exc:
+        # Hypothesis re-runs its final (smallest) failing example to raise it:
+        # that run just failed again, so this is the reproduced minimal plan.
+        found._minimal(exc.plan, exc.trial_id)
+        found.reproduced = True
+    except Flaky as exc:
+        # The smallest failing plan passed when Hypothesis replayed it: the
+        # failure depends on timing (e.g. where a crash lands). Keep the plan.
+        found.reproduced = False
+        found.flaky = f"{type(exc).__name__}: the smallest failing plan passed when replayed (timing-dependent)"
+    return found

@@ -1,0 +1,367 @@
+"""The ``cutbench`` command line.
+
+Exit codes (DESIGN.md): 0 all valid, 1 invalid found, 2 unknown only,
+254 bad arguments or an unusable environment, 255 internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from cutbench.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, InvalidArgument, Unavailable
+
+console = Console(stderr=True, soft_wrap=True)
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: a partial run, stored and marked partial
+
+
+def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+@click.group()
+@click.version_option(package_name="cutbench", message="cutbench %(version)s")
+def cli() -> None:
+    """cutbench: does a GPU checkpoint restore the application at one coherent instant?"""
+
+
+def _progress_printer(as_json: bool):
+    """A progress callback: a rich bar on a terminal, one line per trial otherwise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    state: dict[str, Any] = {"findings": 0, "progress": None, "task": None}
+
+    def callback(result: Any, done: int, total: int) -> None:
+        state["findings"] += len(result.verdict.findings)
+        if as_json:
+            return
+        if console.is_terminal:
+            if state["progress"] is None:
+                state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+                                             TextColumn("findings {task.fields[findings]}"), TimeRemainingColumn(),
+                                             console=console, transient=True)
+                state["progress"].start()
+                state["task"] = state["progress"].add_task("run", total=total, findings=0)
+            state["progress"].update(state["task"], completed=done, findings=state["findings"])
+            if done == total:
+                state["progress"].stop()
+        else:
+            console.print(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
+                          f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
+                          f"({len(result.verdict.findings)} findings) {result.record['error'][:120]}", highlight=False)
+
+    def stop() -> None:
+        if state["progress"] is not None:
+            state["progress"].stop()
+
+    callback.stop = stop  # type: ignore[attr-defined]
+    return callback
+
+
+def _report_run(outcome: Any, as_json: bool) -> int:
+    trials = outcome.trials
+    # An interrupted run is never a verdict, even if what finished was all valid.
+    code = outcome.exit_code() if outcome.complete else EXIT_INTERRUPTED
+    counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
+    report_html = outcome.run.path / "report.html"
+    if as_json:
+        click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete, "outcomes": counts,
+                               "exit_code": code, "skipped_arms": outcome.skipped_arms,
+                               "report": str(report_html) if report_html.exists() else None}))
+    else:
+        console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
+        console.print(f"results: {outcome.run.path}" + ("" if outcome.complete else "  [yellow](partial)[/]"))
+        if report_html.exists():
+            console.print(f"report: {report_html}", highlight=False)
+    return code
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Run every trial of SCENARIO and store the results under --out."""
+    from cutbench.harness.runner.run import run_scenario
+    from cutbench.harness.model.scenario import load_scenario
+
+    scen = load_scenario(scenario, list(overrides))
+    progress = _progress_printer(as_json)
+    try:
+        outcome = run_scenario(scen, out, progress=progress)
+    finally:
+        progress.stop()
+    sys.exit(_report_run(outcome, as_json))
+
+
+@cli.command()
+@click.argument("trial_file", type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="results", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def replay(trial_file: str, out: str, as_json: bool) -> None:
+    """Rerun exactly the trial stored in TRIAL_FILE and say whether its verdict reproduced.
+
+    Reproduced means the same outcome and the same kinds of finding (counts
+    may differ where timing decides them). Exits with the rerun's exit code.
+    """
+    from cutbench.harness.runner.replay import replay as replay_trial
+
+    result = replay_trial(trial_file, out)
+    if result.replayed is None:
+        _fail("replay was interrupted", 130)
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        d = result.to_dict()
+        console.print(f"stored {d['stored']} {d['stored_findings']}, replayed {d['replayed']} {d['replayed_findings']}: "
+                      + ("[green]verdict reproduced[/]" if result.reproduced else "[red]verdict differs[/]"), highlight=False)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def analyze(run_dir: str, as_json: bool) -> None:
+    """Recompute every verdict of RUN_DIR from stored data; exit 1 if any differs."""
+    from cutbench.harness.store.analysis import reanalyze
+    from cutbench.harness.store.rundir import RunDir
+
+    result = reanalyze(RunDir.open(run_dir))
+    diffs = result.differences
+    if as_json:
+        click.echo(json.dumps({"trials": len(result.rows), "differences": diffs}))
+    else:
+        console.print(f"{len(result.rows)} trials re-analysed, {len(diffs)} verdicts differ")
+        for d in diffs:
+            console.print(f"  {d['trial_id']}: stored {d['stored']}, recomputed {d['recomputed']}")
+    sys.exit(1 if diffs else 0)
+
+
+@cli.command()
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--axis", "axes", multiple=True, metavar="FIELD=V1,V2",
+              help="A sweep axis (repeatable): any scenario field and its values, e.g. workload.params.state_size=4096,65536 "
+                   "or 'plan.ops=[[2,2],[3,3]]'. The run covers their cartesian product.")
+@click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field at every point.")
+@click.option("--dry-run", is_flag=True, help="List the sweep points and their trial counts; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
+def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Run SCENARIO at every point of the cartesian product of --axis values (and of its own arms), in one run."""
+    from cutbench.harness.generator import sweep as sw
+    from cutbench.harness.runner.run import run_sweep
+
+    parsed = [sw.parse_axis(a) for a in axes]
+    if dry_run:
+        from cutbench.harness.runner.run import build_specs
+
+        points = []
+        for p in sw.expand(scenario, parsed, list(overrides)):
+            subs = p.scenario.variants or (p.scenario,)  # a scenario's own [[variants]] run at every point
+            points.append({"variant": p.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
+                           "trials": sum(len(build_specs(s, s.arms())) for s in subs)})
+        if as_json:
+            click.echo(json.dumps({"points": points, "trials": sum(p["trials"] for p in points)}))
+        else:
+            for p in points:
+                click.echo(f"{p['variant']}\t{p['arms']} arms\t{p['trials']} trials")
+            click.echo(f"total\t{sum(p['trials'] for p in points)} trials")
+        sys.exit(0)
+    progress = _progress_printer(as_json)
+    try:
+        outcome = run_sweep(scenario, parsed, out, overrides=list(overrides), progress=progress)
+    finally:
+        progress.stop()
+    sys.exit(_report_run(outcome, as_json))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the written paths and the verdict as JSON.")
+def report(run_dir: str, as_json: bool) -> None:
+    """Regenerate summary.md, plots/*.png and report.html of RUN_DIR from its stored data."""
+    from cutbench.harness.reports import html as rep
+    from cutbench.harness.store.rundir import RunDir
+    from cutbench.harness.reports.summary import run_verdict
+
+    run = RunDir.open(run_dir)
+    files = rep.build(run)
+    v = run_verdict(run.table("trials"))
+    if as_json:
+        click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
+                               "invalid_rate": None if v.rate != v.rate else v.rate, "rate_low": v.low, "rate_high": v.high}))
+    else:
+        console.print(f"{v.text}: report {files.report}", highlight=False)
+        console.print(f"summary {files.summary}; plots in {files.report.parent / 'plots'}", highlight=False)
+
+
+@cli.command()
+@click.argument("run_a", type=click.Path(file_okay=False))
+@click.argument("run_b", type=click.Path(file_okay=False))
+@click.option("--fail-on-regression", is_flag=True, help="Exit 1 when a plan valid in RUN_A is invalid in RUN_B.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(run_a: str, run_b: str, fail_on_regression: bool, as_json: bool) -> None:
+    """Put RUN_B beside RUN_A on the plans both ran: rates, stage timings, plans whose outcome changed."""
+    from cutbench.harness.reports import compare as cmp
+    from cutbench.harness.store.rundir import RunDir
+    from cutbench.harness.reports.summary import replay_command
+
+    a, b = RunDir.open(run_a), RunDir.open(run_b)
+    result = cmp.compare(a.table("trials"), b.table("trials"), f"{a.run_id} ({a.path})", f"{b.run_id} ({b.path})")
+    regressions = result.regressions
+    if as_json:
+        data = result.to_dict()
+        data["replay_regressions"] = [replay_command(b.path, t) for t in regressions["trial_b"]]
+        click.echo(json.dumps(data))
+    else:
+        click.echo(cmp.render(result))
+        for t in regressions["trial_b"]:
+            click.echo(f"regressed: {replay_command(b.path, t)}")
+    sys.exit(1 if fail_on_regression and len(regressions) else 0)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json: bool) -> None:
+    """Check CRIU, privileges, GPU, driver and packages; say how to fix what is missing."""
+    from cutbench.harness.environment import doctor as doc
+
+    checks = doc.run_checks()
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        click.echo(doc.format_checks(checks))
+    sys.exit(1 if doc.problems(checks) else 0)
+
+
+@cli.group()
+def criu() -> None:
+    """Provision and inspect CRIU."""
+
+
+@criu.command("install")
+@click.option("--prefix", type=click.Path(file_okay=False), default=None, help="Install prefix (default: .criu/ in the checkout).")
+@click.option("--download-only", type=click.Path(file_okay=False), default=None, help="Only download the .debs into DIR.")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True), default=None, help="Install from .debs in DIR (no network).")
+@click.option("--suite", default="unstable", show_default=True, help="Debian suite carrying CRIU >= 4.2.")
+@click.option("--force", is_flag=True, help="Reinstall even if a working CRIU is present.")
+@click.option("--mirror", default=None, help="Debian mirror URL (default: read from this machine's apt configuration).")
+@click.option("--json", "as_json", is_flag=True, help="Print the CRIU found or installed as JSON.")
+def criu_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool, mirror: str | None,
+                 as_json: bool) -> None:
+    """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
+    from cutbench.harness.environment import criu_tool
+
+    result = criu_tool.install(Path(prefix) if prefix else None, download_only=Path(download_only) if download_only else None,
+                               from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror)
+    if as_json:
+        click.echo(json.dumps({"downloaded_to": download_only} if result is None else
+                              {"version": result.version, "source": result.source, "argv": list(result.argv)}))
+    elif result is None:
+        console.print(f"downloaded CRIU packages into {download_only}")
+    else:
+        console.print(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}", highlight=False)
+
+
+@cli.group()
+def receiver() -> None:
+    """The transactional receiver service."""
+
+
+@receiver.command("serve", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def receiver_serve(ctx: click.Context) -> None:
+    """Run the receiver service in the foreground (see ``cutbench receiver serve --help``)."""
+    from cutbench.receivers import server
+
+    try:
+        rc = server.main(["serve", *ctx.args]) or 0
+    except SystemExit as exc:  # argparse reports bad arguments as exit 2
+        rc = exc.code if isinstance(exc.code, int) else 1
+    # Exit 2 means "unknown only" in cutbench; bad arguments are 254.
+    sys.exit(EXIT_BAD_ARGUMENTS if rc == 2 else rc)
+
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["workloads", "backends", "scenarios"]))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
+def list_(what: str, as_json: bool) -> None:
+    """List known workloads, backends (with availability) or scenario files."""
+    items: list[dict[str, Any]] = []
+    if what == "workloads":
+        from cutbench.workloads import api
+
+        items = [{"name": name, "target": target} for name, target in sorted(api.available().items())]
+        lines = [f"{i['name']}\t{i['target']}" for i in items]
+    elif what == "backends":
+        from cutbench.harness import nemesis as checkpointers
+        from cutbench.harness.model.scenario import BACKENDS
+
+        for name in BACKENDS:
+            try:
+                reason = checkpointers.get(name).unavailable_reason()
+            except Unavailable as exc:
+                reason = str(exc)
+            items.append({"name": name, "available": reason is None, "reason": reason})
+        lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
+    else:
+        items = [{"path": str(path)} for path in sorted(Path("scenarios").glob("*.toml"))]
+        lines = [i["path"] for i in items]
+    click.echo(json.dumps(items) if as_json else "\n".join(lines))
+
+
+def _interrupt_once() -> None:
+    """Let the first Ctrl-C interrupt (KeyboardInterrupt) and ignore the next ones.
+
+    The first one stops the run after the trial in flight is cleaned up;
+    a second one landing inside that cleanup would otherwise leave a
+    workload, the receiver or an image directory behind.
+    """
+    import signal
+
+    presses = [0]
+
+    def handler(signum: int, frame: Any) -> None:
+        presses[0] += 1
+        if presses[0] == 1:
+            raise KeyboardInterrupt
+        console.print("[yellow]interrupted: cleaning up and saving the partial run, please wait[/]")
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the CLI and maps errors to DESIGN.md's exit codes."""
+    _interrupt_once()
+    try:
+        # standalone_mode=False: click's usage errors would exit 2, which
+        # DESIGN.md reserves for "unknown only"; bad arguments exit 254.
+        rv = cli.main(args=argv, prog_name="cutbench", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("interrupted", 130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_BAD_ARGUMENTS)
+    except (InvalidArgument, Unavailable) as exc:
+        _fail(str(exc))
+    except CutbenchError as exc:
+        _fail(str(exc), EXIT_INTERNAL)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # an internal error: keep the traceback for bug reports
+        import traceback
+
+        traceback.print_exc()
+        _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

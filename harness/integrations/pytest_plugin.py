@@ -1,0 +1,259 @@
+"""pytest plugin (entry point ``pytest11``): cutbench as a CI gate.
+
+Three ways in, each one test item per arm of a scenario:
+
+* command line only — ``pytest --cutbench-scenario scenarios/gate.toml``
+  adds one gate item per arm (when no collected test uses ``cutbench_run``);
+* a marked test — ``@pytest.mark.cutbench(scenario="scenarios/*.toml")`` on
+  ``def test_gate(cutbench_run): cutbench_run.check()``;
+* one trial — ``cutbench_trial("3/publish", fault="leave_running")`` returns
+  its verdict.
+
+Options: ``--cutbench-scenario`` (repeatable, globs allowed),
+``--cutbench-backend`` (repeatable, replaces the scenarios' backends),
+``--cutbench-max-invalid-rate`` (default 0), ``--cutbench-out`` (results
+root; default a directory under pytest's base temp). Gate figures go to
+JUnit XML as ``<property>`` elements; a failing gate prints each failing
+trial's ``cutbench replay`` command.
+
+The plugin is loaded by every pytest run where cutbench is installed, so it
+imports nothing beyond pytest at load time and does nothing unless one of
+its options, its marker or its fixtures is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARKER = "cutbench"
+_RUN_FIXTURE = "cutbench_run"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cutbench", "cutbench checkpoint/restore correctness gate")
+    group.addoption("--cutbench-scenario", action="append", default=[], metavar="PATH",
+                    help="Scenario file or glob to gate on (repeatable): one test item per arm.")
+    group.addoption("--cutbench-backend", action="append", default=[], metavar="NAME",
+                    help="Run the scenarios with this backend instead of theirs (repeatable).")
+    group.addoption("--cutbench-max-invalid-rate", type=float, default=None, metavar="FRACTION",
+                    help="Largest invalid recovery rate that passes, 0..1 (default 0, or the marker's).")
+    group.addoption("--cutbench-out", default=None, metavar="DIR",
+                    help="Results root for gate runs (default: a 'cutbench' directory under pytest's base temp).")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(scenario=None, backend=None, max_invalid_rate=None, set=()): gate a test using the "
+        f"{_RUN_FIXTURE} fixture on scenario files (paths or globs; one test per arm).",
+    )
+
+
+class GateFailed(Exception):
+    """Raised when a gate does not pass; its text is the gate's message (with replay commands)."""
+
+
+# -- shared helpers (imports of cutbench happen only here, on use) -------------
+
+
+def _results_root(config: pytest.Config) -> Path:
+    out = config.getoption("--cutbench-out")
+    if out:
+        return Path(out)
+    factory = getattr(config, "_tmp_path_factory", None)  # pytest's own basetemp; absent with -p no:tmpdir
+    if factory is None:
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="cutbench-"))
+    return Path(factory.getbasetemp()) / "cutbench"
+
+
+def _max_rate(config: pytest.Config, marker: Any = None) -> float:
+    option = config.getoption("--cutbench-max-invalid-rate")
+    if option is not None:
+        return float(option)
+    if marker is not None and marker.kwargs.get("max_invalid_rate") is not None:
+        return float(marker.kwargs["max_invalid_rate"])
+    return 0.0
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _arm_params(patterns: list[str], base: Path | None, backends: list[str], overrides: list[str]) -> list[tuple[Path, str, str]]:
+    """``(scenario path, arm label, test id)`` for every arm of every matching scenario."""
+    from cutbench.harness.integrations import gate
+
+    out = []
+    for path in gate.find_scenarios(patterns, base):
+        scenario = gate.load(path, backends, overrides)
+        for label, _sub, _arm in gate.gate_points(scenario):
+            out.append((path, label, f"{scenario.name}:{label}"))
+    return out
+
+
+def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[str], overrides: list[str], max_rate: float) -> Any:
+    from cutbench.harness.integrations import gate
+    from cutbench.errors import Unavailable
+
+    scenario, arm = gate.point_by_label(gate.load(path, backends, overrides), arm_label)
+    try:
+        outcome = gate.run_arm(scenario, arm, _results_root(config))
+    except Unavailable as exc:
+        pytest.skip(f"cutbench: {arm_label} cannot run here: {exc}")
+    if not outcome.complete:
+        # The runner turned Ctrl-C into a stored partial run; pytest must still stop the session.
+        raise KeyboardInterrupt
+    return gate.evaluate(outcome, max_rate, f"{scenario.name} [{arm_label}]")
+
+
+# -- command-line gate items ----------------------------------------------------
+
+
+class GateItem(pytest.Item):
+    """One arm of one scenario, gated (added by ``--cutbench-scenario``)."""
+
+    def __init__(self, *, scenario_path: Path, arm_label: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scenario_path = scenario_path
+        self.arm_label = arm_label
+        self.add_marker(MARKER)
+
+    def runtest(self) -> None:
+        config = self.config
+        result = _run_gate(config, self.scenario_path, self.arm_label, config.getoption("--cutbench-backend"), [], _max_rate(config))
+        self.user_properties.extend(result.properties())
+        if not result.passed:
+            raise GateFailed(result.message())
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, GateFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.scenario_path, None, f"cutbench gate {self.name}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so they apply to gate items too
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    patterns = config.getoption("--cutbench-scenario")
+    if not patterns:
+        return
+    if any(_RUN_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
+        return  # the scenarios parametrize the user's own gate tests instead
+    from cutbench.errors import CutbenchError
+
+    try:
+        params = _arm_params(patterns, None, config.getoption("--cutbench-backend"), [])
+    except CutbenchError as exc:
+        raise pytest.UsageError(f"--cutbench-scenario: {exc}") from None
+    for path, label, test_id in params:
+        # The node id reads like a file's test: ``scenarios/gate.toml::gate:criu/idempotent/kill``.
+        items.append(GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}",
+                                          scenario_path=path, arm_label=label))
+
+
+# -- marker + fixture parametrization ---------------------------------------------
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if _RUN_FIXTURE not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    kwargs = marker.kwargs if marker else {}
+    patterns = _as_list(kwargs.get("scenario")) or config.getoption("--cutbench-scenario")
+    if not patterns:
+        metafunc.parametrize(_RUN_FIXTURE, [None], indirect=True, ids=["no-scenario"])
+        return
+    backends = config.getoption("--cutbench-backend") or _as_list(kwargs.get("backend"))
+    overrides = _as_list(kwargs.get("set"))
+    from cutbench.errors import CutbenchError
+
+    try:
+        params = _arm_params(patterns, Path(str(metafunc.definition.path)).parent, backends, overrides)
+    except CutbenchError as exc:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: cutbench marker: {exc}") from None
+    metafunc.parametrize(_RUN_FIXTURE, [(p, label, backends, overrides) for p, label, _ in params], indirect=True,
+                         ids=[test_id for _, _, test_id in params])
+
+
+class GateRun:
+    """What the ``cutbench_run`` fixture gives a test: one arm run, judged against the gate."""
+
+    def __init__(self, result: Any, outcome_trials: Any):
+        self.result = result
+        self.trials = outcome_trials
+
+    @property
+    def passed(self) -> bool:
+        """True when the arm passes the gate."""
+        return self.result.passed
+
+    @property
+    def run_dir(self) -> Path:
+        """The stored run (``report.html`` inside)."""
+        return self.result.run_dir
+
+    @property
+    def verdict(self) -> Any:
+        """The run's :class:`cutbench.harness.reports.summary.RunVerdict`."""
+        return self.result.verdict
+
+    @property
+    def replay_commands(self) -> list[str]:
+        """``cutbench replay`` commands of the failing trials."""
+        return [f["replay"] for f in self.result.failing]
+
+    def check(self) -> None:
+        """Fail the test (with every failing trial and its replay command) unless the gate passes."""
+        if not self.result.passed:
+            pytest.fail(self.result.message(), pytrace=False)
+
+
+@pytest.fixture
+def cutbench_run(request: pytest.FixtureRequest) -> GateRun:
+    """One arm of a scenario, run and judged: parametrized from the ``cutbench`` marker or ``--cutbench-scenario``."""
+    param = getattr(request, "param", None)
+    if param is None:
+        pytest.fail("cutbench_run needs a scenario: mark the test @pytest.mark.cutbench(scenario='...') "
+                    "or pass --cutbench-scenario PATH", pytrace=False)
+    path, label, backends, overrides = param
+    marker = request.node.get_closest_marker(MARKER)
+    result = _run_gate(request.config, path, label, backends, overrides, _max_rate(request.config, marker))
+    request.node.user_properties.extend(result.properties())
+    from cutbench.harness.store.rundir import RunDir
+
+    return GateRun(result, RunDir.open(result.run_dir).table("trials"))
+
+
+@pytest.fixture
+def cutbench_trial(request: pytest.FixtureRequest) -> Any:
+    """A function that runs one trial: ``cutbench_trial("3/publish", receiver_mode="idempotent", fault="leave_running")``.
+
+    Keyword arguments are those of :func:`cutbench.harness.integrations.gate.run_trial`; it returns
+    a :class:`cutbench.harness.integrations.gate.TrialOutcome` (``.outcome``, ``.findings``,
+    ``.valid``, ``.replay_command``). An unavailable backend skips the test.
+    """
+    from cutbench.harness.integrations import gate
+    from cutbench.errors import Unavailable
+
+    def run(plan: Any = "3/publish", **kwargs: Any) -> Any:
+        try:
+            result = gate.run_trial(_results_root(request.config), plan, **kwargs)
+        except Unavailable as exc:
+            pytest.skip(f"cutbench: {exc}")
+        request.node.user_properties.extend([
+            ("cutbench_trial", f"{result.trial_id} {result.outcome}"),
+            ("cutbench_replay", result.replay_command),
+        ])
+        return result
+
+    return run

@@ -1,0 +1,7 @@
+"""The model: the data every role of the harness exchanges, and nothing that acts.
+
+Owns cut plans (``plan``), the validated scenario and its arms
+(``scenario``), the trial's spec, result and verdict types (``trial``) and
+the timed stage log (``timeline``). It imports only the ground floor and the
+workloads' declared contracts; it runs no process and writes no file.
+"""

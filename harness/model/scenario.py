@@ -1,0 +1,379 @@
+"""Scenario files: TOML in, a validated :class:`Scenario` out.
+
+Every field is checked at load time; an error names the field, the bad value
+and the allowed values (``InvalidArgument``), so a typo never surfaces later
+as a failed trial. ``include = ["base.toml"]`` merges other files first (this
+file's tables win), and ``overrides`` (``--set plan.source=random`` on the
+command line) are applied last. See ``scenarios/README.md`` for the reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
+
+RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
+BACKENDS: tuple[str, ...] = ("criu", "cuda", "cuda-checkpoint", "cuda+criu", "criu-cuda-plugin", "app")
+# Backends that drive the CUDA driver's checkpoint calls per process (rank skew and GPU remap apply).
+CUDA_BACKENDS: tuple[str, ...] = ("cuda", "cuda-checkpoint", "cuda+criu")
+PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
+PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
+ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
+
+_SECTIONS: dict[str, tuple[str, ...]] = {
+    "": ("name", "description", "include", "workload", "receiver", "pipeline", "plan", "run", "variants"),
+    "workload": ("name", "array", "params"),
+    "receiver": ("store", "modes"),
+    "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
+                 "rank_skew_ms", "restore_targets"),
+    "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile"),
+    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s"),
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One point of the sweep: the axes a trial is grouped by in results."""
+
+    backend: str
+    receiver_mode: str
+    fault: str
+    crash_after_ms: float
+    split_window_ms: float
+    rank_skew_ms: float = 0.0
+    restore_target: str = "same"
+
+    def label(self) -> str:
+        """A short label such as ``criu/idempotent/kill``."""
+        s = f"{self.backend}/{self.receiver_mode}/{self.fault}"
+        if self.fault == "leave_running":
+            s += f"+{self.crash_after_ms:g}ms"
+        if self.split_window_ms:
+            s += f"/split{self.split_window_ms:g}ms"
+        if self.rank_skew_ms:
+            s += f"/skew{self.rank_skew_ms:g}ms"
+        if self.restore_target != "same":
+            s += f"/{self.restore_target}"
+        return s
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario. ``arms()`` gives the sweep; the plan fields feed the scheduler."""
+
+    name: str
+    description: str = ""
+    workload: str = "counter"
+    array: str = "auto"
+    params: dict[str, Any] = field(default_factory=dict)
+    store: str = "sqlite"
+    modes: tuple[str, ...] = ("at_least_once",)
+    backends: tuple[str, ...] = ("criu",)
+    faults: tuple[str, ...] = ("kill",)
+    crash_after_ms: tuple[float, ...] = (100.0,)
+    split_window_ms: tuple[float, ...] = (0.0,)
+    rank_skew_ms: tuple[float, ...] = (0.0,)
+    restore_targets: tuple[str, ...] = ("same",)
+    keep_images: bool = False
+    images_dir: str = "/dev/shm"
+    skip_unavailable: bool = False
+    plan_source: str = "exhaustive"
+    plan_ops: tuple[int, int] = (1, 1)
+    plan_phases: tuple[str, ...] = ()
+    trials: int = 10
+    seed: int = 0
+    cuts_per_trial: int = 1
+    cut_mode: str = "precise"
+    async_offset_ms: tuple[float, ...] = (0.0,)
+    profile: str = "ci"
+    watchdog_s: float = 20.0
+    trial_timeout_s: float = 120.0
+    stage_timeout_s: float = 60.0
+    source_path: str = ""
+    # ``[[variants]]``: named overlays of this scenario (e.g. one per workload),
+    # each a complete scenario; a run runs all of them instead of this one.
+    variant: str = ""
+    variants: tuple["Scenario", ...] = ()
+
+    def arms(self) -> list[Arm]:
+        """The cartesian product backend × mode × fault × crash delay × split window.
+
+        Crash delays only multiply ``leave_running``; split windows only multiply
+        backends that have one (``cuda+criu``); rank skews and restore targets
+        only multiply backends that drive the CUDA driver.
+        """
+        out = []
+        for backend, mode, fault in itertools.product(self.backends, self.modes, self.faults):
+            crashes = self.crash_after_ms if fault == "leave_running" else (0.0,)
+            splits = self.split_window_ms if backend == "cuda+criu" else (0.0,)
+            cuda = backend in CUDA_BACKENDS
+            skews = self.rank_skew_ms if cuda else (0.0,)
+            targets = self.restore_targets if cuda else ("same",)
+            for crash, split, skew, target in itertools.product(crashes, splits, skews, targets):
+                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved scenario as plain data (written to ``run.toml``)."""
+        return asdict(self)
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, merge (``include``), override and validate a scenario file."""
+    data = _read_with_includes(Path(path), seen=())
+    for item in overrides or []:
+        _apply_override(data, item)
+    return parse_scenario(data, source_path=str(path), overrides=overrides)
+
+
+def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[str] | None = None) -> Scenario:
+    """Validate a scenario mapping (already parsed TOML) into a :class:`Scenario`.
+
+    Each ``[[variants]]`` table is merged over the rest of ``data``, then
+    ``overrides`` are applied again (the command line wins over a variant).
+    """
+    _check_keys(data, "")
+    variants = _parse_variants(data, source_path, overrides or [])
+    wl = _table(data, "workload")
+    rc = _table(data, "receiver")
+    pl = _table(data, "pipeline")
+    pn = _table(data, "plan")
+    rn = _table(data, "run")
+
+    name = _get(data, "", "name", str, Path(source_path).stem or "scenario")
+    workload = _get(wl, "workload", "name", str, "counter")
+    params = _get(wl, "workload", "params", dict, {})
+    params = _validate_workload(workload, params)
+    store = _get(rc, "receiver", "store", str, "sqlite")
+    if store != "sqlite" and not store.startswith(("postgresql://", "postgres://", "sqlite:")):
+        raise InvalidArgument(f"receiver.store = {store!r}: allowed 'sqlite', 'sqlite:PATH' or a postgresql:// URL")
+    plan_ops = _get(pn, "plan", "ops", list, [1, 1])
+    if (
+        len(plan_ops) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in plan_ops)
+        or not 1 <= plan_ops[0] <= plan_ops[1]
+    ):
+        raise InvalidArgument(f"plan.ops = {plan_ops!r}: expected [first, last] with 1 <= first <= last")
+    ops_total = params.get("ops")
+    if isinstance(ops_total, int) and plan_ops[1] > ops_total:
+        raise InvalidArgument(f"plan.ops = {plan_ops!r}: last op exceeds workload.params.ops = {ops_total}")
+    phases_allowed = _workload_phases(workload)
+    phases = _get(pn, "plan", "phases", (list, str), "all")
+    if phases == "all":
+        phases = list(phases_allowed)
+    if isinstance(phases, str):
+        raise InvalidArgument(f"plan.phases = {phases!r}: use \"all\" or a list of {', '.join(phases_allowed)}")
+    phases = _list_of(phases, "plan.phases", phases_allowed)
+
+    return Scenario(
+        name=name,
+        description=_get(data, "", "description", str, ""),
+        workload=workload,
+        array=_choice(_get(wl, "workload", "array", str, "auto"), "workload.array", ARRAYS),
+        params=params,
+        store=store,
+        modes=tuple(_list_of(_get(rc, "receiver", "modes", list, ["at_least_once"]), "receiver.modes", RECEIVER_MODES)),
+        backends=tuple(_list_of(_get(pl, "pipeline", "backends", list, ["criu"]), "pipeline.backends", BACKENDS)),
+        faults=tuple(_list_of(_get(pl, "pipeline", "faults", list, ["kill"]), "pipeline.faults", FAULTS)),
+        crash_after_ms=_numbers(_get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0]), "pipeline.crash_after_ms"),
+        split_window_ms=_numbers(_get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0]), "pipeline.split_window_ms"),
+        rank_skew_ms=_numbers(_get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0]), "pipeline.rank_skew_ms"),
+        restore_targets=tuple(_list_of(_get(pl, "pipeline", "restore_targets", list, ["same"]), "pipeline.restore_targets",
+                                       RESTORE_TARGETS)),
+        keep_images=_get(pl, "pipeline", "keep_images", bool, False),
+        images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
+        skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
+        plan_source=_choice(_get(pn, "plan", "source", str, "exhaustive"), "plan.source", PLAN_SOURCES),
+        plan_ops=(plan_ops[0], plan_ops[1]),
+        plan_phases=tuple(phases),
+        trials=_positive(_get(pn, "plan", "trials", int, 10), "plan.trials"),
+        seed=_get(pn, "plan", "seed", int, 0),
+        cuts_per_trial=_positive(_get(pn, "plan", "cuts_per_trial", int, 1), "plan.cuts_per_trial"),
+        cut_mode=_choice(_get(pn, "plan", "cut_mode", str, "precise"), "plan.cut_mode", ("precise", "async", "mixed")),
+        async_offset_ms=_numbers(_get(pn, "plan", "async_offset_ms", (list, int, float), [0.0]), "plan.async_offset_ms"),
+        profile=_choice(_get(pn, "plan", "profile", str, "ci"), "plan.profile", PROFILES),
+        watchdog_s=float(_positive(_get(rn, "run", "watchdog_s", (int, float), 20.0), "run.watchdog_s")),
+        trial_timeout_s=float(_positive(_get(rn, "run", "trial_timeout_s", (int, float), 120.0), "run.trial_timeout_s")),
+        stage_timeout_s=float(_positive(_get(rn, "run", "stage_timeout_s", (int, float), 60.0), "run.stage_timeout_s")),
+        source_path=source_path,
+        variants=variants,
+    )
+
+
+# Tables a variant may overlay. The receiver store is the run's (one session, one store).
+_VARIANT_KEYS = ("name", "workload", "receiver", "pipeline", "plan", "run")
+
+
+def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]) -> tuple[Scenario, ...]:
+    """The ``[[variants]]`` of ``data``, each merged over the rest and validated."""
+    raw = data.get("variants", [])
+    if not isinstance(raw, list) or not all(isinstance(v, dict) for v in raw):
+        raise InvalidArgument("variants: expected [[variants]] tables, each with a name")
+    base = {k: v for k, v in data.items() if k != "variants"}
+    out: list[Scenario] = []
+    for i, table in enumerate(raw):
+        name = table.get("name")
+        where = f"variants[{i}]"
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidArgument(f"{where}.name = {name!r}: expected a non-empty string")
+        if any(s.variant == name for s in out):
+            raise InvalidArgument(f"{where}.name = {name!r}: used by an earlier variant")
+        unknown = sorted(set(table) - set(_VARIANT_KEYS))
+        if unknown:
+            raise InvalidArgument(f"{where} ({name}): unknown field(s) {unknown}; allowed: {', '.join(_VARIANT_KEYS)}")
+        if isinstance(table.get("receiver"), dict) and "store" in table["receiver"]:
+            raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
+        merged = copy.deepcopy(base)
+        _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
+        for item in overrides:
+            _apply_override(merged, item)
+        try:
+            sub = parse_scenario(merged, source_path)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where} ({name}): {exc}") from None
+        if sub.plan_source == "hypothesis":
+            raise InvalidArgument(f"{where} ({name}): plan.source = 'hypothesis' is adaptive; variants run exhaustive or random plans")
+        out.append(replace(sub, variant=name))
+    return tuple(out)
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+def _read_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise InvalidArgument(f"include: {path} includes itself (cycle through {', '.join(map(str, seen))})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidArgument(f"scenario file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"scenario file {str(path)!r} is not valid TOML: {exc}") from None
+    includes = data.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise InvalidArgument(f"include = {includes!r}: expected a file name or a list of file names")
+    merged: dict[str, Any] = {}
+    for inc in includes:
+        _deep_merge(merged, _read_with_includes(path.parent / inc, seen + (path,)))
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as the TOML text an override (``section.key=TEXT``) reads back as ``value``."""
+    return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply ``section.key=value`` where value is parsed as a TOML value (bare words as strings)."""
+    dotted, sep, raw = item.partition("=")
+    if not sep or not dotted.strip():
+        raise InvalidArgument(f"--set {item!r}: expected section.key=value, e.g. plan.source=random")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    keys = dotted.strip().split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise InvalidArgument(f"--set {item!r}: {key!r} is not a table")
+    node[keys[-1]] = value
+
+
+def _check_keys(data: dict[str, Any], section: str) -> None:
+    allowed = _SECTIONS[section]
+    for key in data:
+        if key not in allowed:
+            where = f"{section}.{key}" if section else key
+            raise InvalidArgument(f"unknown field {where!r}; allowed in {'[' + section + ']' if section else 'the top level'}: {', '.join(allowed)}")
+
+
+def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"{name} = {table!r}: expected a table [{name}]")
+    _check_keys(table, name)
+    return table
+
+
+def _get(table: dict[str, Any], section: str, key: str, types: Any, default: Any) -> Any:
+    if key not in table:
+        return default
+    value = table[key]
+    types_t = types if isinstance(types, tuple) else (types,)
+    bad_bool = isinstance(value, bool) and bool not in types_t
+    if bad_bool or not isinstance(value, types_t):
+        names = " or ".join(t.__name__ for t in types_t)
+        where = f"{section}.{key}" if section else key
+        raise InvalidArgument(f"{where} = {value!r}: expected {names}")
+    return value
+
+
+def _choice(value: str, where: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise InvalidArgument(f"{where} = {value!r}: allowed {', '.join(allowed)}")
+    return value
+
+
+def _list_of(values: list[Any], where: str, allowed: tuple[str, ...]) -> list[str]:
+    if not values:
+        raise InvalidArgument(f"{where} is empty: give at least one of {', '.join(allowed)}")
+    for v in values:
+        if v not in allowed:
+            raise InvalidArgument(f"{where} contains {v!r}: allowed {', '.join(allowed)}")
+    return list(dict.fromkeys(values))
+
+
+def _numbers(value: Any, where: str) -> tuple[float, ...]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise InvalidArgument(f"{where} is empty: give at least one number >= 0")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise InvalidArgument(f"{where} contains {v!r}: expected numbers >= 0")
+    return tuple(float(v) for v in values)
+
+
+def _positive(value: Any, where: str) -> Any:
+    if value <= 0:
+        raise InvalidArgument(f"{where} = {value!r}: must be > 0")
+    return value
+
+
+def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    from cutbench.workloads import api
+
+    try:
+        cls = api.load(name)
+        return api.resolve_params(cls, params)
+    except api.WorkloadError as exc:
+        field_name = "workload.name" if "unknown workload" in str(exc) or "cannot import" in str(exc) else "workload.params"
+        raise InvalidArgument(f"{field_name}: {exc}") from None
+
+
+def _workload_phases(name: str) -> tuple[str, ...]:
+    from cutbench.workloads import api
+
+    return tuple(api.load(name).phases)

@@ -1,0 +1,119 @@
+"""``app``: application-level checkpoints, the baseline every transparent tool is compared with.
+
+The workload saves and loads its own state, at op boundaries only
+(``save_state(path)`` / ``load_state(path) -> op``; see
+:meth:`cutbench.workloads.runtime.Runtime.boundary`). A cut asks for a save (control
+slots ``save_seq``/``save_hold``, the path in the control text area),
+releases the park, and waits for the workload to finish its op and save:
+wherever the cut was placed inside an op, the checkpoint is the boundary after
+it. With ``kill`` the workload waits at that boundary until it is killed;
+with ``leave_running`` and ``none`` it goes on. Restore starts a fresh
+process of the same command with ``--resume STATE``: new buffers, new device
+pointers, by design (pointer identity is judged within the new process).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from cutbench.harness.nemesis.base import CutContext, dir_bytes
+from cutbench.errors import StageFailed, StageRefused
+from cutbench.procs import Child, spawn
+
+POLL_S = 0.001
+STATE_FILE = "app_state"
+
+
+class AppCheckpointer:
+    """The ``app`` backend (see module docstring)."""
+
+    name = "app"
+    # What the workload's own save covers is the workload's business; the
+    # receiver stays outside any checkpoint.
+    covers = frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"})
+    faults = frozenset({"kill", "leave_running", "none"})
+
+    def __init__(self) -> None:
+        self._command: tuple[list[str], str] | None = None
+        # Popen handles of restored processes are kept so that subprocess's
+        # finaliser never reaps a pid the harness still waits for.
+        self._children: list[Child] = []
+
+    def unavailable_reason(self) -> str | None:
+        """Always available: it needs nothing but the workload."""
+        return None
+
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``app_save``: request a save at the next op boundary and wait for it."""
+        control = ctx.control
+        if control is None:
+            raise StageFailed("app_save", "no control channel to the workload")
+        if ctx.cut.restore_target != "same":
+            raise StageRefused("app_save", "the app backend restores on the same device only")
+        self._command = _command_of(target.pid)
+        ctx.images_dir.mkdir(parents=True, exist_ok=True)
+        path = ctx.images_dir / STATE_FILE
+        control.set_text(str(path))
+        control.set("save_hold", 1 if ctx.cut.fault == "kill" else 0)
+        seq = control.get("save_seq") + 1
+        control.set("save_seq", seq)
+        if ctx.release is not None:
+            ctx.release()  # the save happens when the current op is complete
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        with ctx.timeline.stage("app_save", ctx.cut_index) as extra:
+            while True:
+                saved = control.get("saved_seq")
+                if saved == seq:
+                    break
+                if saved == -seq:
+                    raise StageRefused("app_save", "the workload does not implement save_state")
+                if not target.alive():
+                    raise StageFailed("app_save", f"workload exited ({target.returncode}) before saving")
+                if time.monotonic() > deadline:
+                    raise StageFailed("app_save", f"no save within {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
+            extra["bytes"] = dir_bytes(ctx.images_dir)
+            extra["detail"] = f"saved after op {control.get('saved_op')}"
+        ctx.facts["image_bytes"] = extra["bytes"]
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stage ``app_restore``: start the workload again with ``--resume``; returns once it loaded the state."""
+        control = ctx.control
+        if self._command is None or control is None:
+            raise StageFailed("app_restore", "no saved command line to restart")
+        argv, cwd = self._command
+        loads = control.get("load_count")
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        with ctx.timeline.stage("app_restore", ctx.cut_index):
+            child = spawn([*argv, "--resume", str(ctx.images_dir / STATE_FILE)], cwd=cwd)
+            self._children.append(child)
+            while control.get("load_count") <= loads:
+                if not child.alive():
+                    raise StageFailed("app_restore", f"restarted workload exited ({child.returncode}) before loading")
+                if time.monotonic() > deadline:
+                    child.kill()
+                    raise StageFailed("app_restore", f"restarted workload did not load within {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
+        return child.pid
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing to undo: the workload saved and went on."""
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Never leave a workload held at a boundary."""
+        if ctx.control is not None:
+            ctx.control.set("save_hold", 0)
+
+
+def _command_of(pid: int) -> tuple[list[str], str]:
+    """The command line (without an earlier ``--resume``) and working directory of ``pid``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError as exc:
+        raise StageFailed("app_save", f"cannot read the workload's command line: {exc}") from exc
+    if "--resume" in argv:
+        argv = argv[: argv.index("--resume")]
+    return argv, cwd

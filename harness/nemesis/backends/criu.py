@@ -1,0 +1,133 @@
+"""``criu``: CRIU alone, for CPU workloads (on a GPU workload it should refuse).
+
+Dump options: ``--tcp-established`` because the workload holds a TCP
+connection to the receiver, ``--network-lock nftables`` because these hosts
+may have no iptables binary (CRIU's nftables lock is built in). After a
+``kill`` fault the connection is restored established (CRIU killed the task
+while the network was locked, so the peer never saw it go). After a
+``leave_running`` crash the original connection was closed by the kernel and
+its 4-tuple sits in TIME_WAIT, so ``--tcp-established`` restore fails with
+"Can't connect inet socket back"; the restore uses ``--tcp-close`` instead and
+the workload's client sees a dead socket, reconnects and resends — which is
+exactly the application's real recovery path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from cutbench.harness.nemesis.base import CutContext, dir_bytes
+from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.procs import Child
+
+NETWORK_LOCK = "nftables"
+
+
+def _criu_argv() -> tuple[str, ...]:
+    from cutbench.harness.environment import criu_tool
+
+    return criu_tool.require_criu().argv
+
+
+def criu_error_tail(log: Path, limit: int = 6) -> str:
+    """The last error lines of a CRIU log (for a stage's error field)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"no log at {log}"
+    errors = [ln.strip() for ln in lines if "Error" in ln and "RLIMIT_NOFILE" not in ln]
+    return " | ".join((errors or lines)[-limit:])
+
+
+def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run CRIU with ``args``; a timeout becomes a CompletedProcess with returncode -9."""
+    argv = list(_criu_argv()) + args
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(argv, -9, exc.stdout or "", f"timed out after {timeout}s")
+
+
+class CriuCheckpointer:
+    """CRIU dump/restore of the workload's process tree."""
+
+    name = "criu"
+    covers = frozenset({"cpu", "ipc"})
+    # Extra CRIU options for dump and restore (a subclass adds a plugin directory).
+    extra_args: tuple[str, ...] = ()
+    # Extra options for dump only (e.g. ``--ghost-limit``).
+    dump_args: tuple[str, ...] = ()
+
+    def unavailable_reason(self) -> str | None:
+        """Why CRIU cannot be used here (with the fix), or None."""
+        try:
+            _criu_argv()
+        except Unavailable as exc:
+            return str(exc)
+        return None
+
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``criu_dump``: dump the target's tree (``--leave-running`` unless the fault is ``kill``)."""
+        self.dump(target, ctx, leave_running=ctx.cut.fault != "kill")
+
+    def dump(self, target: Child, ctx: CutContext, *, leave_running: bool) -> None:
+        """``criu dump`` of ``target`` into ``ctx.images_dir``; refuses cleanly if the target survives a failure."""
+        images = ctx.images_dir
+        images.mkdir(parents=True, exist_ok=True)
+        args = ["dump", "-t", str(target.pid), "-D", str(images), "-o", "dump.log", "-v2",
+                "--tcp-established", "--network-lock", NETWORK_LOCK]
+        if leave_running:
+            args.append("--leave-running")
+        if _inherits_session(target.pid):
+            # One process of a tree (a single rank): its session leader is not
+            # in the image, so CRIU must treat it as a shell job on both sides.
+            args.append("--shell-job")
+            ctx.facts["shell_job"] = 1
+        args += self.extra_args
+        args += self.dump_args
+        with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
+            proc = run_criu(args, timeout=ctx.stage_timeout_s)
+            if proc.returncode != 0:
+                reason = f"criu dump exit {proc.returncode}: {criu_error_tail(images / 'dump.log')}"
+                # CRIU resumes the tree when a dump fails; if it is running, the
+                # tool declined and the workload went on: a safe refusal.
+                if target.alive():
+                    raise StageRefused("criu_dump", reason)
+                raise StageFailed("criu_dump", reason + " (workload did not survive)")
+            extra["bytes"] = dir_bytes(images)
+            ctx.facts["image_bytes"] = extra["bytes"]
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stage ``criu_restore``: restore detached; returns the restored root pid."""
+        images = ctx.images_dir
+        pidfile = images / "restored.pid"
+        pidfile.unlink(missing_ok=True)
+        tcp = "--tcp-established" if ctx.cut.fault == "kill" else "--tcp-close"
+        args = ["restore", "-D", str(images), "-d", "--pidfile", str(pidfile), "-o", "restore.log", "-v2",
+                tcp, "--network-lock", NETWORK_LOCK, *self.extra_args]
+        if ctx.facts.get("shell_job"):
+            args.append("--shell-job")
+        with ctx.timeline.stage("criu_restore", ctx.cut_index):
+            proc = run_criu(args, timeout=ctx.stage_timeout_s)
+            if proc.returncode != 0:
+                raise StageFailed("criu_restore", f"criu restore exit {proc.returncode}: {criu_error_tail(images / 'restore.log')}")
+            try:
+                return int(pidfile.read_text().strip())
+            except (OSError, ValueError) as exc:
+                raise StageFailed("criu_restore", f"no pid file after restore: {exc}") from exc
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing to undo: ``dump --leave-running`` already resumed the tree."""
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Nothing beyond the images directory, which the pipeline removes."""
+
+
+def _inherits_session(pid: int) -> bool:
+    """True when ``pid`` is not the leader of its own session (it belongs to its parent's)."""
+    try:
+        return os.getsid(pid) != pid
+    except OSError:
+        return False

@@ -1,0 +1,574 @@
+"""``cuda``: the CUDA driver's process checkpoint calls, in place.
+
+The harness process drives ``cuCheckpointProcess{GetState,Lock,Checkpoint,
+Restore,Unlock}`` (``cuda.bindings.driver``) on the workload's CUDA processes:
+every process of the workload's tree that the driver knows (one per rank for
+multi-GPU workloads). On its own this backend suspends and resumes in place
+(fault ``none``): after ``Checkpoint`` the process holds no GPU memory, after
+``Restore`` + ``Unlock`` it runs on. ``cuda+criu`` (``cuda_criu.py``) and
+``cuda-checkpoint`` reuse the stages defined here.
+
+Failure semantics (issue "the real GPU pipeline"):
+
+* ``Lock`` failing while every process is verified RUNNING (e.g.
+  ``CUDA_ERROR_NOT_READY`` after ``timeoutMs`` on a kernel that never ends) is
+  a clean refusal: :class:`StageRefused`.
+* any later stage failing brings the processes back (``Restore`` what is
+  CHECKPOINTED, ``Unlock`` what is LOCKED) and raises :class:`StageFailed`
+  naming the stage and the driver's error; no process stays LOCKED or
+  CHECKPOINTED.
+* a GPU remap on restore (``CUcheckpointGpuPair``) that the driver rejects is
+  retried without the remap; the workload comes back on its own GPU and the
+  cut is ``refused`` with the driver's reason (:class:`RemapRefused`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cutbench.harness.environment import gpu_mem
+from cutbench.harness.nemesis import quiesce
+from cutbench.harness.nemesis.base import CutContext
+from cutbench.errors import StageFailed, StageRefused
+from cutbench.procs import Child
+
+# A lock waits for in-flight device work; a kernel that never finishes makes it
+# time out. Bounded so that such a cut is refused quickly, not after the whole
+# stage timeout.
+LOCK_TIMEOUT_S = 5.0
+# Head-room a remap target must have beyond the bytes moving onto it.
+REMAP_MARGIN = 256 << 20
+
+# Process states as the driver names them (CUprocessState), lower-cased.
+STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
+
+# Every CUresult the checkpoint calls document, with what it means here. Codes
+# are cuda.h's; the names are checked against cuda-bindings where installed.
+RESULTS: dict[str, tuple[int, str]] = {
+    "CUDA_SUCCESS": (0, "success"),
+    "CUDA_ERROR_INVALID_VALUE": (1, "bad argument, or the pid is not a CUDA process"),
+    "CUDA_ERROR_OUT_OF_MEMORY": (2, "not enough memory on the GPU to restore onto"),
+    "CUDA_ERROR_NOT_INITIALIZED": (3, "the calling process did not initialise the driver (cuInit)"),
+    "CUDA_ERROR_DEINITIALIZED": (4, "the driver is shutting down in the calling process"),
+    "CUDA_ERROR_NO_DEVICE": (100, "no CUDA device is visible"),
+    "CUDA_ERROR_INVALID_DEVICE": (101, "the GPU to restore onto is not usable for this process"),
+    "CUDA_ERROR_INVALID_CONTEXT": (201, "the process's context cannot be restored here"),
+    "CUDA_ERROR_OPERATING_SYSTEM": (304, "an operating-system call inside the driver failed"),
+    "CUDA_ERROR_ILLEGAL_STATE": (401, "the process is not in the state this call needs"),
+    "CUDA_ERROR_NOT_FOUND": (500, "no such process, or it has no CUDA state"),
+    "CUDA_ERROR_NOT_READY": (600, "timed out waiting for in-flight work to finish (lock timeout)"),
+    "CUDA_ERROR_NOT_PERMITTED": (800, "the caller may not checkpoint this process"),
+    "CUDA_ERROR_NOT_SUPPORTED": (801, "the driver cannot checkpoint what this process uses"),
+    "CUDA_ERROR_SYSTEM_NOT_READY": (802, "the driver or fabric is not ready"),
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (803, "driver and kernel module versions differ"),
+    "CUDA_ERROR_TIMEOUT": (909, "the operation timed out"),
+    "CUDA_ERROR_UNKNOWN": (999, "unknown driver error"),
+}
+_BY_CODE = {code: name for name, (code, _) in RESULTS.items()}
+
+
+class CudaCallError(Exception):
+    """A checkpoint call returned an error (or could not be made)."""
+
+    def __init__(self, call: str, pid: int, code: int, name: str = "", text: str = ""):
+        self.call, self.pid, self.code = call, pid, code
+        self.name = name or _BY_CODE.get(code, f"CUresult {code}")
+        self.meaning = RESULTS.get(self.name, (code, "error not documented for checkpoint calls"))[1]
+        self.text = text
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        extra = f"; driver says: {self.text}" if self.text and self.text not in self.meaning else ""
+        return f"{self.call}(pid {self.pid}) -> {self.name}: {self.meaning}{extra}"
+
+
+def classify(stage: str, error: CudaCallError, states_after: Sequence[str]) -> StageRefused | StageFailed:
+    """The stage outcome of a failed call: refused only for a lock that left every process RUNNING.
+
+    ``states_after`` are the processes' states once the harness brought back
+    what it could; anything but all-running means the workload was disturbed
+    and no verdict is possible.
+    """
+    if stage == "cuda_lock" and states_after and all(s == "running" for s in states_after):
+        return StageRefused(stage, f"{error} (process left RUNNING)")
+    return StageFailed(stage, f"{error}; states after recovery: {', '.join(states_after) or 'none'}")
+
+
+class RemapRefused(StageRefused):
+    """The driver rejected a GPU remap; the workload was restored on its own GPU instead."""
+
+    def __init__(self, reason: str, resumed_pid: int):
+        super().__init__("cuda_restore", reason)
+        self.resumed_pid = resumed_pid
+
+
+class DriverApi(Protocol):
+    """The five checkpoint calls, by pid. Errors raise :class:`CudaCallError`."""
+
+    supports_remap: bool
+
+    def get_state(self, pid: int) -> str:
+        """The process state (one of :data:`STATES`)."""
+        ...
+
+    def lock(self, pid: int, timeout_ms: int) -> None: ...
+
+    def checkpoint(self, pid: int) -> None: ...
+
+    def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
+        """Restore; ``pairs`` are (old GPU UUID, new GPU UUID) in nvidia-smi form."""
+        ...
+
+    def unlock(self, pid: int) -> None: ...
+
+    def gpu_uuids(self) -> list[str]:
+        """UUIDs of the GPUs this process can see, in device order."""
+        ...
+
+
+class CudaDriver:
+    """:class:`DriverApi` through ``cuda.bindings.driver`` (cuda-python >= 12.8 bindings)."""
+
+    supports_remap = True
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver as drv  # type: ignore[import-not-found]
+
+        self.drv = drv
+        # Restore needs cuInit in the calling process (or persistence mode).
+        self._check("cuInit", 0, drv.cuInit(0))
+        self._uuids: dict[str, Any] | None = None
+
+    def _check(self, call: str, pid: int, result: Any) -> Any:
+        err = result[0] if isinstance(result, tuple) else result
+        code = int(err)
+        if code != 0:
+            text = ""
+            try:
+                _, msg = self.drv.cuGetErrorString(err)
+                text = msg.decode() if isinstance(msg, bytes) else str(msg)
+            except Exception:
+                pass
+            raise CudaCallError(call, pid, code, getattr(err, "name", ""), text)
+        return result[1] if isinstance(result, tuple) and len(result) > 1 else None
+
+    def get_state(self, pid: int) -> str:
+        """The state of ``pid`` as the driver reports it."""
+        state = self._check("cuCheckpointProcessGetState", pid, self.drv.cuCheckpointProcessGetState(pid))
+        return state.name.removeprefix("CU_PROCESS_STATE_").lower()
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        """Block further CUDA calls of ``pid``; gives up after ``timeout_ms`` (process left RUNNING)."""
+        args = self.drv.CUcheckpointLockArgs()
+        args.timeoutMs = int(timeout_ms)
+        self._check("cuCheckpointProcessLock", pid, self.drv.cuCheckpointProcessLock(pid, args))
+
+    def checkpoint(self, pid: int) -> None:
+        """Copy ``pid``'s device memory to host and release the GPU."""
+        self._check("cuCheckpointProcessCheckpoint", pid, self.drv.cuCheckpointProcessCheckpoint(pid, None))
+
+    def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
+        """Bring ``pid``'s device memory back, onto other GPUs when ``pairs`` says so."""
+        args = None
+        if pairs:
+            known = self._uuid_objects()
+            items = []
+            for old, new in pairs:
+                for u in (old, new):
+                    if u not in known:
+                        raise CudaCallError("cuCheckpointProcessRestore", pid, 101, "CUDA_ERROR_INVALID_DEVICE",
+                                            f"GPU {u} is not visible to the harness")
+                pair = self.drv.CUcheckpointGpuPair()
+                pair.oldUuid = known[old]
+                pair.newUuid = known[new]
+                items.append(pair)
+            args = self.drv.CUcheckpointRestoreArgs()
+            args.gpuPairs = items
+            args.gpuPairsCount = len(items)
+        self._check("cuCheckpointProcessRestore", pid, self.drv.cuCheckpointProcessRestore(pid, args))
+
+    def unlock(self, pid: int) -> None:
+        """Let ``pid`` make CUDA calls again."""
+        self._check("cuCheckpointProcessUnlock", pid, self.drv.cuCheckpointProcessUnlock(pid, None))
+
+    def gpu_uuids(self) -> list[str]:
+        """Visible GPUs' UUIDs in device order."""
+        return list(self._uuid_objects())
+
+    def _uuid_objects(self) -> dict[str, Any]:
+        # CUuuid objects cannot be built from bytes in the bindings; take the
+        # driver's own (cuDeviceGetUuid) and match them by their formatted value.
+        if self._uuids is None:
+            from cutbench.workloads.xp import format_uuid
+
+            count = self._check("cuDeviceGetCount", 0, self.drv.cuDeviceGetCount())
+            out = {}
+            for i in range(int(count)):
+                dev = self._check("cuDeviceGet", 0, self.drv.cuDeviceGet(i))
+                uuid = self._check("cuDeviceGetUuid", 0, self.drv.cuDeviceGetUuid(dev))
+                out[format_uuid(uuid.bytes)] = uuid
+            self._uuids = out
+        return self._uuids
+
+
+def bindings_unavailable_reason() -> str | None:
+    """Why the driver checkpoint API cannot be used from this process (with the fix), or None."""
+    try:
+        from cuda.bindings import driver as drv  # type: ignore[import-not-found]
+    except ImportError:
+        return "cuda-bindings is not installed: pip install -e '.[gpu]' (needs an NVIDIA driver >= 570)"
+    except Exception as exc:
+        return f"cuda-bindings does not load: {exc}"
+    missing = [c for c in ("cuCheckpointProcessLock", "cuCheckpointProcessRestore") if not hasattr(drv, c)]
+    if missing:
+        return f"cuda-bindings lacks {', '.join(missing)}: upgrade to cuda-bindings >= 12.8"
+    try:
+        (err,) = drv.cuInit(0)
+        if int(err) != 0:
+            return f"cuInit failed with {err.name}: no usable NVIDIA GPU/driver"
+        err, version = drv.cuDriverGetVersion()
+        if int(version) < 12080:
+            return f"driver API version {version} has no process checkpointing: needs a driver >= 570"
+    except Exception as exc:  # libcuda.so absent
+        return f"no NVIDIA driver: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+# -- the workload's CUDA processes -------------------------------------------
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants, parents before children (from /proc/PID/task/*/children)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+@dataclass
+class CudaProcs:
+    """The CUDA processes of one cut, their GPUs and memory at discovery."""
+
+    pids: list[int]
+    gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs it uses
+    gpu_bytes: int = 0
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)  # pid -> {GPU UUID: bytes}
+
+
+class CudaStages:
+    """The CUDA half of a cut, shared by the CUDA backends: discover, lock, checkpoint, restore, unlock.
+
+    Holds the processes of the cut in progress so that :meth:`bring_back` (and
+    the backend's ``cleanup``) can always leave them RUNNING.
+    """
+
+    def __init__(self, driver: DriverApi):
+        self.driver = driver
+        self.procs: CudaProcs | None = None
+
+    # -- discovery ---------------------------------------------------------
+    def discover(self, root: int, ctx: CutContext) -> CudaProcs:
+        """The CUDA processes of ``root``'s tree, with their GPU memory (NVML) recorded as facts.
+
+        Raises :class:`StageRefused` when none of them is a CUDA process (the
+        workload does not use the GPU: nothing for this backend to cut).
+        """
+        with ctx.timeline.stage("cuda_discover", ctx.cut_index) as extra:
+            tree = process_tree(root)
+            pids = []
+            for pid in tree:
+                try:
+                    state = self.driver.get_state(pid)
+                except CudaCallError:
+                    continue  # not a CUDA process
+                if state != "running":
+                    raise StageFailed("cuda_discover", f"pid {pid} is {state.upper()} before the cut")
+                pids.append(pid)
+            if not pids:
+                raise StageRefused("cuda_lock", f"no CUDA process in the workload's tree {tree}: nothing to checkpoint")
+            usage = gpu_mem.process_gpu_memory(pids)
+            procs = CudaProcs(pids, {p: sorted(usage.get(p, {})) for p in pids},
+                              sum(sum(v.values()) for v in usage.values()), usage)
+            extra["bytes"] = procs.gpu_bytes
+            extra["detail"] = " ".join(f"pid {p}:{','.join(procs.gpus[p]) or '?'}" for p in pids)
+        ctx.facts["gpu_bytes"] = procs.gpu_bytes
+        ctx.facts["cuda_processes"] = len(pids)
+        self.procs = procs
+        return procs
+
+    def remap_pairs(self, procs: CudaProcs, target: str) -> dict[int, list[list[tuple[str, str]]]]:
+        """Per pid, candidate lists of (old, new) GPU UUID pairs for ``target``, tried in order.
+
+        ``same``: none. ``other_gpu``: every GPU moves to the next one in device
+        order (a rotation: two ranks on two GPUs swap places). Raises
+        :class:`StageRefused` before anything is locked when a remap cannot
+        even be asked for (one GPU, unknown usage, no remap support, too little
+        free memory on a target GPU).
+        """
+        if target == "same":
+            return {}
+        if not self.driver.supports_remap:
+            raise StageRefused("cuda_restore", "this driver interface cannot remap GPUs on restore")
+        visible = self.driver.gpu_uuids()
+        if len(visible) < 2:
+            raise StageRefused("cuda_restore", f"restore onto another GPU needs 2 GPUs; {len(visible)} visible")
+        def nxt(u: str) -> str:
+            return visible[(visible.index(u) + 1) % len(visible)]
+
+        out = {}
+        for pid in procs.pids:
+            used = procs.gpus.get(pid) or []
+            if not used:
+                raise StageRefused("cuda_restore", f"cannot tell which GPU pid {pid} uses (NVML/nvidia-smi unavailable)")
+            # Every GPU the process can see, not only those it allocated on: a
+            # list of the used GPUs alone is CUDA_ERROR_INVALID_VALUE (driver 580).
+            out[pid] = [[(u, nxt(u)) for u in visible]]
+        self._check_room(procs, nxt)
+        return out
+
+    def _check_room(self, procs: CudaProcs, nxt: Callable[[str], str]) -> None:
+        """Refuse a remap whose target GPUs lack the memory (NVML), before anything is locked.
+
+        A remap the driver rejects with CUDA_ERROR_OUT_OF_MEMORY was seen to
+        leave the process unrestorable while the target stays full, so the
+        harness does not ask for one that cannot fit.
+        """
+        free = gpu_mem.free_bytes()
+        if not free:
+            return
+        need: dict[str, int] = {}
+        room = dict(free)
+        for usage in procs.usage.values():
+            for uuid, used in usage.items():
+                need[nxt(uuid)] = need.get(nxt(uuid), 0) + used
+                room[uuid] = room.get(uuid, 0) + used  # the checkpoint frees it
+        short = {g: (n, room.get(g, 0)) for g, n in need.items() if n + REMAP_MARGIN > room.get(g, 0)}
+        if short:
+            raise StageRefused("cuda_restore", "remap refused before the cut: " + "; ".join(
+                f"{g} would have {r >> 20} MiB free, needs {n >> 20} MiB (+{REMAP_MARGIN >> 20})" for g, (n, r) in short.items()))
+
+    # -- the cut -----------------------------------------------------------
+    def cut(self, procs: CudaProcs, ctx: CutContext) -> None:
+        """Lock and checkpoint every process: all locks first (coordinated), or one
+        process at a time ``rank_skew_ms`` apart with the workload released in between."""
+        skew = ctx.cut.rank_skew_ms / 1000.0
+        timeout_ms = int(1000 * min(LOCK_TIMEOUT_S, ctx.stage_timeout_s))
+        if skew <= 0:
+            for i, pid in enumerate(procs.pids):
+                self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
+            for i, pid in enumerate(procs.pids):
+                self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
+            return
+        for i, pid in enumerate(procs.pids):
+            if i:
+                if ctx.release is not None:
+                    ctx.release()
+                with ctx.timeline.stage("rank_skew", ctx.cut_index):
+                    time.sleep(skew)
+            self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
+            self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
+
+    def resume(self, pids: Sequence[int], ctx: CutContext, *, pairs: dict[int, list[list[tuple[str, str]]]] | None = None,
+               suffix: str = "") -> None:
+        """Restore then unlock every process in ``pids`` (same order as the cut; skewed likewise).
+
+        ``suffix`` names the stages (``cuda_restore_original`` when the
+        process that was dumped with ``--leave-running`` is resumed).
+        """
+        pairs = pairs or {}
+        skew = ctx.cut.rank_skew_ms / 1000.0
+        for i, pid in enumerate(pids):
+            if i and skew > 0:
+                with ctx.timeline.stage("rank_skew", ctx.cut_index):
+                    time.sleep(skew)
+            self._call("cuda_restore" + suffix, i, pid, ctx, lambda p=pid: self._restore(p, pairs.get(p, [])))
+            if skew > 0:
+                self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
+        if skew <= 0:
+            for i, pid in enumerate(pids):
+                self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
+
+    def _restore(self, pid: int, candidates: list[list[tuple[str, str]]]) -> str:
+        """Restore ``pid``, trying each remap candidate while the process stays CHECKPOINTED; return what worked."""
+        if not candidates:
+            self.driver.restore(pid)
+            return ""
+        errors = []
+        for pairs in candidates:
+            try:
+                self.driver.restore(pid, pairs)
+                return "remap " + ", ".join(f"{o[:12]}->{n[:12]}" for o, n in pairs)
+            except CudaCallError as exc:
+                errors.append(exc)
+                if self._state(pid) != "checkpointed":
+                    break
+        raise errors[-1] if len(errors) == 1 else CudaCallError(
+            errors[-1].call, pid, errors[-1].code, errors[-1].name,
+            "; ".join(f"with {len(c)} pair(s): {e.name} {e.text}" for c, e in zip(candidates, errors)))
+
+    def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], Any]) -> None:
+        """Run one driver call as a timed stage; on error bring every process back and raise the stage outcome."""
+        error: CudaCallError | None = None
+        with ctx.timeline.stage(stage, ctx.cut_index) as extra:
+            extra["detail"] = f"rank {rank} pid {pid}"
+            try:
+                note = fn()
+                if note:
+                    extra["detail"] += f": {note}"
+            except CudaCallError as exc:
+                error = exc
+                extra["detail"] += f": {exc}"
+        if error is not None:
+            states = self.bring_back()
+            raise classify(stage.removesuffix("_original"), error, states)
+
+    def bring_back(self, pids: Sequence[int] | None = None) -> list[str]:
+        """Best effort: restore every CHECKPOINTED process and unlock every LOCKED one; return the states after.
+
+        Never raises; a process that no longer exists is skipped.
+        """
+        if pids is None:
+            pids = self.procs.pids if self.procs else []
+        states = []
+        for pid in pids:
+            state = self._state(pid)
+            if state == "checkpointed":
+                self._quiet(lambda: self.driver.restore(pid))
+                state = self._state(pid)
+            if state == "locked":
+                self._quiet(lambda: self.driver.unlock(pid))
+                state = self._state(pid)
+            if state is not None:
+                states.append(state)
+        return states
+
+    def _state(self, pid: int) -> str | None:
+        if not os.path.exists(f"/proc/{pid}"):
+            return None
+        try:
+            return self.driver.get_state(pid)
+        except CudaCallError:
+            return None
+
+    @staticmethod
+    def _quiet(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except CudaCallError:
+            pass
+
+
+# -- the in-place backend ----------------------------------------------------
+
+
+class CudaCheckpointer:
+    """The ``cuda`` backend: lock → checkpoint → (GPU released) → restore → unlock, in place."""
+
+    name = "cuda"
+    covers = frozenset({"cuda"})
+    # No CPU image: after a kill there is nothing to restore.
+    faults = frozenset({"none"})
+
+    def __init__(self, driver: DriverApi | None = None):
+        self._driver = driver
+        self._stages: CudaStages | None = None
+        self._quiesced = False
+
+    @property
+    def stages(self) -> CudaStages:
+        """The stage runner over this backend's driver (created on first use)."""
+        if self._stages is None:
+            self._stages = CudaStages(self._driver if self._driver is not None else self.make_driver())
+        return self._stages
+
+    def make_driver(self) -> DriverApi:
+        """The driver interface this backend uses (the cuda-python bindings)."""
+        return CudaDriver()
+
+    def unavailable_reason(self) -> str | None:
+        """Why the driver checkpoint API is unusable here (with the fix), or None."""
+        if self._driver is not None:
+            return None
+        return bindings_unavailable_reason()
+
+    def cuda_cut(self, target: Child, ctx: CutContext) -> CudaProcs:
+        """Discover, check the remap is possible, quiesce, then lock and checkpoint every CUDA process."""
+        procs = self.stages.discover(target.pid, ctx)
+        self.stages.remap_pairs(procs, ctx.cut.restore_target)  # refuse an impossible ask before locking
+        self._quiesced = quiesce.drain(ctx)
+        self.stages.cut(procs, ctx)
+        return procs
+
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Suspend/resume in place: ``quiesce?``, ``cuda_lock``, ``cuda_checkpoint`` (the GPU is released),
+        then ``cuda_restore`` (onto another GPU when asked) and ``cuda_unlock``.
+
+        The resume happens here, before the pipeline releases a parked
+        workload: a workload that makes a CUDA call while CHECKPOINTED was
+        seen to die (driver 580), so it must not be let go in between.
+        """
+        self.cuda_cut(target, ctx)
+        self.resume_cuda(target.pid, ctx)
+
+    def resume_cuda(self, pid: int, ctx: CutContext) -> None:
+        """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes, then let drained work restart."""
+        procs = self.stages.procs
+        if procs is None:
+            raise StageFailed("cuda_restore", "no checkpointed processes to resume")
+        pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)
+        self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=pid)
+        self._end_quiesce(ctx)
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing left to undo: :meth:`checkpoint` already restored and unlocked."""
+
+    def restore_cuda(self, pids: Sequence[int], ctx: CutContext, pairs: dict[int, list[list[tuple[str, str]]]],
+                     *, resumed_pid: int) -> None:
+        """Restore + unlock ``pids``; a remap the driver rejects is retried in place and reported as refused."""
+        try:
+            self.stages.resume(pids, ctx, pairs=pairs)
+            if pairs:
+                # Where the device memory is now, as NVML sees it: the move itself, checked.
+                after = gpu_mem.process_gpu_memory(pids)
+                ctx.facts["gpus_after_remap"] = " ".join(f"pid {p}:{','.join(sorted(after.get(p, {}))) or '?'}" for p in pids)
+                ctx.timeline.event("remap_check", ctx.cut_index, ctx.facts["gpus_after_remap"])
+        except StageFailed as exc:
+            if not pairs or exc.stage != "cuda_restore" or not all(s == "running" for s in self.stages.bring_back(pids)):
+                raise
+            # bring_back restored without the remap: the workload runs on its own GPU.
+            self._end_quiesce(ctx)
+            raise RemapRefused(f"GPU remap {_describe_pairs(pairs)} rejected: {exc.reason}", resumed_pid) from exc
+
+    def restore(self, ctx: CutContext) -> int:
+        """Not reachable: this backend only supports fault ``none`` (see ``faults``)."""
+        raise StageFailed("cuda_restore", "the cuda backend has no CPU image; use cuda+criu for kill/leave_running")
+
+    def _end_quiesce(self, ctx: CutContext) -> None:
+        if self._quiesced:
+            quiesce.undrain(ctx)
+            self._quiesced = False
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Leave no process LOCKED or CHECKPOINTED and no drained workload waiting; never raises."""
+        try:
+            if self._stages is not None:
+                self._stages.bring_back()
+                self._stages.procs = None
+        except Exception:
+            pass
+        self._end_quiesce(ctx)
+
+
+def _describe_pairs(pairs: dict[int, list[list[tuple[str, str]]]]) -> str:
+    return "; ".join(f"pid {pid}: " + ", ".join(f"{o}->{n}" for o, n in cands[-1]) for pid, cands in pairs.items())

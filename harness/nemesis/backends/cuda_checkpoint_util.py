@@ -1,0 +1,90 @@
+"""``cuda-checkpoint``: the same in-place stages through NVIDIA's ``cuda-checkpoint`` utility.
+
+``cuda-checkpoint --get-state --pid P`` and ``--action lock|checkpoint|
+restore|unlock --pid P [--timeout MS]`` stand in for the driver calls; each
+invocation is one stage. The utility reports failures as text and an exit
+status, so a failure carries its message (and a ``CUDA_ERROR_*`` name when the
+text has one). Unavailable when the utility is not on PATH. It cannot remap
+GPUs, so ``restore_target = other_gpu`` is refused before anything is locked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+from cutbench.harness.nemesis.backends.cuda import RESULTS, STATES, CudaCallError, CudaCheckpointer, DriverApi
+
+TOOL = "cuda-checkpoint"
+CALL_TIMEOUT_S = 120.0
+
+
+class UtilityDriver:
+    """:class:`~cutbench.harness.nemesis.backends.cuda.DriverApi` through the ``cuda-checkpoint`` executable."""
+
+    supports_remap = False
+
+    def __init__(self, exe: str | None = None):
+        self.exe = exe or shutil.which(TOOL) or TOOL
+
+    def _run(self, call: str, pid: int, *args: str) -> str:
+        argv = [self.exe, *args, "--pid", str(pid)]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CudaCallError(call, pid, -1, "", f"{TOOL}: {exc}") from exc
+        out = (p.stdout + p.stderr).strip()
+        if p.returncode != 0:
+            m = re.search(r"CUDA_ERROR_[A-Z_]+", out)
+            name = m.group(0) if m else ""
+            code = RESULTS.get(name, (-1, ""))[0]
+            raise CudaCallError(call, pid, code, name or f"{TOOL} exit {p.returncode}", out.splitlines()[-1] if out else "")
+        return out
+
+    def get_state(self, pid: int) -> str:
+        """The state word the utility prints."""
+        out = self._run("get-state", pid, "--get-state").lower()
+        for state in STATES:
+            if re.search(rf"\b{state}\b", out):
+                return state
+        raise CudaCallError("get-state", pid, -1, f"{TOOL} output", out)
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        """``--action lock --timeout MS``."""
+        self._run("lock", pid, "--action", "lock", "--timeout", str(int(timeout_ms)))
+
+    def checkpoint(self, pid: int) -> None:
+        """``--action checkpoint``."""
+        self._run("checkpoint", pid, "--action", "checkpoint")
+
+    def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
+        """``--action restore`` (no remap: see ``supports_remap``)."""
+        if pairs:
+            raise CudaCallError("restore", pid, 801, "CUDA_ERROR_NOT_SUPPORTED", f"{TOOL} cannot remap GPUs")
+        self._run("restore", pid, "--action", "restore")
+
+    def unlock(self, pid: int) -> None:
+        """``--action unlock``."""
+        self._run("unlock", pid, "--action", "unlock")
+
+    def gpu_uuids(self) -> list[str]:
+        """Not needed without remap support."""
+        return []
+
+
+class CudaCheckpointUtilCheckpointer(CudaCheckpointer):
+    """The ``cuda-checkpoint`` backend: :class:`CudaCheckpointer`'s stages over :class:`UtilityDriver`."""
+
+    name = "cuda-checkpoint"
+
+    def make_driver(self) -> DriverApi:
+        """The utility on PATH."""
+        return UtilityDriver()
+
+    def unavailable_reason(self) -> str | None:
+        """Unavailable unless ``cuda-checkpoint`` is on PATH."""
+        if self._driver is None and shutil.which(TOOL) is None:
+            return f"the {TOOL} utility is not on PATH: get it from github.com/NVIDIA/cuda-checkpoint and put it on PATH"
+        return None

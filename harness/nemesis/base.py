@@ -1,0 +1,77 @@
+"""The Checkpointer protocol: the nemesis stages one backend owns.
+
+A backend implements ``checkpoint`` (every stage up to a restorable image,
+leaving the target running only when asked) and ``restore`` (every stage back
+to a running process), or ``resume_in_place`` for suspend/resume without a
+restore. Failures are reported by raising :class:`~cutbench.errors.StageRefused`
+(the stage declined and the target runs on) or
+:class:`~cutbench.errors.StageFailed` (no verdict possible).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from cutbench.harness.model.plan import Cut
+from cutbench.procs import Child
+from cutbench.harness.model.timeline import Timeline
+
+
+@dataclass
+class CutContext:
+    """What a backend gets for one cut: where to put images, where to time stages."""
+
+    images_dir: Path
+    timeline: Timeline
+    cut_index: int
+    cut: Cut
+    stage_timeout_s: float = 60.0
+    # Set by the backend: bytes of the image, GPU bytes, and anything to report.
+    facts: dict[str, Any] = field(default_factory=dict)
+    # Called by backends whose pipeline lets host code run before the CPU cut
+    # (the split window): it releases the workload's park.
+    release: Any = None
+    # The trial's ControlFile: backends that talk to the workload (app saves,
+    # quiesce adapters) use it; None outside a trial.
+    control: Any = None
+
+
+@runtime_checkable
+class Checkpointer(Protocol):
+    """One checkpoint backend (see DESIGN.md "Checkpoint pipeline")."""
+
+    name: str
+    covers: frozenset[str]  # state domains a restore brings back
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here (with the fix), or None when it can."""
+        ...
+
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Run the stages up to a restorable image. ``ctx.cut.fault`` decides whether the target keeps running."""
+        ...
+
+    def restore(self, ctx: CutContext) -> int:
+        """Bring the image back to a running process; return its pid."""
+        ...
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Undo ``checkpoint`` on a target that kept running (fault ``none``)."""
+        ...
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Remove what this cut left behind (images); must not raise."""
+        ...
+
+
+def dir_bytes(path: Path) -> int:
+    """Total size in bytes of the regular files under ``path``."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` recursively, ignoring absence."""
+    shutil.rmtree(path, ignore_errors=True)

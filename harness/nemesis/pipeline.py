@@ -1,0 +1,98 @@
+"""The nemesis: one cut through a backend, then the fault, then the restore.
+
+``execute_cut`` is the only place that knows the order
+``checkpoint → fault → (before_resume) → restore → release`` and what each
+failure means for the trial: a refusal releases the workload and lets it go
+on; a failure brings the workload back where possible and is reported with
+the stage and error. It never leaves an image directory behind unless asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
+from cutbench.errors import StageFailed, StageRefused
+from cutbench.procs import Child
+
+
+@dataclass
+class CutOutcome:
+    """What happened to one cut.
+
+    ``status``: ``restored`` (fault then restore), ``resumed`` (fault ``none``),
+    ``refused`` (a stage declined; the workload went on) or ``failed``.
+    """
+
+    status: str
+    stage: str = ""
+    error: str = ""
+
+
+def execute_cut(
+    backend: Checkpointer,
+    target: Child,
+    ctx: CutContext,
+    *,
+    release: Callable[[], None],
+    before_resume: Callable[[], None],
+    keep_images: bool = False,
+) -> CutOutcome:
+    """Run one cut on ``target`` (parked, or running for async cuts); return its outcome.
+
+    ``release`` lets a parked workload continue; ``before_resume`` runs after
+    the fault and before the restored process can run (the runner bumps the
+    epoch and arms the next cut there). ``target`` is re-pointed at the
+    restored pid on success.
+    """
+    cut = ctx.cut
+    ctx.release = release
+    try:
+        try:
+            backend.checkpoint(target, ctx)
+        except StageRefused as exc:
+            release()
+            return CutOutcome("refused", exc.stage, exc.reason)
+        except StageFailed as exc:
+            release()
+            return CutOutcome("failed", exc.stage, exc.reason)
+
+        if cut.fault == "none":
+            release()
+            try:
+                backend.resume_in_place(target, ctx)
+            except (StageFailed, StageRefused) as exc:
+                return CutOutcome("failed", exc.stage, exc.reason)
+            return CutOutcome("resumed")
+
+        if cut.fault == "leave_running":
+            release()
+            with ctx.timeline.stage("run_until_crash", ctx.cut_index):
+                time.sleep(cut.crash_after_ms / 1000.0)
+        with ctx.timeline.stage("fault_" + cut.fault, ctx.cut_index) as extra:
+            rc = target.kill()
+            extra["detail"] = f"pid {target.pid} exit {rc}"
+
+        before_resume()
+        try:
+            pid = backend.restore(ctx)
+        except StageRefused as exc:
+            # A declined restore option (e.g. a GPU remap the driver rejected)
+            # after which the backend brought the workload back as it was: safe.
+            resumed = getattr(exc, "resumed_pid", None)
+            if resumed is None:
+                return CutOutcome("failed", exc.stage, exc.reason)
+            target.replaced_by(resumed)
+            release()
+            return CutOutcome("refused", exc.stage, exc.reason)
+        except StageFailed as exc:
+            return CutOutcome("failed", exc.stage, exc.reason)
+        target.replaced_by(pid)
+        release()
+        return CutOutcome("restored")
+    finally:
+        backend.cleanup(ctx)
+        if not keep_images:
+            remove_tree(ctx.images_dir)

@@ -1,0 +1,365 @@
+"""The run's human-facing artefacts: ``summary.md``, ``plots/*.png`` and a self-contained ``report.html``.
+
+:func:`render_html` is pure (tables and PNG bytes in, HTML text out); the
+page needs nothing but itself: CSS inline, plots embedded as base64 PNG,
+per-trial timelines as inline SVG. :func:`write_all` and :func:`build` hand
+every file to :class:`cutbench.harness.store.rundir.RunDir`, the only writer of results.
+
+The page checks itself when it loads: every ``<img>`` decoded, every table
+has rows, every timeline has marks. It then sets ``data-render-check`` on
+``<body>`` to ``ok`` (or ``failed`` with the problems listed), so a headless
+browser can verify a report without looking at pixels.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.harness.reports import plots
+from cutbench.harness.reports import summary
+from cutbench.harness.store.rundir import RunDir
+
+MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm
+MAX_TRIAL_ROWS = 2000  # rows of the all-trials table
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
+main{max-width:1180px;margin:0 auto;padding:0 20px 40px}
+h1{font-size:22px;margin:22px 0 6px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.banner{padding:16px 20px;color:#fff;font-size:18px}.banner small{display:block;font-size:14px;opacity:.92;margin-top:4px}
+.banner.invalid{background:#b3261e}.banner.valid{background:#1e7b34}.banner.unknown,.banner.empty{background:#9a6700}
+.partial{display:inline-block;background:#fff3;border:1px solid #fff8;border-radius:4px;padding:0 6px;margin-left:8px;font-size:13px}
+table{border-collapse:collapse;margin:8px 0 14px;background:#fff;font-size:13px}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}th{background:#f0f0f0}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.o-invalid td.outcome{color:#b3261e;font-weight:600}tr.o-unknown td.outcome{color:#9a6700;font-weight:600}
+tr.o-valid td.outcome{color:#1e7b34}tr.o-refused td.outcome{color:#555}
+figure{margin:10px 0 22px;background:#fff;border:1px solid #e3e3e3;padding:10px;display:inline-block;max-width:100%}
+figure img{max-width:100%;height:auto;display:block}figcaption{color:#555;font-size:13px;margin-top:6px}
+code{background:#f0f0f0;padding:1px 4px;border-radius:3px;font-size:12px}
+details{margin:6px 0;background:#fff;border:1px solid #e3e3e3;padding:6px 10px}summary{cursor:pointer}
+.muted{color:#666}.kv td:first-child{font-weight:600}
+svg.timeline text{font:11px system-ui,sans-serif}
+"""
+
+# Colours of the per-trial timeline.
+_STAGE_COLOURS = {"spawn": "#c7c7c7", "reach_cut": "#dadada", "run_to_end": "#d0e4f5", "run_until_crash": "#ffd59e"}
+_PIPELINE_COLOUR = "#4e79a7"
+_FAILED_COLOUR = "#e15759"
+_EFFECT_COLOURS = {"first": "#2e9d4a", "again": "#d62728", "suppressed": "#9e9e9e", "other": "#1f77b4"}
+
+_CHECK_JS = """
+window.addEventListener("load", function () {
+  var problems = [];
+  var imgs = document.querySelectorAll("img"), imgOk = 0;
+  imgs.forEach(function (im) {
+    if (im.complete && im.naturalWidth > 0) { imgOk++; } else { problems.push("image not decoded: " + im.alt); }
+  });
+  var tables = document.querySelectorAll("table"), tabOk = 0;
+  tables.forEach(function (t) {
+    var hidden = t.closest("details:not([open])") !== null;
+    if (t.tBodies.length && t.tBodies[0].rows.length > 0 && (hidden || t.getBoundingClientRect().height > 0)) { tabOk++; }
+    else { problems.push("table empty: " + t.id); }
+  });
+  var svgs = document.querySelectorAll("svg.timeline"), svgOk = 0;
+  svgs.forEach(function (s) {
+    if (s.querySelectorAll("rect.stage").length > 0) { svgOk++; } else { problems.push("timeline empty: " + s.id); }
+  });
+  var b = document.body;
+  b.setAttribute("data-images", imgOk + "/" + imgs.length);
+  b.setAttribute("data-tables", tabOk + "/" + tables.length);
+  b.setAttribute("data-timelines", svgOk + "/" + svgs.length);
+  b.setAttribute("data-problems", problems.join("; "));
+  b.setAttribute("data-render-check", problems.length ? "failed" : "ok");
+});
+"""
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where :func:`write_all` put the artefacts."""
+
+    summary: Path
+    report: Path
+    plots: dict[str, Path]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (paths as strings)."""
+        return {"summary": str(self.summary), "report": str(self.report), "plots": {k: str(v) for k, v in self.plots.items()}}
+
+
+def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame) -> ReportFiles:
+    """Write ``summary.md``, ``plots/<name>.png`` and ``report.html`` for a run; return their paths."""
+    summary_path = run.write_text("summary.md", summary.render(meta, trials))
+    pngs = plots.render_all(trials, timeline)
+    plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
+    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs))
+    return ReportFiles(summary_path, report_path, plot_paths)
+
+
+def build(run: RunDir) -> ReportFiles:
+    """Regenerate every artefact of ``run`` from its stored ``run.toml`` and tables; return their paths."""
+    # Replay commands must name where the run is now (it may have been moved or downloaded).
+    meta = {**run.meta(), "run_dir": str(run.path)}
+    return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"))
+
+
+# -- HTML ----------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = None, row_class: str | None = None) -> str:
+    cols = [c for c in (columns or list(frame.columns)) if c in frame.columns]
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = []
+    for rec in frame.to_dict("records"):
+        cls = f' class="o-{_e(rec.get(row_class))}"' if row_class else ""
+        cells = []
+        for c in cols:
+            v = rec.get(c)
+            num = isinstance(v, (int, float)) and not isinstance(v, bool)
+            klass = "num" if num else ("outcome" if c == "outcome" else "")
+            cells.append(f'<td class="{klass}">{_e(_fmt(v))}</td>' if klass else f"<td>{_e(_fmt(v))}</td>")
+        body.append(f"<tr{cls}>{''.join(cells)}</tr>")
+    return f'<table id="{_e(table_id)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _kv_table(pairs: list[tuple[str, Any]], table_id: str) -> str:
+    rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in pairs if v not in (None, "", {}))
+    return f'<table id="{_e(table_id)}" class="kv"><thead><tr><th>field</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _environment_pairs(meta: dict[str, Any]) -> list[tuple[str, Any]]:
+    env = meta.get("environment", {})
+    criu = env.get("criu") or {}
+    gpu = env.get("gpu") or {}
+    pairs: list[tuple[str, Any]] = [
+        ("os", env.get("os")),
+        ("kernel", env.get("kernel")),
+        ("python", env.get("python")),
+        ("CRIU", f"{criu.get('version')} ({criu.get('source')})" if criu else None),
+        ("cutbench", meta.get("cutbench_version")),
+    ]
+    if isinstance(gpu, dict):
+        for key in sorted(gpu):
+            if not isinstance(gpu[key], (dict, list)):
+                pairs.append((f"gpu.{key}", gpu[key]))
+    for name, version in sorted((env.get("packages") or {}).items()):
+        pairs.append((name, version))
+    return pairs
+
+
+def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | None]:
+    """Trial time of each delivery (in ``effects`` order), or None where it cannot be placed.
+
+    Stages carry the receiver's high-water mark before and after, so a
+    delivery with arrival number ``s`` arrived between the last mark below
+    ``s`` and the first mark at or above it. Deliveries also carry the
+    receiver's wall clock (``received_at``), whose offset to trial time is
+    constant within a trial: the offset is the midpoint of what every
+    delivery's window allows. Without a consistent offset (clock step, no
+    ``received_at``) a delivery sits in the middle of its window.
+    """
+    points = sorted((float(t), float(h)) for r in stages.itertuples()
+                    for t, h in ((r.t_start, r.hwm_before), (r.t_end, r.hwm_after)) if h is not None and h == h)
+    if not points or effects.empty:
+        return [None] * len(effects)
+    windows = []
+    for seq in effects["arrival_seq"].astype(float):
+        lo = max((t for t, h in points if h < seq), default=points[0][0])
+        hi = min((t for t, h in points if h >= seq), default=points[-1][0])
+        windows.append((lo, max(lo, hi)))
+    if "received_at" in effects:
+        wall = effects["received_at"].astype(float).tolist()
+        off_lo = max(w - hi for w, (lo, hi) in zip(wall, windows))
+        off_hi = min(w - lo for w, (lo, hi) in zip(wall, windows))
+        if off_lo <= off_hi:
+            offset = (off_lo + off_hi) / 2
+            return [w - offset for w in wall]
+    return [(lo + hi) / 2 for lo, hi in windows]
+
+
+def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame) -> str:
+    """An inline SVG of one trial: stage bars on a time axis and, below, every receiver delivery placed
+    by its arrival sequence number (green: first application of an op, red: applied again, grey: suppressed)."""
+    width, left, right = 1060, 130, 20
+    stages = stages.sort_values("t_start")
+    end = max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3)
+    scale = (width - left - right) / end
+    y_stage, bar_h, y_fx = 24, 18, 62
+    parts = [f'<svg class="timeline" id="tl-{_e(trial_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="112" '
+             f'viewBox="0 0 {width} 112" role="img" aria-label="timeline of trial {_e(trial_id)}">']
+    parts.append(f'<text x="4" y="{y_stage + 13}">stages</text><text x="4" y="{y_fx + 13}">deliveries</text>')
+    for r in stages.itertuples():
+        x = left + float(r.t_start) * scale
+        w = max(1.5, float(r.duration_s) * scale)
+        colour = _FAILED_COLOUR if r.result in ("failed", "refused") else _STAGE_COLOURS.get(r.stage, _PIPELINE_COLOUR)
+        tip = f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms {r.result} {r.detail or ''} {r.error or ''}".strip()
+        parts.append(f'<rect class="stage" x="{x:.1f}" y="{y_stage}" width="{w:.1f}" height="{bar_h}" fill="{colour}" stroke="#fff">'
+                     f"<title>{_e(tip)}</title></rect>")
+        if w > 7 * len(str(r.stage)):
+            parts.append(f'<text x="{x + 3:.1f}" y="{y_stage + 13}" fill="{"#fff" if colour in (_PIPELINE_COLOUR, _FAILED_COLOUR) else "#222"}">{_e(r.stage)}</text>')
+    seen: set[int] = set()
+    if not effects.empty:
+        effects = effects.sort_values("arrival_seq")
+        for fx, t in zip(effects.itertuples(), effect_times(stages, effects)):
+            if t is None:
+                continue
+            op = int(fx.op_id)
+            if fx.decision in ("applied", "committed"):
+                kind = "again" if op in seen else "first"
+                seen.add(op)
+            else:
+                kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
+            x = left + t * scale
+            tip = f"op {op} attempt {fx.attempt} epoch {fx.epoch} {fx.kind}: {fx.decision} (arrival {fx.arrival_seq})"
+            parts.append(f'<line class="effect {kind}" x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx}" y2="{y_fx + bar_h}" '
+                         f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
+    for k in range(6):
+        t = end * k / 5
+        x = left + t * scale
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx + bar_h + 6}" y2="{y_fx + bar_h + 10}" stroke="#888"/>'
+                     f'<text x="{x:.1f}" y="{y_fx + bar_h + 22}" text-anchor="middle" fill="#555">{t:.2f}s</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _pick_timelines(trials: pd.DataFrame) -> list[str]:
+    picked = list(summary.failing_trials(trials, MAX_TIMELINES)["trial_id"])
+    for _arm, g in trials.sort_values("trial_id").groupby("arm", sort=True):
+        if len(picked) >= MAX_TIMELINES:
+            break
+        first = g["trial_id"].iloc[0]
+        if first not in picked:
+            picked.append(first)
+    return picked
+
+
+def _banner(meta: dict[str, Any], trials: pd.DataFrame) -> str:
+    v = summary.run_verdict(trials)
+    partial = '<span class="partial">partial run: interrupted</span>' if meta.get("status") == "partial" else ""
+    counts = ", ".join(f"{k} {n}" for k, n in v.counts.items())
+    detail = (f"invalid recovery rate {summary.pct(v.rate)} (95% CI {summary.pct(v.low)}–{summary.pct(v.high)}) "
+              f"over {v.with_verdict} trials with a verdict; {counts}")
+    return f'<div class="banner {v.label}" id="verdict" data-verdict="{v.label}">{_e(v.text)}{partial}<small>{_e(detail)}</small></div>'
+
+
+def _findings_list(trials: pd.DataFrame, run_dir: str) -> str:
+    bad = summary.failing_trials(trials)
+    if bad.empty:
+        return '<p class="muted">No invalid or unknown trial.</p>'
+    rows = []
+    for rec in bad.to_dict("records"):
+        rows.append({"trial_id": rec["trial_id"], "arm": rec["arm"], "plan": rec["plan"], "outcome": rec["outcome"],
+                     "findings": summary.findings_text(rec, 6), "replay": summary.replay_command(run_dir, rec["trial_id"])})
+    return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome")
+
+
+def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes]) -> str:
+    """The complete, self-contained ``report.html`` text for a run."""
+    scen = meta.get("scenario", {})
+    run_dir = str(meta.get("run_dir", ""))
+    title = f"cutbench {scen.get('name', '')} {meta.get('run_id', '')}"
+    out = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+           f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head><body>']
+    out.append(_banner(meta, trials))
+    out.append("<main>")
+    out.append(f"<h1>{_e(title)}</h1>")
+    if scen.get("description"):
+        out.append(f'<p class="muted">{_e(scen["description"])}</p>')
+    started = meta.get("started")
+    when = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(started, (int, float)) else None
+    run_pairs = [
+        ("run directory", run_dir),
+        ("status", meta.get("status")),
+        ("started", when),
+        ("duration", f"{meta.get('duration_s', 0):.1f} s"),
+        ("trials", f"{len(trials)} of {meta.get('n_trials_planned', '?')} planned"),
+        ("scenario file", scen.get("source_path")),
+        ("workload", f"{scen.get('workload')} ({scen.get('array')}) {json.dumps(scen.get('params', {}), sort_keys=True)}"),
+        ("receiver store", scen.get("store")),
+        ("plan source", f"{scen.get('plan_source')} ops {scen.get('plan_ops')} phases {', '.join(scen.get('plan_phases', []))}"),
+    ]
+    for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
+        run_pairs.append((f"sweep axis {axis}", ", ".join(map(str, values))))
+    out.append('<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table"))
+    for skipped in meta.get("skipped_arms", []):
+        out.append(f'<p class="muted">skipped arm {_e(skipped.get("arm"))}: {_e(skipped.get("reason"))}</p>')
+
+    if trials.empty:
+        out.append("<p>No trial finished, so there is nothing to plot.</p>")
+    else:
+        by = summary.group_columns(trials)
+        out.append(f'<h2 id="by-arm">Invalid recovery rate by {" and ".join(by)}</h2>')
+        table = summary.compact_rates(summary.rates(trials, by))
+        out.append(_html_table(table, "rates-by-arm"))
+        with_cut = trials[trials["cut_phase"].notna()]
+        if not with_cut.empty:
+            out.append('<h2 id="by-phase">By cut phase and fault</h2>')
+            phase_table = summary.compact_rates(summary.rates(with_cut, ["cut_phase", "fault"]))
+            order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"], with_cut.get("workload", ())))}
+            phase_table = phase_table.sort_values(["cut_phase", "fault"], key=lambda s: s.map(order) if s.name == "cut_phase" else s)
+            out.append(_html_table(phase_table, "rates-by-phase"))
+        totals = summary.finding_totals(trials)
+        out.append('<h2 id="findings">Findings</h2>')
+        out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
+        out.append(_findings_list(trials, run_dir))
+
+    out.append('<h2 id="plots">Plots</h2>')
+    for name, (caption, _fn) in plots.PLOTS.items():
+        png = pngs.get(name)
+        if png is None:
+            continue
+        data = base64.b64encode(png).decode("ascii")
+        out.append(f'<figure id="plot-{_e(name)}"><img alt="{_e(name)}" src="data:image/png;base64,{data}">'
+                   f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+    if not trials.empty:
+        out.append('<h2 id="timelines">Per-trial timelines</h2>')
+        out.append('<p class="muted">Stages (blue: checkpoint pipeline, red: failed or refused stage) and receiver deliveries '
+                   "(green: first application of an op, red: the same op applied again, grey: suppressed), placed by the "
+                   "receiver's arrival order. Hover for details. Failing trials first, then the first trial of each arm.</p>")
+        ids = _pick_timelines(trials)
+        by_id = trials.set_index("trial_id")
+        for n, tid in enumerate(ids):
+            row = by_id.loc[tid]
+            st = timeline[timeline["trial_id"] == tid] if not timeline.empty else timeline
+            fx = effects[effects["trial_id"] == tid] if not effects.empty and "trial_id" in effects else pd.DataFrame()
+            if st.empty:
+                continue
+            opened = " open" if n < 3 else ""
+            out.append(f"<details{opened}><summary><b>{_e(tid)}</b> {_e(row['arm'])} — {_e(row['plan'])} → "
+                       f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>{trial_timeline_svg(tid, st, fx)}</details>")
+
+        out.append('<h2 id="trials">All trials</h2>')
+        cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",
+                "criu_dump_s", "criu_restore_s", "image_bytes", "error"]
+        if "variant" in trials and summary.group_columns(trials)[0] == "variant":
+            cols.insert(1, "variant")
+        shown = trials.head(MAX_TRIAL_ROWS)
+        if len(trials) > MAX_TRIAL_ROWS:
+            out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
+        out.append(_html_table(shown, "all-trials", cols, row_class="outcome"))
+
+    out.append('<h2 id="environment">Environment</h2>' + _kv_table(_environment_pairs(meta), "environment-table"))
+    out.append(f"</main><script>{_CHECK_JS}</script></body></html>")
+    return "\n".join(out)

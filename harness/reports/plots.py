@@ -1,0 +1,215 @@
+"""The run's plots, as PNG bytes (matplotlib, Agg backend).
+
+Each function takes stored tables and returns the PNG of one figure; none
+writes to disk (the report hands the bytes to :class:`cutbench.harness.store.rundir.RunDir`).
+A plot without data still comes back, as a figure that says what is missing,
+so every report has the same set of images.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never look for a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from cutbench.harness.reports.summary import rates  # noqa: E402
+from cutbench.workloads.control import PHASES  # noqa: E402
+
+# Stages of the harness itself (spawn, waiting for the cut, running to the
+# end), not of the checkpoint pipeline: left out of the stage-time breakdown.
+HARNESS_STAGES = frozenset({"spawn", "reach_cut", "run_to_end"})
+DPI = 100
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _empty(title: str, message: str) -> bytes:
+    fig, ax = plt.subplots(figsize=(7, 2.2))
+    ax.set_title(title)
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, color="#555")
+    ax.set_axis_off()
+    return _png(fig)
+
+
+def phase_order(phases: list[str] | pd.Series, workloads: list[str] | pd.Series = ()) -> list[str]:
+    """The phases present, in the lifecycle order of ``workloads`` (their own phase lists, e.g. with
+    ``send`` or ``outbox``), then the standard order; phases nobody declares come last."""
+    lifecycle: list[str] = []
+    for name in dict.fromkeys(str(w) for w in workloads):
+        try:
+            from cutbench.workloads import api
+
+            lifecycle += [p for p in api.load(name).phases if p not in lifecycle]
+        except Exception:  # a workload this build no longer has: fall back to the standard order
+            continue
+    lifecycle += [p for p in PHASES if p not in lifecycle]
+    present = list(dict.fromkeys(str(p) for p in phases if isinstance(p, str)))
+    return [p for p in lifecycle if p in present] + [p for p in present if p not in lifecycle]
+
+
+def _with_cut(trials: pd.DataFrame) -> pd.DataFrame:
+    if trials.empty or "cut_phase" not in trials:
+        return pd.DataFrame()
+    return trials[trials["cut_phase"].notna()]
+
+
+def invalid_rate_by_phase(trials: pd.DataFrame) -> bytes:
+    """Invalid recovery rate per cut phase, one series per backend × receiver mode, one panel per fault,
+    with Wilson 95% intervals as error bars."""
+    title = "Invalid recovery rate by phase (Wilson 95% CI)"
+    data = _with_cut(trials)
+    if data.empty:
+        return _empty(title, "no trial with a cut")
+    table = rates(data, ["fault", "backend", "receiver_mode", "cut_phase"]).dropna(subset=["invalid_rate"])
+    if table.empty:
+        return _empty(title, "no trial had a verdict (all refused or unknown)")
+    faults = sorted(table["fault"].astype(str).unique())
+    phases = phase_order(data["cut_phase"], data.get("workload", ()))
+    series = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
+    fig, axes = plt.subplots(1, len(faults), figsize=(max(6.0, 4.2 * len(faults)), 3.8), sharey=True, squeeze=False)
+    width = 0.7 / max(1, len(series))
+    for ax, fault in zip(axes[0], faults):
+        sub = table[table["fault"] == fault]
+        for i, (backend, mode) in enumerate(series):
+            s = sub[(sub["backend"] == backend) & (sub["receiver_mode"] == mode)]
+            if s.empty:
+                continue
+            x = np.array([phases.index(p) for p in s["cut_phase"]]) + (i - (len(series) - 1) / 2) * width
+            y = s["invalid_rate"].to_numpy(float)
+            # Clipped: the Wilson bound of 0/n or n/n can land a rounding error past the rate itself.
+            err = np.clip(np.vstack([y - s["rate_low"].to_numpy(float), s["rate_high"].to_numpy(float) - y]), 0.0, None)
+            ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, markersize=5, label=f"{backend} / {mode}")
+        ax.set_title(f"fault: {fault}")
+        ax.set_xticks(range(len(phases)), phases, rotation=35, ha="right")
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("invalid / (valid + invalid)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), bbox_to_anchor=(0.5, 1.1), frameon=False)
+    fig.suptitle(title, y=1.16)
+    return _png(fig)
+
+
+def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
+    """Invalid recovery rate per (phase, fault) cell, one panel per backend × receiver mode,
+    annotated ``invalid/with verdict`` (grey: no verdict)."""
+    title = "Invalid recovery rate: phase × fault"
+    data = _with_cut(trials)
+    if data.empty:
+        return _empty(title, "no trial with a cut")
+    table = rates(data, ["backend", "receiver_mode", "cut_phase", "fault"])
+    phases = phase_order(data["cut_phase"], data.get("workload", ()))
+    faults = sorted(table["fault"].astype(str).unique())
+    panels = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.6 + (1.0 + 1.3 * len(faults)) * len(panels), 1.4 + 0.45 * len(phases)),
+                             sharey=True, squeeze=False)
+    cmap = matplotlib.colormaps["Reds"].with_extremes(bad="#dddddd")
+    for ax, (backend, mode) in zip(axes[0], panels):
+        grid = np.full((len(phases), len(faults)), np.nan)
+        notes = [["" for _ in faults] for _ in phases]
+        for row in table[(table["backend"] == backend) & (table["receiver_mode"] == mode)].itertuples():
+            i, j = phases.index(row.cut_phase), faults.index(str(row.fault))
+            n = row.valid + row.invalid
+            grid[i, j] = row.invalid_rate if n else np.nan
+            notes[i][j] = f"{row.invalid}/{n}" if n else f"0/0 ({row.refused}r {row.unknown}u)"
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for i in range(len(phases)):
+            for j in range(len(faults)):
+                dark = not np.isnan(grid[i, j]) and grid[i, j] > 0.6
+                ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=9, color="white" if dark else "black")
+        ax.set_xticks(range(len(faults)), faults, rotation=15)
+        ax.set_yticks(range(len(phases)), phases)
+        ax.set_title(f"{backend} / {mode}", fontsize=10)
+        ax.set_xlabel("fault")
+    axes[0][0].set_ylabel("cut after phase")
+    fig.colorbar(im, ax=list(axes[0]), label="invalid rate")
+    # Short figures (few phases) need the title lifted clear of the panel titles.
+    fig.suptitle(title, y=1.0 + 0.45 / fig.get_figheight())
+    return _png(fig)
+
+
+def stage_breakdown(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
+    """Mean time per trial in each checkpoint-pipeline stage, stacked, one bar per arm."""
+    title = "Stage-time breakdown (mean seconds per trial)"
+    if trials.empty or timeline.empty:
+        return _empty(title, "no stage was timed")
+    tl = timeline[~timeline["stage"].isin(HARNESS_STAGES) & (timeline["result"] != "event")]
+    if tl.empty:
+        return _empty(title, "no pipeline stage ran")
+    per_trial = tl.groupby(["trial_id", "stage"], sort=False)["duration_s"].sum().unstack(fill_value=0.0)
+    arms = trials.set_index("trial_id")["arm"]
+    joined = per_trial.reindex(trials["trial_id"]).fillna(0.0)
+    means = joined.groupby(arms.reindex(joined.index).to_numpy()).mean()
+    stages = list(dict.fromkeys(tl["stage"]))
+    means = means[[s for s in stages if s in means.columns]]
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * len(means)))
+    left = np.zeros(len(means))
+    colors = matplotlib.colormaps["tab20"]
+    for k, stage in enumerate(means.columns):
+        values = means[stage].to_numpy(float)
+        ax.barh(range(len(means)), values, left=left, label=stage, color=colors(k % 20))
+        left += values
+    ax.set_yticks(range(len(means)), list(means.index))
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def restore_time_vs_bytes(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
+    """Restore time (every ``*restore*`` stage of a trial, summed) against checkpoint image bytes, per backend."""
+    title = "Restore time against image size"
+    if trials.empty or timeline.empty or "image_bytes" not in trials:
+        return _empty(title, "no restore was timed")
+    restore = timeline[timeline["stage"].str.contains("restore") & (timeline["result"] == "ok")]
+    seconds = restore.groupby("trial_id")["duration_s"].sum()
+    data = trials.assign(restore_s=trials["trial_id"].map(seconds))
+    data = data[data["restore_s"].notna() & pd.to_numeric(data["image_bytes"], errors="coerce").gt(0)]
+    if data.empty:
+        return _empty(title, "no trial restored from an image with a known size")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for backend, g in data.groupby("backend", sort=True):
+        ax.scatter(pd.to_numeric(g["image_bytes"]) / 1e6, g["restore_s"], label=str(backend), alpha=0.75, s=22)
+    ax.set_xlabel("image size (MB)")
+    ax.set_ylabel("restore time (s)")
+    ax.set_xlim(0, 1.1 * pd.to_numeric(data["image_bytes"]).max() / 1e6)
+    ax.set_ylim(0, 1.1 * data["restore_s"].max())
+    ax.grid(alpha=0.3)
+    ax.legend(title="backend", frameon=False)
+    ax.set_title(title)
+    return _png(fig)
+
+
+# name -> (caption, function of (trials, timeline)); the report shows them in this order.
+PLOTS: dict[str, tuple[str, Callable[[pd.DataFrame, pd.DataFrame], bytes]]] = {
+    "invalid_rate_by_phase": ("Invalid recovery rate by cut phase, backend and receiver mode, with Wilson 95% intervals.",
+                              lambda t, _tl: invalid_rate_by_phase(t)),
+    "heatmap_phase_fault": ("Invalid recovery rate per cut phase and fault; cells say invalid / trials with a verdict.",
+                            lambda t, _tl: heatmap_phase_fault(t)),
+    "stage_breakdown": ("Where the time goes: mean seconds per trial in each pipeline stage, by arm.", stage_breakdown),
+    "restore_vs_bytes": ("Restore time against checkpoint image size, by backend.", restore_time_vs_bytes),
+}
+
+
+def render_all(trials: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, bytes]:
+    """Every plot of :data:`PLOTS` as ``{name: png bytes}``."""
+    return {name: fn(trials, timeline) for name, (_caption, fn) in PLOTS.items()}

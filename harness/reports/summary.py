@@ -1,0 +1,187 @@
+"""Pure summaries of a trials table: rates per group, the run's verdict, the markdown summary.
+
+Everything here takes frames and dicts and returns frames, dicts and text;
+the report, the comparison, the CLI and the pytest plugin all read their
+numbers from these functions so that they never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.harness.checker.stats import invalid_rate
+from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The headline of a run: a label, the invalid recovery rate with its Wilson 95% bounds, outcome counts."""
+
+    label: str  # "invalid" | "valid" | "unknown" | "empty"
+    text: str
+    rate: float
+    low: float
+    high: float
+    counts: dict[str, int]
+
+    @property
+    def with_verdict(self) -> int:
+        """Trials that had a verdict (valid + invalid): the rate's denominator."""
+        return self.counts["valid"] + self.counts["invalid"]
+
+
+def run_verdict(trials: pd.DataFrame) -> RunVerdict:
+    """The run's verdict from its trials table (``outcome`` column)."""
+    counts = {k: 0 for k in OUTCOMES}
+    if not trials.empty:
+        for key, n in trials["outcome"].value_counts().items():
+            counts[str(key)] = int(n)
+    rate, lo, hi = invalid_rate(counts["invalid"], counts["valid"])
+    if trials.empty:
+        label, text = "empty", "no trial finished"
+    elif counts["invalid"]:
+        label, text = "invalid", "INVALID recoveries found"
+    elif counts["valid"]:
+        label, text = "valid", "all recoveries valid"
+    elif counts["unknown"]:
+        label, text = "unknown", "no verdict (unknown only)"
+    else:
+        label, text = "valid", "every cut refused cleanly"
+    return RunVerdict(label, text, rate, lo, hi, counts)
+
+
+def group_columns(trials: pd.DataFrame) -> list[str]:
+    """How trials are grouped in tables: by ``arm``, and first by sweep ``variant`` when a run has several."""
+    if "variant" in trials and trials["variant"].fillna("").astype(str).str.len().gt(0).any():
+        return ["variant", "arm"]
+    return ["arm"]
+
+
+def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per group: trials, outcome counts, finding totals and invalid rate with Wilson 95% bounds."""
+    if trials.empty:
+        return pd.DataFrame()
+    rows = []
+    for key, g in trials.groupby(by, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        counts = g["outcome"].value_counts()
+        valid, invalid = int(counts.get("valid", 0)), int(counts.get("invalid", 0))
+        rate, lo, hi = invalid_rate(invalid, valid)
+        row: dict[str, Any] = dict(zip(by, key))
+        row.update(
+            trials=len(g),
+            valid=valid,
+            invalid=invalid,
+            refused=int(counts.get("refused", 0)),
+            unknown=int(counts.get("unknown", 0)),
+            invalid_rate=rate,
+            rate_low=lo,
+            rate_high=hi,
+        )
+        for kind in FINDING_KINDS:
+            if kind in g:
+                row[kind] = int(g[kind].sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compact_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`rates` table made readable: one rate column with its 95% interval, one column naming the findings."""
+    out = table.copy()
+    out["invalid rate (95% CI)"] = [f"{pct(r)} ({pct(lo)}–{pct(hi)})" for r, lo, hi in zip(out["invalid_rate"], out["rate_low"], out["rate_high"])]
+    kinds = [k for k in FINDING_KINDS if k in out]
+    out["findings"] = [", ".join(f"{k} {int(rec[k])}" for k in kinds if rec[k]) for rec in out.to_dict("records")]
+    return out.drop(columns=["invalid_rate", "rate_low", "rate_high", *kinds])
+
+
+def finding_totals(trials: pd.DataFrame) -> dict[str, int]:
+    """Total findings per kind over the run (every kind present, zeros included)."""
+    return {k: int(trials[k].sum()) if k in trials else 0 for k in FINDING_KINDS}
+
+
+def replay_command(run_dir: Any, trial_id: str) -> str:
+    """The shell command that reruns one stored trial."""
+    return f"cutbench replay {shlex.quote(f'{run_dir}/trials/{trial_id}.json')}"
+
+
+def failing_trials(trials: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
+    """Invalid trials first, then unknown ones, in trial order (the first ``limit``)."""
+    if trials.empty:
+        return trials
+    bad = trials[trials["outcome"].isin(["invalid", "unknown"])]
+    bad = bad.assign(_rank=(bad["outcome"] != "invalid").astype(int)).sort_values(["_rank", "trial_id"]).drop(columns="_rank")
+    return bad if limit is None else bad.head(limit)
+
+
+def findings_text(row: dict[str, Any], limit: int = 5) -> str:
+    """One line naming a trial row's findings (``duplicate op 3 (applied 2 times); …``), else its error."""
+    try:
+        found = json.loads(row.get("findings") or "[]")
+    except (TypeError, ValueError):
+        found = []
+    text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f" ({f['detail']})" for f in found[:limit])
+    if len(found) > limit:
+        text += f"; … {len(found) - limit} more"
+    return text or (row.get("error") or "no finding recorded")
+
+
+def pct(x: float) -> str:
+    """A rate as a percentage with one decimal ("n/a" for NaN)."""
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
+    """The ``summary.md`` text for a run."""
+    scen = meta.get("scenario", {})
+    run_dir = meta.get("run_dir", "results/" + str(meta.get("run_id")))
+    lines = [f"# cutbench run {meta.get('run_id', '')}", ""]
+    lines.append(f"- scenario: `{scen.get('name', '')}` ({scen.get('source_path', '')})")
+    status = meta.get("status", "")
+    note = " — interrupted, the trials below are those that finished" if status == "partial" else ""
+    lines.append(f"- status: **{status}**{note}, {len(trials)} of {meta.get('n_trials_planned', '?')} trials, {meta.get('duration_s', 0):.1f} s")
+    crit = meta.get("environment", {}).get("criu", {})
+    if crit:
+        lines.append(f"- CRIU {crit.get('version')} ({crit.get('source')})")
+    for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
+        lines.append(f"- sweep axis `{axis}`: {', '.join(map(str, values))}")
+    if trials.empty:
+        lines += ["", "No trial finished."]
+        return "\n".join(lines) + "\n"
+    v = run_verdict(trials)
+    lines += ["", f"**{v.text}** — invalid recovery rate {pct(v.rate)} (95% CI {pct(v.low)}–{pct(v.high)}); "
+              + ", ".join(f"{k} {v.counts[k]}" for k in OUTCOMES), ""]
+    by = group_columns(trials)
+    table = compact_rates(rates(trials, by))
+    lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False), ""]
+    for skipped in meta.get("skipped_arms", []):
+        lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
+    bad = failing_trials(trials, 20)
+    if not bad.empty:
+        lines += ["## First invalid or unknown trials", ""]
+        for row in bad.itertuples():
+            lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `{replay_command(run_dir, row.trial_id)}`")
+    return "\n".join(lines) + "\n"
+
+
+def render_search(search: dict[str, Any], run_path: Path) -> str:
+    """The Markdown section of ``summary.md`` that reports the search per arm."""
+    lines = [f"## Hypothesis search (profile `{search['profile']}`)", "",
+             "| arm | trials | first failure at trial | minimal failing plan | cuts | reproduced |",
+             "|:--|--:|--:|:--|--:|:--|"]
+    for a in search["arms"]:
+        plan = CutPlan.from_dict(a["minimal_plan"]).describe() if a.get("minimal_plan") else "—"
+        repro = {True: "yes", False: "flaky", None: "—"}[a.get("reproduced")]
+        lines.append(f"| {a['arm']} | {a['trials']} | {a.get('first_failure') or '—'} | {plan} | {a.get('minimal_cuts') or '—'} | {repro} |")
+    for a in search["arms"]:
+        if a.get("minimal_trial"):
+            lines.append(f"\n- replay `{a['arm']}`'s minimal plan: `cutbench replay {run_path / 'trials' / (a['minimal_trial'] + '.json')}`")
+        if a.get("flaky"):
+            lines.append(f"- `{a['arm']}`: {a['flaky']}")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Adaptive drivers: run loops that decide the next trial from the last one.
+
+A :data:`~cutbench.harness.runner.run.Driver` gets ``run_one(spec)`` and the
+run directory. ``hypothesis_driver`` hands each arm to the generator's
+:func:`~cutbench.harness.generator.search.search_arm` with a ``run_plan``
+callback that runs a real trial, and stores the search's progress
+(``search.json``) through the run directory; ``until_invalid`` stops a list
+of specs at the first invalid trial (the benchmarks' trials-to-failure).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.generator.search import SearchArm, search_arm, search_arms
+from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
+from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.reports.summary import render_search
+from cutbench.harness.runner.run import Driver, ProgressFn, RunOutcome, check_backends, execute, spec_for
+from cutbench.harness.store.rundir import RunDir
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label)
+
+
+def hypothesis_driver(scenario: Scenario, sarms: list[SearchArm], *, research_db: bool = True) -> Driver:
+    """A :data:`~cutbench.harness.runner.run.Driver` that searches every arm in turn and returns ``{"search": ...}``."""
+
+    def drive(run_one: Callable[[TrialSpec], TrialResult], run: RunDir) -> dict[str, Any]:
+        counter = [0]
+        results = []
+        for sarm in sarms:
+
+            def run_plan(plan: CutPlan, arm: Arm = sarm.arm) -> TrialResult:
+                counter[0] += 1
+                return run_one(spec_for(scenario, arm, plan, counter[0]))
+
+            db = run.path / "hypothesis-db" / _slug(sarm.arm.label()) if research_db else None
+            found = search_arm(scenario, sarm, run_plan, db)
+            results.append(found.to_dict())
+            run.write_text("search.json", json.dumps({"profile": scenario.profile, "arms": results}, indent=2))
+        return {"search": {"profile": scenario.profile, "arms": results}}
+
+    return drive
+
+
+def run_hypothesis(
+    scenario: Scenario,
+    results_root: str | Path,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: str | Path | None = None,
+) -> RunOutcome:
+    """Run the ``hypothesis`` plan source over the scenario's arms; return the :class:`RunOutcome`.
+
+    Writes ``search.json`` (per arm: trials, first failure, minimal failing
+    plan, reproduced or flaky) and appends a search section to ``summary.md``.
+    """
+    if scenario.profile not in PROFILES:
+        raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
+    arms, skipped = check_backends(scenario)
+    sarms = search_arms(scenario, arms)
+    outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
+                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials)
+    search = outcome.run.meta().get("search")
+    if search:
+        summary = outcome.run.path / "summary.md"
+        text = summary.read_text() if summary.exists() else ""
+        outcome.run.write_text("summary.md", text.rstrip("\n") + "\n\n" + render_search(search, outcome.run.path) + "\n")
+    return outcome
+
+
+def until_invalid(specs: list[TrialSpec]) -> Driver:
+    """A driver that runs ``specs`` in order and stops after the first ``invalid`` trial.
+
+    Returns ``{"first_invalid": <1-based trial number or None>}`` for ``run.toml``.
+    """
+
+    def drive(run_one: Callable[[TrialSpec], TrialResult], run: RunDir) -> dict[str, Any]:
+        for n, spec in enumerate(specs, 1):
+            if run_one(spec).verdict.outcome == "invalid":
+                return {"first_invalid": n}
+        return {}
+
+    return drive

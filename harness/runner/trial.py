@@ -1,0 +1,365 @@
+"""One trial end to end: spawn the workload, arm its cuts, drive the nemesis,
+watch for deadlock, collect the report and the receiver's records, and judge.
+
+``Session`` holds what a run's trials share (the receiver, a work directory,
+backend instances, the subreaper); ``TrialRunner`` runs one ``TrialSpec``
+to a ``TrialResult`` and never raises for a failing stage or workload.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.checker import oracle
+from cutbench.harness.model.plan import CutPlan, position
+from cutbench.harness.model.timeline import Timeline
+from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.pipeline import execute_cut
+from cutbench.procs import Child, become_subreaper, spawn
+from cutbench.workloads import api as workload_api
+from cutbench.workloads.control import ControlFile
+from cutbench.workloads.runtime import WorkloadConfig, read_marker
+
+POLL_S = 0.005
+
+
+class Session:
+    """Run-level resources: the receiver, a work directory, backends, the subreaper.
+
+    Use as a context manager; leaving it stops the receiver and removes the
+    work directory, whatever happened inside.
+    """
+
+    def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None):
+        self.run_id = run_id
+        self.store_spec = store
+        self._workdir_arg = workdir
+        self._backends: dict[str, Any] = {}
+        self.receiver = None
+        self.control_client = None
+
+    def __enter__(self) -> "Session":
+        from cutbench.receivers.client import ReceiverClient
+        from cutbench.receivers.process import start_receiver
+
+        become_subreaper()
+        base = Path(self._workdir_arg) if self._workdir_arg else None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-", dir=base))
+        self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
+        try:
+            self.receiver = start_receiver(self.store_url, self.workdir)
+            self.control_client = ReceiverClient(self.receiver.address)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.control_client is not None:
+            try:
+                self.control_client.close()
+            except Exception:
+                pass
+        if self.receiver is not None:
+            self.receiver.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def backend(self, name: str) -> Any:
+        """The (cached) backend instance for ``name``."""
+        if name not in self._backends:
+            self._backends[name] = checkpointers.get(name)
+        return self._backends[name]
+
+    def effects(self, receiver_trial: str) -> pd.DataFrame:
+        """The receiver's stored rows for one trial, read from the store (not the server's memory)."""
+        from cutbench.receivers.stores import open_store
+
+        store = open_store(self.store_url)
+        try:
+            return store.export(trial=receiver_trial)
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+
+    def run_trial(self, spec: TrialSpec) -> TrialResult:
+        """Run one trial to its verdict; never raises for a failing stage or workload."""
+        return TrialRunner(self, spec).run()
+
+
+class TrialRunner:
+    """One trial's side effects, from spawn to verdict (see :meth:`run`)."""
+
+    def __init__(self, session: Session, spec: TrialSpec):
+        self.s = session
+        self.spec = spec
+        self.cls = workload_api.load(spec.workload)
+        self.phases = tuple(self.cls.phases)
+        self.receiver_trial = f"{session.run_id}/{spec.trial_id}"
+        self.tdir = session.workdir / spec.trial_id
+        self.timeline = Timeline(spec.trial_id, hwm=self._hwm)
+        self.record: dict[str, Any] = {}
+        self.cut_targets: list[Child] = []  # single processes cut instead of the tree (killed at the end)
+
+    def _hwm(self) -> int | None:
+        return self.s.control_client.high_water_mark()
+
+    def run(self) -> TrialResult:
+        """Spawn, cut, restore, watch, judge. Always returns a :class:`TrialResult`."""
+        spec = self.spec
+        started = time.monotonic()
+        self.tdir.mkdir(parents=True)
+        control = ControlFile.create(self.tdir / "control")
+        backend = self.s.backend(spec.backend)
+        plan = spec.cut_plan()
+        status, error, failed_stage = "completed", "", ""
+        restores, outcomes = 0, []
+        child: Child | None = None
+        companions: list[Child] = []
+        resumed_at: tuple[tuple[int, int], int] | None = None  # (position at the last cut, progress count after it)
+        facts: dict[str, Any] = {}
+        try:
+            self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
+            config = self._write_config()
+            companions = self._start_companions(config)
+            seq = self._arm(control, plan, 0)
+            with self.timeline.stage("spawn"):
+                child = spawn([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
+            for i, cut in enumerate(plan.cuts):
+                reached = self._reach(control, child, cut, seq, i)
+                if reached == "deadlock":
+                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"
+                    break
+                if reached:
+                    status, error = "unknown", reached
+                    break
+                ctx = CutContext(
+                    images_dir=Path(spec.images_dir) / f"cutbench-{self.s.run_id}-{spec.trial_id}-c{i}",
+                    timeline=self.timeline,
+                    cut_index=i,
+                    cut=cut,
+                    stage_timeout_s=spec.stage_timeout_s,
+                    control=control,
+                )
+                next_seq: list[int | None] = [None]
+
+                def before_resume(i: int = i) -> None:
+                    control.set("incarnation", control.get("incarnation") + 1)
+                    next_seq[0] = self._arm(control, plan, i + 1)
+
+                def release(i: int = i, s: int | None = seq, fault: str = cut.fault) -> None:
+                    if fault == "none" and next_seq[0] is None:
+                        # No restore follows: arm the next cut before the parked
+                        # workload moves on, or it may run past it first.
+                        next_seq[0] = self._arm(control, plan, i + 1)
+                    if s is not None:
+                        control.release(s)
+
+                target = self._cut_target(control, child)
+                at_cut = (control.get("progress_op"), control.get("progress_phase"))
+                outcome = execute_cut(backend, target, ctx, release=release, before_resume=before_resume, keep_images=spec.keep_images)
+                # Until the resumed workload passes a point, the slots may show where a
+                # crashed (leave_running) process got to; it really stands at the cut.
+                resumed_at = (at_cut, control.get("progress_count"))
+                outcomes.append(asdict(outcome))
+                for key, value in ctx.facts.items():
+                    facts[key] = facts.get(key, 0) + value if isinstance(value, (int, float)) else value
+                if outcome.status == "restored":
+                    restores += 1
+                if outcome.status in ("refused", "failed"):
+                    status = "refused" if outcome.status == "refused" else "unknown"
+                    error, failed_stage = outcome.error, outcome.stage
+                    if next_seq[0] is not None:  # the plan stops here: do not leave the next cut armed
+                        control.release(next_seq[0])
+                    break
+                if outcome.status == "resumed" and next_seq[0] is None:
+                    next_seq[0] = self._arm(control, plan, i + 1)
+                seq = next_seq[0]
+            if status not in ("unknown", "deadlock"):
+                finished = self._finish(control, child)
+                if finished == "deadlock":
+                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s"
+                elif finished and status == "completed":
+                    status, error = "unknown", finished
+                elif finished and status == "refused" and "exit" in finished:
+                    # A refusal that killed the workload was not a clean refusal.
+                    status, error = "unknown", f"{error}; then {finished}"
+        except Exception as exc:  # harness-side failure: no verdict possible
+            status, error = "unknown", f"harness: {type(exc).__name__}: {exc}"
+        finally:
+            if child is not None and child.alive():
+                child.kill()
+            if child is not None:
+                child.kill_groups()  # also what an interrupted restore left behind
+            for companion in [*companions, *self.cut_targets]:
+                companion.kill()
+            progress_op, phase_index = control.get("progress_op"), control.get("progress_phase")
+            if resumed_at is not None and control.get("progress_count") == resumed_at[1]:
+                progress_op, phase_index = resumed_at[0]
+            progress_phase = self.phases[phase_index] if control.get("progress_count") and 0 <= phase_index < len(self.phases) else ""
+            control.close()
+        report = self._read_report()
+        self.record = {
+            "trial_id": spec.trial_id,
+            "status": status,
+            "error": error,
+            "failed_stage": failed_stage,
+            "exit_code": child.returncode if child else None,
+            "restores": restores,
+            "cut_outcomes": outcomes,
+            "report": report,
+            "marker_op": read_marker(self.tdir / "marker"),
+            "progress_op": progress_op,
+            "progress_phase": progress_phase,
+            # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
+            "workload_domains": sorted(workload_api.declared_domains(self.cls, spec.params) | set((report or {}).get("domains", ()))),
+            "covered_domains": sorted(backend.covers),
+            "duration_s": time.monotonic() - started,
+            "facts": facts,
+            "log_tail": self._log_tail() if status in ("unknown", "deadlock") else "",
+        }
+        effects = self._effects()
+        verdict = oracle.judge(self.record, effects, self.cls.reference(spec.params))
+        shutil.rmtree(self.tdir, ignore_errors=True)
+        return TrialResult(spec, self.record, self.timeline.rows(), effects, verdict)
+
+    # -- steps -------------------------------------------------------------
+    def _write_config(self) -> Path:
+        config = WorkloadConfig(
+            workload=self.spec.workload,
+            trial=self.receiver_trial,
+            params=self.spec.params,
+            control_path=str(self.tdir / "control"),
+            report_path=str(self.tdir / "report.json"),
+            marker_path=str(self.tdir / "marker"),
+            log_path=str(self.tdir / "workload.log"),
+            receiver=self.s.receiver.address,
+            array_backend=self.spec.array,
+        )
+        path = self.tdir / "config.json"
+        config.dump(path)
+        return path
+
+    def _start_companions(self, config: Path) -> list[Child]:
+        """Start the workload's companions (``cls.companions``: modules run as
+        ``python -m MODULE CONFIG``), e.g. a peer it talks to. They run outside
+        the checkpointed process tree, in their own sessions, so neither a cut
+        nor a fault touches them; the trial kills them at its end."""
+        return [spawn([sys.executable, "-m", module, str(config)], cwd=str(self.tdir))
+                for module in getattr(self.cls, "companions", ())]
+
+    def _cut_target(self, control: ControlFile, child: Child) -> Child:
+        """The process a cut checkpoints: the workload's root, whose whole tree the
+        backend dumps (a coordinated cut), or the one child the workload named in
+        the ``cut_pid`` slot (an uncoordinated cut of a single rank). A restored
+        single process is re-parented to us, so it is killed at the end of the trial."""
+        pid = control.get("cut_pid")
+        if pid <= 0 or pid == child.pid:
+            return child
+        for known in self.cut_targets:
+            if known.pid == pid:
+                return known
+        self.cut_targets.append(Child(pid=pid))
+        return self.cut_targets[-1]
+
+    def _arm(self, control: ControlFile, plan: CutPlan, index: int) -> int | None:
+        """Arm cut ``index`` if it is precise; return its sequence (None: async or none left)."""
+        if index >= len(plan.cuts) or plan.cuts[index].mode != "precise":
+            return None
+        cut = plan.cuts[index]
+        return control.arm(cut.op, self.phases.index(cut.phase))
+
+    def _reach(self, control: ControlFile, child: Child, cut: Any, seq: int | None, i: int) -> str:
+        """Wait until the workload is at the cut (parked, or past the async point + offset).
+
+        Returns "" when reached, "deadlock" when a workload restored or resumed
+        by an earlier cut makes no progress within the watchdog, else why not
+        (the trial becomes ``unknown``).
+        """
+        deadline = time.monotonic() + self.spec.stage_timeout_s
+        target = position(cut, self.phases)
+        # After a leave_running crash the progress slots still hold where the
+        # crashed process got to; only a count that moved since now is news.
+        baseline = last_count = control.get("progress_count")
+        last_change = time.monotonic()
+        with self.timeline.stage("reach_cut", i) as extra:
+            while True:
+                if seq is not None and control.get("parked_seq") >= seq:
+                    extra["detail"] = f"parked at {cut.op}/{cut.phase}"
+                    return ""
+                count = control.get("progress_count")
+                fresh = count != baseline or (i == 0 and count > 0)
+                pos = control.get("progress_op") * len(self.phases) + control.get("progress_phase")
+                if seq is None and fresh and pos >= target:
+                    time.sleep(cut.async_offset_ms / 1000.0)
+                    extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {cut.op}/{cut.phase}"
+                    return ""
+                if seq is not None and fresh and pos > target:
+                    return f"workload passed cut {i} at {cut.op}/{cut.phase} before it could park there (after an async cut)"
+                rc = child.poll()
+                if rc is not None:
+                    return f"workload exited ({rc}) before cut {i} at {cut.op}/{cut.phase}"
+                now = time.monotonic()
+                if count != last_count:
+                    last_count, last_change = count, now
+                elif i > 0 and now - last_change > self.spec.watchdog_s:
+                    extra["detail"] = "watchdog"
+                    return "deadlock"
+                if time.monotonic() > deadline:
+                    return f"workload did not reach cut {i} at {cut.op}/{cut.phase} within {self.spec.stage_timeout_s:g}s"
+                time.sleep(POLL_S)
+
+    def _finish(self, control: ControlFile, child: Child) -> str:
+        """Wait for the workload to exit. Returns "" on a clean exit, "deadlock", or why it failed."""
+        spec = self.spec
+        deadline = time.monotonic() + spec.trial_timeout_s
+        last_count, last_change = control.get("progress_count"), time.monotonic()
+        with self.timeline.stage("run_to_end") as extra:
+            while True:
+                rc = child.poll()
+                if rc is not None:
+                    extra["detail"] = f"exit {rc}"
+                    return "" if rc == 0 and control.get("done") else f"workload exit {rc}"
+                count = control.get("progress_count")
+                now = time.monotonic()
+                if count != last_count:
+                    last_count, last_change = count, now
+                elif now - last_change > spec.watchdog_s:
+                    child.kill()
+                    extra["detail"] = "watchdog"
+                    return "deadlock"
+                if now > deadline:
+                    child.kill()
+                    return f"trial timeout {spec.trial_timeout_s:g}s"
+                time.sleep(POLL_S * 2)
+
+    def _read_report(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.tdir / "report.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.tdir / "workload.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _effects(self) -> pd.DataFrame:
+        try:
+            return self.s.effects(self.receiver_trial)
+        except Exception as exc:  # a store we cannot read makes the verdict unknown
+            self.record["status"] = "unknown"
+            self.record["error"] = f"cannot read receiver store: {exc}"
+            return oracle.empty_effects()

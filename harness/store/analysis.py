@@ -1,0 +1,81 @@
+"""Re-analysis of stored runs and replay of stored trials.
+
+``reanalyze`` recomputes every verdict of a run from what the run stored
+(``trials/<id>.json`` records and ``effects.parquet``) with the current
+oracle: pure reads, so the same data must give the same verdict. ``replay``
+reruns one stored trial exactly (same spec, same plan) as a new run and says
+whether its verdict reproduced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from cutbench.harness.checker import oracle
+from cutbench.harness.store.rundir import RunDir
+from cutbench.workloads import api as workload_api
+
+
+def verdict_key(verdict: dict[str, Any]) -> tuple[str, tuple[tuple[str, int | None], ...]]:
+    """The exact comparable form of a stored verdict: outcome and the sorted ``(kind, op)`` of every finding."""
+    return verdict["outcome"], tuple(sorted(((f["kind"], f.get("op")) for f in verdict.get("findings", [])),
+                                            key=lambda k: (k[0], -1 if k[1] is None else k[1])))
+
+
+def verdict_class(verdict: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """The outcome and the set of finding kinds: what a replay must reproduce.
+
+    A rerun cannot promise the same counts where timing decides them (how
+    many ops a ``leave_running`` process got through before the crash), but
+    the same plan must give the same outcome and the same kinds of finding.
+    """
+    return verdict["outcome"], tuple(sorted({f["kind"] for f in verdict.get("findings", [])}))
+
+
+@dataclass
+class Reanalysis:
+    """Stored against recomputed verdicts of one run."""
+
+    run: RunDir
+    rows: list[dict[str, Any]]
+
+    @property
+    def differences(self) -> list[dict[str, Any]]:
+        """Trials whose recomputed verdict (outcome, finding kinds and ops) differs from the stored one."""
+        return [r for r in self.rows if not r["same"]]
+
+
+def trial_effects(effects: pd.DataFrame, trial_id: str) -> pd.DataFrame:
+    """The stored receiver rows of one trial (an empty frame with the oracle's columns when none)."""
+    if effects.empty or "trial_id" not in effects:
+        return oracle.empty_effects()
+    return effects[effects["trial_id"] == trial_id]
+
+
+def reanalyze(run: RunDir) -> Reanalysis:
+    """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side."""
+    effects = run.table("effects")
+    rows = []
+    for stored in run.trial_records():
+        spec, record = stored["spec"], stored["record"]
+        try:
+            reference = workload_api.load(spec["workload"]).reference(spec["params"])
+        except workload_api.WorkloadError as exc:
+            rows.append({"trial_id": spec["trial_id"], "stored": stored["verdict"]["outcome"],
+                         "recomputed": f"error: {exc}", "same": False})
+            continue
+        new = oracle.judge(record, trial_effects(effects, spec["trial_id"]), reference).to_dict()
+        rows.append(
+            {
+                "trial_id": spec["trial_id"],
+                "stored": stored["verdict"]["outcome"],
+                "recomputed": new["outcome"],
+                "stored_findings": [f["kind"] for f in stored["verdict"].get("findings", [])],
+                "recomputed_findings": [f["kind"] for f in new["findings"]],
+                "same": verdict_key(stored["verdict"]) == verdict_key(new),
+            }
+        )
+    return Reanalysis(run, rows)

@@ -1,0 +1,158 @@
+"""The store: every disk write of results happens here.
+
+Layout of ``results/<run-id>/``::
+
+    run.toml            resolved scenario, environment, status (complete|partial)
+    trials.parquet      one row per trial: arm, plan, status, outcome, finding counts, timings
+    timeline.parquet    one row per stage or event
+    effects.parquet     every delivery the receiver recorded, with trial_id
+    trials/<id>.json    the trial's spec (for ``cutbench replay``) and its verdict
+    summary.md          the human summary
+
+``results/latest`` is a symlink to the newest run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import tomli_w
+
+from cutbench.errors import InvalidArgument
+
+TABLES = ("trials", "timeline", "effects")
+
+
+def new_run_id(name: str) -> str:
+    """A sortable, unique run ID: ``20261129T130501Z-quick-3fa2``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{stamp}-{name}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class RunDir:
+    """A run directory being written or read."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        """The run ID (the directory name)."""
+        return self.path.name
+
+    @classmethod
+    def create(cls, root: str | Path, name: str) -> "RunDir":
+        """Make ``root/<new run id>/`` and return it."""
+        path = Path(root) / new_run_id(name)
+        (path / "trials").mkdir(parents=True)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDir":
+        """Open an existing run directory (``results/latest`` works); raise InvalidArgument if it is not one."""
+        p = Path(path).resolve()
+        if not (p / "run.toml").is_file():
+            raise InvalidArgument(f"{path}: not a cutbench run directory (no run.toml)")
+        return cls(p)
+
+    # -- writing ---------------------------------------------------------
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Write ``run.toml`` (None values dropped: TOML has no null)."""
+        _atomic_write(self.path / "run.toml", tomli_w.dumps(_drop_none(meta)))
+
+    def update_meta(self, **changes: Any) -> None:
+        """Merge top-level keys into ``run.toml``."""
+        meta = self.meta()
+        meta.update(changes)
+        self.write_meta(meta)
+
+    def write_trial(self, trial_id: str, record: dict[str, Any]) -> Path:
+        """Write ``trials/<trial_id>.json``; return its path."""
+        path = self.path / "trials" / f"{trial_id}.json"
+        _atomic_write(path, json.dumps(record, indent=2, sort_keys=True, default=str))
+        return path
+
+    def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> Path:
+        """Write ``<name>.parquet`` from rows or a frame; return its path."""
+        if name not in TABLES:
+            raise InvalidArgument(f"table {name!r}: allowed {', '.join(TABLES)}")
+        frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+        path = self.path / f"{name}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write a text artefact (``summary.md``, ``report.html``) into the run directory."""
+        path = self.path / name
+        _atomic_write(path, text)
+        return path
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """Write a binary artefact (a PNG plot) into the run directory."""
+        path = self.path / name
+        _atomic_write(path, data)
+        return path
+
+    def mark_latest(self) -> None:
+        """Point ``<root>/latest`` at this run."""
+        link = self.path.parent / "latest"
+        tmp = self.path.parent / f".latest-{secrets.token_hex(4)}"
+        os.symlink(self.path.name, tmp)
+        os.replace(tmp, link)
+
+    # -- reading ---------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """``run.toml`` as a dict."""
+        import tomllib
+
+        return tomllib.loads((self.path / "run.toml").read_text())
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A stored table (empty frame when the run has none)."""
+        path = self.path / f"{name}.parquet"
+        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+    def trial_records(self) -> list[dict[str, Any]]:
+        """Every ``trials/*.json``, in trial order."""
+        return [json.loads(p.read_text()) for p in sorted((self.path / "trials").glob("*.json"))]
+
+
+def read_trial_file(path: str | Path) -> dict[str, Any]:
+    """Load one stored trial JSON (for replay); raise InvalidArgument if it is not one."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InvalidArgument(f"{path}: no such trial file") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict) or "spec" not in data:
+        raise InvalidArgument(f"{path}: not a cutbench trial file (no 'spec')")
+    return data
+
+
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
+    os.replace(tmp, path)
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_drop_none(v) for v in value if v is not None]
+    return value

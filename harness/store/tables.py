@@ -1,0 +1,72 @@
+"""Table layouts: what one row of ``trials.parquet`` and one ``trials/<id>.json`` hold.
+
+Pure: a :class:`~cutbench.harness.model.trial.TrialResult` in, a row or a
+JSON-ready dict out. :class:`~cutbench.harness.store.rundir.RunDir` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cutbench.harness.model.scenario import Arm
+from cutbench.harness.model.trial import TrialResult
+
+
+def trial_row(result: TrialResult) -> dict[str, Any]:
+    """The flat ``trials.parquet`` row of a trial."""
+    spec, rec, verdict = result.spec, result.record, result.verdict
+    plan = spec.cut_plan()
+    first = plan.cuts[0] if plan.cuts else None
+    durations: dict[str, float] = {}
+    for row in result.timeline:
+        durations[row["stage"]] = durations.get(row["stage"], 0.0) + row["duration_s"]
+    row = {
+        "trial_id": spec.trial_id,
+        "index": spec.index,
+        "variant": spec.variant,
+        "workload": spec.workload,
+        "backend": spec.backend,
+        "receiver_mode": spec.receiver_mode,
+        "fault": spec.arm.get("fault"),
+        "crash_after_ms": spec.arm.get("crash_after_ms"),
+        "split_window_ms": spec.arm.get("split_window_ms"),
+        "rank_skew_ms": spec.arm.get("rank_skew_ms", 0.0),
+        "restore_target": spec.arm.get("restore_target", "same"),
+        "arm": Arm(**spec.arm).label(),
+        "plan": plan.describe(),
+        "plan_json": plan.to_json(),
+        "n_cuts": len(plan.cuts),
+        "cut_op": first.op if first else None,
+        "cut_phase": first.phase if first else None,
+        "cut_mode": first.mode if first else None,
+        "status": rec["status"],
+        "outcome": verdict.outcome,
+        "n_findings": len(verdict.findings),
+        "findings": json.dumps([f.to_dict() for f in verdict.findings]),
+        "error": rec["error"],
+        "failed_stage": rec["failed_stage"],
+        "restores": rec["restores"],
+        "host_op": (rec["report"] or {}).get("host_op"),
+        "n_effects": int(len(result.effects)),
+        "duration_s": rec["duration_s"],
+        "image_bytes": rec["facts"].get("image_bytes"),
+        "gpu_bytes": rec["facts"].get("gpu_bytes"),
+    }
+    for kind, n in verdict.counts().items():
+        row[kind] = n
+    for stage in ("criu_dump", "criu_restore", "cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock",
+                  "quiesce", "split_window", "app_save", "app_restore"):
+        row[f"{stage}_s"] = durations.get(stage)
+    return row
+
+
+def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:
+    """The content of ``trials/<id>.json``: spec (for replay), record and verdict."""
+    return {
+        "run_id": run_id,
+        "store": store if store == "sqlite" or store.startswith("sqlite:") else "postgresql",
+        "spec": result.spec.to_dict(),
+        "record": result.record,
+        "verdict": result.verdict.to_dict(),
+    }

@@ -1,0 +1,115 @@
+"""Ctrl-C mid-run: no process left, a partial run directory that reads back (``criu``: must run in CI).
+
+``cutbench run`` is started in its own process group and that whole group
+gets SIGINT, as a terminal's Ctrl-C does (CRIU, run by the harness, gets it
+too). Each case waits for a different moment of a trial: the workload
+running toward its cut, CRIU dumping it, and CRIU restoring it after the
+restored process already exists — the moment a restore handle does not yet
+know the restored pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutbench.harness.store.analysis import reanalyze
+from cutbench.harness.store.rundir import RunDir
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.criu
+
+
+def _processes() -> list[tuple[int, str, str]]:
+    """(pid, cmdline, cwd) of every live, non-zombie process we can read."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if state != "Z":
+            out.append((int(proc.name), cmd, cwd))
+    return out
+
+
+def _criu(word: str, run_id: str) -> bool:
+    """True while a CRIU ``word`` (dump|restore) of this run's trials is running (its image directory names the run)."""
+    return any("criu" in cmd and f" {word} " in f" {cmd} " and f"cutbench-{run_id}-" in cmd for _, cmd, _ in _processes())
+
+
+def _workload(tmp: Path) -> bool:
+    return any("cutbench.workloads.launch" in cmd and str(tmp) in cmd for _, cmd, _ in _processes())
+
+
+MOMENTS = {
+    "workload_running": lambda tmp, rid: _workload(tmp) and not _criu("dump", rid) and not _criu("restore", rid),
+    "criu_dump": lambda tmp, rid: _criu("dump", rid),
+    "criu_restore_after_the_restored_task_exists": lambda tmp, rid: _criu("restore", rid) and _workload(tmp),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("moment, presses", [(m, 1) for m in MOMENTS] + [("criu_dump", 3)])
+def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int):
+    """``presses`` > 1: an impatient user presses Ctrl-C again while the harness cleans up."""
+    tmp = tmp_path / "tmp"  # the run's work directory lands here (TMPDIR), so its processes are recognisable
+    tmp.mkdir()
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(out), "--json"],
+                            cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        # Let one trial finish first, so the partial run has something in it.
+        while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
+            time.sleep(0.01)
+        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
+        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id):
+            time.sleep(0.002)
+        assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
+        os.killpg(proc.pid, signal.SIGINT)
+        for _ in range(presses - 1):
+            time.sleep(0.03)
+            os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    assert proc.returncode == 130, stderr[-3000:]
+    time.sleep(0.2)  # let the kernel finish tearing down what was killed
+    run_dir = next(p for p in out.iterdir() if p.name != "latest")
+    run_id = run_dir.name
+    left = [(pid, cmd) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
+    for pid, _ in left:  # do not leak them into the next test, but fail this one
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    assert not list(tmp.iterdir()), "the work directory was left behind"
+    assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*")), "an image directory was left behind"
+
+    # The partial run reads back: marked partial, tables, trial files and summary agree.
+    result = json.loads(stdout)
+    assert result["complete"] is False and result["exit_code"] == 130
+    run = RunDir.open(run_dir)
+    meta = run.meta()
+    trials = run.table("trials")
+    assert meta["status"] == "partial"
+    assert 1 <= meta["n_trials"] == len(trials) == len(run.trial_records()) < meta["n_trials_planned"]
+    assert set(trials["outcome"]) <= {"valid", "invalid", "refused", "unknown"}
+    assert "interrupted" in (run_dir / "summary.md").read_text()
+    assert "partial run: interrupted" in (run_dir / "report.html").read_text()
+    assert not reanalyze(run).differences
+    assert (out / "latest").resolve() == run_dir

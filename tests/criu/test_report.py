@@ -1,0 +1,190 @@
+"""report.html in a real headless Chromium, plots and tables from stored data, regeneration (``criu``: must run in CI).
+
+The report checks itself when it loads (every image decoded, every table with
+rows, every timeline with stage bars) and writes the result on ``<body>``;
+Chromium's ``--dump-dom`` gives us the page after that script ran. A
+screenshot of the page is left in the test artefacts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+
+from cutbench.harness.reports import plots
+from cutbench.harness.reports import html as report
+from cutbench.harness.reports import summary
+from cutbench.harness.store.rundir import RunDir
+from tests.fixtures.run_fixtures import artifacts_dir, cli, mixed_run, mixed_run_copy, mixed_scenario  # noqa: F401
+
+pytestmark = pytest.mark.criu
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_binary() -> str:
+    """Debian's chromium; fails under CI or `make test` (which install it), skips elsewhere."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    reason = "Chromium not found: run `sh .ci/provision-chromium.sh` (installs Debian's chromium)"
+    if os.environ.get("CI") or os.environ.get("CUTBENCH_REQUIRE_BROWSER") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def run_chromium(html: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium on ``html`` with a fresh, empty profile."""
+    with tempfile.TemporaryDirectory(prefix="cutbench-chromium-") as profile:
+        return subprocess.run([chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, html.resolve().as_uri()],
+                              capture_output=True, text=True, timeout=120)
+
+
+def rendered_body(html: Path) -> dict[str, str]:
+    """The attributes of ``<body>`` after the page's self-check ran in Chromium."""
+    proc = run_chromium(html, "--dump-dom")
+    match = re.search(r"<body([^>]*)>", proc.stdout)
+    assert match, f"Chromium printed no DOM (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', match.group(1)))
+
+
+def test_report_renders_every_plot_and_table_in_chromium(mixed_run: Path):
+    html = mixed_run / "report.html"
+    text = html.read_text()
+    n_images, n_tables = text.count("<img "), text.count("<table ")
+    n_timelines = text.count('<svg class="timeline"')
+    trials = RunDir.open(mixed_run).table("trials")
+    # Failing trials first, then the first trial of each arm not already shown.
+    expected = set(trials.loc[trials["outcome"] != "valid", "trial_id"]) | set(trials.groupby("arm")["trial_id"].min())
+    assert n_images == len(plots.PLOTS) and n_tables >= 5 and n_timelines == len(expected) >= 3
+
+    body = rendered_body(html)
+    assert body.get("data-render-check") == "ok", body.get("data-problems")
+    assert body["data-images"] == f"{n_images}/{n_images}"
+    assert body["data-tables"] == f"{n_tables}/{n_tables}"
+    assert body["data-timelines"] == f"{n_timelines}/{n_timelines}"
+
+    shot = artifacts_dir() / "report.png"
+    shot.unlink(missing_ok=True)
+    proc = run_chromium(html, f"--screenshot={shot}", "--window-size=1280,3000")
+    assert shot.is_file(), proc.stderr[-2000:]
+    pixels = mpimg.imread(shot)
+    assert pixels.shape[0] == 3000 and pixels.shape[1] == 1280
+    assert pixels[..., :3].std() > 0.05, "the screenshot is blank"
+    # The verdict banner is the first thing on the page: red, since this run has invalid trials.
+    r, g, b = pixels[20, 640, :3]
+    assert r > 0.5 and g < 0.3 and b < 0.3, (r, g, b)
+
+
+def test_self_check_reports_a_broken_image(mixed_run_copy: Path, tmp_path: Path):
+    """The check cannot pass by construction: an image that does not decode turns it to ``failed``."""
+    html = mixed_run_copy / "report.html"
+    text = html.read_text()
+    broken = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64," + base64.b64encode(b"not a png").decode(), text, count=1)
+    assert broken != text
+    bad = tmp_path / "broken.html"
+    bad.write_text(broken)
+    body = rendered_body(bad)
+    assert body["data-render-check"] == "failed"
+    assert "image not decoded" in body["data-problems"]
+
+
+def test_report_is_self_contained(mixed_run: Path):
+    text = (mixed_run / "report.html").read_text()
+    assert not re.search(r'(src|href)="(?!data:|#)', text), "the report loads something from outside itself"
+    assert "<script src" not in text and "<link " not in text
+
+
+def test_report_tables_match_the_stored_trials(mixed_run: Path):
+    run = RunDir.open(mixed_run)
+    trials = run.table("trials")
+    text = (mixed_run / "report.html").read_text()
+    verdict = summary.run_verdict(trials)
+    assert f'data-verdict="{verdict.label}"' in text
+    assert verdict.counts["invalid"] == int((trials["outcome"] == "invalid").sum()) > 0
+    assert verdict.counts["valid"] > 0
+    # Every failing trial is listed with the replay command of its stored trial file.
+    for tid in trials.loc[trials["outcome"] == "invalid", "trial_id"]:
+        assert summary.replay_command(mixed_run, tid) in text
+        assert (mixed_run / "trials" / f"{tid}.json").is_file()
+    # Each arm's row shows the arm's own counts.
+    table = summary.rates(trials, ["arm"])
+    for row in table.itertuples():
+        assert re.search(rf"<td>{re.escape(row.arm)}</td><td class=\"num\">{row.trials}</td><td class=\"num\">{row.valid}</td>"
+                         rf"<td class=\"num\">{row.invalid}</td>", text), row.arm
+
+
+def test_cutbench_report_regenerates_everything_from_stored_data(mixed_run_copy: Path):
+    for name in ("report.html", "summary.md"):
+        (mixed_run_copy / name).unlink()
+    shutil.rmtree(mixed_run_copy / "plots")
+    proc = cli("report", str(mixed_run_copy), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["verdict"] == "invalid" and out["counts"]["invalid"] > 0
+    assert Path(out["report"]).is_file() and Path(out["summary"]).is_file()
+    assert set(out["plots"]) == set(plots.PLOTS)
+    for path in out["plots"].values():
+        assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Replay commands name where the run is now, not where it was made.
+    assert str(mixed_run_copy) in (mixed_run_copy / "summary.md").read_text()
+
+
+def test_bad_report_argument_exits_254(tmp_path: Path):
+    proc = cli("report", str(tmp_path))
+    assert proc.returncode == 254
+    assert "not a cutbench run directory" in proc.stderr
+
+
+def test_partial_run_is_marked_in_the_report(mixed_run: Path):
+    run = RunDir.open(mixed_run)
+    meta = {**run.meta(), "status": "partial"}
+    html = report.render_html(meta, run.table("trials").head(1), run.table("timeline"), run.table("effects"), {})
+    assert "partial run: interrupted" in html
+    assert "interrupted" in summary.render(meta, run.table("trials").head(1))
+
+
+def test_every_delivery_is_placed_inside_its_arrival_window(mixed_run: Path):
+    """The timeline puts a delivery between the last high-water mark below its arrival number and the first at or above it."""
+    run = RunDir.open(mixed_run)
+    timeline, effects = run.table("timeline"), run.table("effects")
+    checked = 0
+    for tid, stages in timeline.groupby("trial_id"):
+        fx = effects[effects["trial_id"] == tid]
+        points = sorted([(t, h) for t, h in zip(stages["t_start"], stages["hwm_before"])] + list(zip(stages["t_end"], stages["hwm_after"])))
+        for seq, t in zip(fx["arrival_seq"], report.effect_times(stages, fx)):
+            lo = max((pt for pt, h in points if h < seq), default=points[0][0])
+            hi = min((pt for pt, h in points if h >= seq), default=points[-1][0])
+            assert t is not None and lo - 1e-6 <= t <= hi + 1e-6, (tid, seq, lo, t, hi)
+            checked += 1
+    assert checked >= 16
+
+
+def test_plots_without_data_still_render():
+    empty = pd.DataFrame()
+    for name, png in plots.render_all(empty, empty).items():
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_rate_plot_with_every_group_size(mixed_run: Path):
+    """Groups of 1..40 trials, all valid or all invalid: the Wilson bounds are exact at 0/n and n/n and the plot draws."""
+    from cutbench.harness.checker.stats import wilson_interval
+
+    for n in range(1, 41):
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0, n
+    trials = RunDir.open(mixed_run).table("trials")
+    for n in (3, 6, 7):  # sizes at which the computed bound used to miss 0 by a rounding error
+        many = pd.concat([trials.assign(trial_id=trials["trial_id"] + f"-{i}") for i in range(n)], ignore_index=True)
+        assert plots.invalid_rate_by_phase(many)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,292 @@
+"""CRIU provisioning: apt config parsing (unit), download/unpack (network), real dump + restore.
+
+The `criu` tests fail, never skip, when CRIU is not provisioned: CI runs
+`cutbench criu install` first, so a missing CRIU there is a real failure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cutbench.harness.environment import criu_tool
+from tests.conftest import REPO
+from cutbench.errors import InvalidArgument, Unavailable
+
+DEB822 = """\
+Types: deb
+# http://snapshot.debian.org/archive/debian/20250520T000000Z
+URIs: http://mirror.example.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://mirror.example.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+
+SECURITY_FIRST = """\
+Types: deb-src
+URIs: http://src.example.org/debian
+Suites: bookworm
+Components: main
+
+Types: deb
+URIs: http://security.example.org/debian-security
+Suites: trixie-security
+Components: main
+
+Types: deb
+URIs: http://disabled.example.org/debian
+Suites: trixie
+Enabled: no
+
+Types: deb
+URIs: http://embedded.example.org/debian
+Suites: trixie
+Components: main
+Signed-By:
+ -----BEGIN PGP PUBLIC KEY BLOCK-----
+ .
+ mQINBGPL0BUBEADmW5NdOOHwPIJlgPu6JDcKw/NZJPR8lsD9K7UgrF6nCc4uCm8L
+ -----END PGP PUBLIC KEY BLOCK-----
+"""
+
+ONE_LINE = """\
+# comment
+deb-src http://src.example.org/debian bookworm main
+deb http://archive.ubuntu.com/ubuntu noble main universe
+deb [arch=amd64 signed-by=/etc/apt/keyrings/deb.gpg] http://ftp.example.org/debian/ bookworm main contrib # trailing
+"""
+
+
+# ----------------------------------------------------------------------------- apt config (unit)
+
+
+def test_parse_deb822_reads_uri_suites_and_keyring():
+    srcs = criu_tool.parse_deb822(DEB822)
+    assert [s.uri for s in srcs] == ["http://mirror.example.org/debian", "http://mirror.example.org/debian-security"]
+    assert srcs[0].suites == ["bookworm", "bookworm-updates"]
+    assert srcs[0].signed_by == "/usr/share/keyrings/debian-archive-keyring.gpg"
+    assert srcs[0].is_debian and not srcs[1].is_debian
+
+
+def test_parse_deb822_skips_disabled_and_keeps_embedded_key():
+    srcs = criu_tool.parse_deb822(SECURITY_FIRST)
+    assert "http://disabled.example.org/debian" not in [s.uri for s in srcs]
+    emb = [s for s in srcs if s.uri.startswith("http://embedded")][0]
+    assert emb.signed_by.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINB")
+    assert emb.signed_by.endswith("-----END PGP PUBLIC KEY BLOCK-----")
+
+
+def test_parse_one_line_sources_list():
+    srcs = criu_tool.parse_one_line(ONE_LINE)
+    assert [(s.types[0], s.uri) for s in srcs] == [
+        ("deb-src", "http://src.example.org/debian"),
+        ("deb", "http://archive.ubuntu.com/ubuntu"),
+        ("deb", "http://ftp.example.org/debian/"),
+    ]
+    assert srcs[2].signed_by == "/etc/apt/keyrings/deb.gpg"
+    assert srcs[2].components == ["main", "contrib"]
+    assert not srcs[1].is_debian  # Ubuntu is not a Debian archive
+    assert srcs[2].is_debian
+
+
+def test_debian_mirror_first_binary_non_security(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text("deb http://archive.ubuntu.com/ubuntu noble main\n")
+    (tmp_path / "sources.list.d" / "a.sources").write_text(SECURITY_FIRST)
+    (tmp_path / "sources.list.d" / "b.list").write_text(ONE_LINE)
+    (tmp_path / "sources.list.d" / "c.list.disabled").write_text("deb http://no.example.org/debian sid main\n")
+    src = criu_tool.debian_mirror(tmp_path)
+    assert src.uri == "http://embedded.example.org/debian"
+    assert src.signed_by.startswith("-----BEGIN PGP")
+
+
+def test_debian_mirror_from_one_line_sources_list(tmp_path):
+    (tmp_path / "sources.list").write_text(ONE_LINE)
+    src = criu_tool.debian_mirror(tmp_path)
+    assert (src.uri, src.signed_by) == ("http://ftp.example.org/debian/", "/etc/apt/keyrings/deb.gpg")
+
+
+def test_no_debian_mirror_says_how_to_fix(tmp_path):
+    (tmp_path / "sources.list").write_text("deb http://archive.ubuntu.com/ubuntu noble main\n")
+    with pytest.raises(Unavailable, match="--from DIR"):
+        criu_tool.debian_mirror(tmp_path)
+
+
+def test_this_machine_mirror_comes_from_its_apt_config():
+    src = criu_tool.debian_mirror()
+    assert src.uri in {s.uri for s in criu_tool.read_apt_sources()}
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+
+def test_parse_version():
+    assert criu_tool.parse_version("Version: 4.2.1\nGitID: v4.2.1\n") == (4, 2, 1)
+    assert criu_tool.parse_version("Version: 3.17\n") == (3, 17)
+    assert criu_tool.parse_version("garbage") is None
+
+
+def test_version_ok():
+    mk = lambda v: criu_tool.CriuInstall(("criu",), v, "path", None)  # noqa: E731
+    assert criu_tool.version_ok(mk("4.2.1")) and criu_tool.version_ok(mk("5.0"))
+    assert not criu_tool.version_ok(mk("3.17.1")) and not criu_tool.version_ok(mk("4.1.1"))
+
+
+def test_resolve_packages_drops_virtual_and_dependency_lines():
+    out = "criu\n  Depends: libc6\n  Depends: <libfoo>\n    libfoo1\nlibc6\n<libfoo>\nlibfoo1\n"
+    assert criu_tool.resolve_packages(out) == ["criu", "libc6", "libfoo1"]
+
+
+def test_default_prefix(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUTBENCH_CRIU_PREFIX", str(tmp_path / "p"))
+    assert criu_tool.default_prefix() == tmp_path / "p"
+    monkeypatch.delenv("CUTBENCH_CRIU_PREFIX")
+    assert criu_tool.default_prefix() == REPO / ".criu"
+
+
+def test_install_rejects_both_modes(tmp_path):
+    with pytest.raises(InvalidArgument, match="exclude each other"):
+        criu_tool.install(tmp_path, download_only=tmp_path / "a", from_dir=tmp_path / "b")
+
+
+def test_install_from_empty_dir_explains(tmp_path):
+    (tmp_path / "debs").mkdir()
+    with pytest.raises(Unavailable, match="no criu_.*deb.*--download-only"):
+        criu_tool.install(tmp_path / "prefix", from_dir=tmp_path / "debs", force=True)
+
+
+def test_download_without_apt_explains(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get here
+    with pytest.raises(Unavailable, match="apt-get not found.*--from DIR"):
+        criu_tool.download_debs(tmp_path / "debs")
+
+
+def test_bad_suite_is_invalid_argument(tmp_path):
+    with pytest.raises(InvalidArgument, match="suite"):
+        criu_tool.download_debs(tmp_path, suite="unstable main; rm")
+
+
+def test_nothing_found_explains(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(criu_tool, "_required", {})
+    with pytest.raises(Unavailable, match="(?s)no bundled CRIU.*cutbench criu install"):
+        criu_tool.require_criu(tmp_path / "empty")
+
+
+# ----------------------------------------------------------------------------- download + unpack (network)
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory) -> Path:
+    """criu and its dependencies downloaded once from the machine's Debian mirror."""
+    d = tmp_path_factory.mktemp("debs")
+    assert criu_tool.install(download_only=d) is None
+    return d
+
+
+@pytest.mark.criu
+def test_download_only_fetches_criu_and_its_libraries(debs):
+    names = [p.name for p in debs.glob("*.deb")]
+    assert any(n.startswith("criu_") for n in names)
+    assert any(n.startswith("libc6_") for n in names)  # the bundled loader comes from here
+    assert any(n.startswith("libnftables") for n in names)  # network lock without iptables
+
+
+@pytest.mark.criu
+def test_install_from_dir_into_prefix(debs, tmp_path):
+    prefix = tmp_path / "prefix"
+    inst = criu_tool.install(prefix, from_dir=debs, force=True)
+    assert inst is not None and inst.source == "bundled" and inst.prefix == prefix
+    assert criu_tool.version_ok(inst)
+    assert inst.argv[0].startswith(str(prefix)) and "--library-path" in inst.argv
+    ok, out = criu_tool.check(inst)
+    assert ok, out
+    # The relocatable wrapper runs the same CRIU.
+    p = subprocess.run([str(prefix / "bin" / "criu"), "--version"], capture_output=True, text=True)
+    assert f"Version: {inst.version}" in p.stdout
+    # Idempotent: a second call finds the working install and does not unpack again.
+    mtime = (prefix / "root").stat().st_mtime_ns
+    assert criu_tool.install(prefix, from_dir=debs) is not None
+    assert (prefix / "root").stat().st_mtime_ns == mtime
+    assert criu_tool.find_criu(prefix) == inst
+
+
+@pytest.mark.criu
+def test_python_unpacker_matches_dpkg_deb(debs, tmp_path):
+    deb = next(debs.glob("libcompel1_*.deb"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    criu_tool.unpack_deb(deb, a)
+    criu_tool._unpack_deb_python(deb, b)
+    files = lambda r: sorted(str(p.relative_to(r)) for p in r.rglob("*"))  # noqa: E731
+    assert files(a) == files(b) and files(a)
+
+
+# ----------------------------------------------------------------------------- real CRIU
+
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+@pytest.mark.criu
+def test_require_criu_passes_criu_check():
+    inst = criu_tool.require_criu()  # raises (test fails) when CRIU is not provisioned
+    assert criu_tool.version_ok(inst)
+    ok, out = criu_tool.check(inst)
+    assert ok, out
+    assert criu_tool.require_criu() is inst  # cached per process
+
+
+@pytest.mark.criu
+def test_dump_and_restore_a_sleeping_process(tmp_path):
+    inst = criu_tool.require_criu()
+    libc = ctypes.CDLL(None, use_errno=True)
+    was = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+    # The restored process is re-parented to us once `criu restore -d` exits.
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    images = tmp_path / "images"
+    images.mkdir()
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid = child.pid
+    restored = False
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        d = subprocess.run(inst.command("dump", "-t", str(pid), "-D", str(images), "-o", "dump.log", "-v4"),
+                           capture_output=True, text=True, timeout=120)
+        dump_s = time.monotonic() - t0
+        assert d.returncode == 0, (images / "dump.log").read_text()[-3000:]
+        # Dump killed the process; reap the zombie or restore fails with "Can't fork ... File exists".
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        t0 = time.monotonic()
+        r = subprocess.run(inst.command("restore", "-D", str(images), "-d", "--pidfile", str(tmp_path / "pid"),
+                                        "-o", "restore.log", "-v4"),
+                           capture_output=True, text=True, timeout=120)
+        restore_s = time.monotonic() - t0
+        assert r.returncode == 0, (images / "restore.log").read_text()[-3000:]
+        restored = True
+        assert int((tmp_path / "pid").read_text()) == pid  # CRIU restores the same PID
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+        print(f"criu dump {dump_s:.3f} s, restore {restore_s:.3f} s")
+    finally:
+        if restored:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)  # ours to reap thanks to the subreaper bit
+            assert os.WIFSIGNALED(status)
+        elif child.poll() is None:
+            child.kill()
+            child.wait()
+        libc.prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)

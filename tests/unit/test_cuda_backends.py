@@ -1,0 +1,97 @@
+"""Units of the CUDA backends that need no GPU: availability, the utility's output, remap planning."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.environment import gpu_mem
+from cutbench.harness.nemesis.backends import criu_cuda_plugin
+from cutbench.harness.nemesis.backends.cuda import CudaCallError, CudaProcs, CudaStages
+from cutbench.harness.nemesis.backends.cuda_checkpoint_util import UtilityDriver
+from cutbench.errors import StageRefused
+
+
+def fake_tool(tmp_path: Path, body: str) -> Path:
+    exe = tmp_path / "bin" / "cuda-checkpoint"
+    exe.parent.mkdir(exist_ok=True)
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe
+
+
+def test_utility_backend_is_unavailable_without_the_utility(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = checkpointers.get("cuda-checkpoint").unavailable_reason()
+    assert reason and "not on PATH" in reason
+
+
+def test_utility_driver_reads_state_and_maps_errors(tmp_path):
+    exe = fake_tool(tmp_path, 'case "$*" in\n'
+                              '  *--get-state*) echo "locked";;\n'
+                              '  *unlock*) exit 0;;\n'
+                              '  *lock*) echo "Error: CUDA_ERROR_NOT_READY while locking" >&2; exit 1;;\n'
+                              '  *) exit 0;;\nesac\n')
+    drv = UtilityDriver(str(exe))
+    assert drv.get_state(123) == "locked"
+    with pytest.raises(CudaCallError) as err:
+        drv.lock(123, 1000)
+    assert err.value.name == "CUDA_ERROR_NOT_READY" and err.value.code == 600
+    drv.unlock(123)
+    with pytest.raises(CudaCallError, match="cannot remap"):
+        drv.restore(123, [("GPU-a", "GPU-b")])
+
+
+def test_plugin_backend_says_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.delenv(criu_cuda_plugin.ENV, raising=False)
+    assert criu_cuda_plugin.ENV in criu_cuda_plugin.plugin_unavailable_reason()
+    monkeypatch.setenv(criu_cuda_plugin.ENV, str(tmp_path))
+    assert "holds no cuda_plugin.so" in criu_cuda_plugin.plugin_unavailable_reason()
+    (tmp_path / "cuda_plugin.so").write_bytes(b"")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "cuda-checkpoint" in criu_cuda_plugin.plugin_unavailable_reason()
+    fake_tool(tmp_path, "exit 0\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ.get("PATH", ""))
+    assert criu_cuda_plugin.plugin_unavailable_reason() is None
+    assert checkpointers.get("criu-cuda-plugin").extra_args == ("--libdir", str(tmp_path))
+
+
+class TwoGpus:
+    supports_remap = True
+
+    def __init__(self, n: int = 2):
+        self.uuids = [f"GPU-{i}" for i in range(n)]
+
+    def gpu_uuids(self) -> list[str]:
+        return self.uuids
+
+
+def test_remap_rotates_every_visible_gpu(monkeypatch):
+    monkeypatch.setattr(gpu_mem, "free_bytes", lambda: {})
+    stages = CudaStages(TwoGpus())
+    procs = CudaProcs([10, 11], {10: ["GPU-0"], 11: ["GPU-1"]}, 0, {10: {"GPU-0": 1}, 11: {"GPU-1": 1}})
+    pairs = stages.remap_pairs(procs, "other_gpu")
+    assert pairs == {10: [[("GPU-0", "GPU-1"), ("GPU-1", "GPU-0")]], 11: [[("GPU-0", "GPU-1"), ("GPU-1", "GPU-0")]]}
+    assert stages.remap_pairs(procs, "same") == {}
+
+
+@pytest.mark.parametrize("n,gpus,reason", [(1, {10: ["GPU-0"]}, "needs 2 GPUs"), (2, {10: []}, "cannot tell which GPU")])
+def test_remap_that_cannot_be_asked_for_is_refused(monkeypatch, n, gpus, reason):
+    monkeypatch.setattr(gpu_mem, "free_bytes", lambda: {})
+    with pytest.raises(StageRefused, match=reason):
+        CudaStages(TwoGpus(n)).remap_pairs(CudaProcs([10], gpus), "other_gpu")
+
+
+def test_remap_onto_a_gpu_without_room_is_refused_before_the_cut(monkeypatch):
+    gib = 1 << 30
+    procs = CudaProcs([10], {10: ["GPU-0"]}, 2 * gib, {10: {"GPU-0": 2 * gib}})
+    monkeypatch.setattr(gpu_mem, "free_bytes", lambda: {"GPU-0": 100 * gib, "GPU-1": gib})
+    with pytest.raises(StageRefused, match="remap refused before the cut: GPU-1"):
+        CudaStages(TwoGpus()).remap_pairs(procs, "other_gpu")
+    # A swap fits when the memory the checkpoint frees is counted.
+    monkeypatch.setattr(gpu_mem, "free_bytes", lambda: {"GPU-0": gib, "GPU-1": 3 * gib})
+    assert CudaStages(TwoGpus()).remap_pairs(procs, "other_gpu")

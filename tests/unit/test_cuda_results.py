@@ -1,0 +1,47 @@
+"""CUresult mapping and stage classification of the CUDA backends (pure; no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cutbench.harness.nemesis.backends.cuda import RESULTS, CudaCallError, classify
+from cutbench.errors import StageFailed, StageRefused
+
+
+def test_codes_are_unique_and_success_is_zero():
+    codes = [code for code, _ in RESULTS.values()]
+    assert len(codes) == len(set(codes))
+    assert RESULTS["CUDA_SUCCESS"][0] == 0
+
+
+def test_names_and_codes_match_the_bindings():
+    drv = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings not installed")
+    for name, (code, _) in RESULTS.items():
+        assert int(getattr(drv.CUresult, name)) == code, name
+
+
+def test_error_text_names_call_pid_result_and_meaning():
+    err = CudaCallError("cuCheckpointProcessLock", 4242, 600)
+    text = str(err)
+    assert "cuCheckpointProcessLock(pid 4242)" in text
+    assert "CUDA_ERROR_NOT_READY" in text and "lock timeout" in text
+    unknown = CudaCallError("cuCheckpointProcessRestore", 1, 12345)
+    assert "CUresult 12345" in str(unknown) and "not documented" in str(unknown)
+
+
+def test_lock_failure_leaving_processes_running_is_a_refusal():
+    err = CudaCallError("cuCheckpointProcessLock", 7, 600)
+    out = classify("cuda_lock", err, ["running", "running"])
+    assert isinstance(out, StageRefused) and out.stage == "cuda_lock" and "RUNNING" in out.reason
+
+
+@pytest.mark.parametrize("states", [["running", "locked"], [], ["failed"]])
+def test_lock_failure_that_disturbed_a_process_is_a_failure(states):
+    out = classify("cuda_lock", CudaCallError("cuCheckpointProcessLock", 7, 999), states)
+    assert isinstance(out, StageFailed)
+
+
+@pytest.mark.parametrize("stage", ["cuda_checkpoint", "cuda_restore", "cuda_unlock"])
+def test_any_later_stage_failing_is_a_failure_naming_the_stage(stage):
+    out = classify(stage, CudaCallError("x", 7, 401), ["running"])
+    assert isinstance(out, StageFailed) and out.stage == stage and "CUDA_ERROR_ILLEGAL_STATE" in out.reason

@@ -1,0 +1,217 @@
+"""The service as a process: CLI, exposure rules, error semantics, shutdown, client recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutbench.errors import InvalidArgument
+from cutbench.receivers import protocol as P
+from cutbench.receivers.client import ReceiverClient, ReceiverError, ReceiverUnavailable
+from cutbench.receivers.process import start_receiver
+from cutbench.receivers.stores import open_store
+from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, receiver, store_url  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _serve(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "cutbench.receivers", "serve", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "server did not become ready"
+        time.sleep(0.01)
+    return path.read_text().strip()
+
+
+def _raw(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def _read_frames(sock: socket.socket, n: int) -> list[dict]:
+    dec, out = P.FrameDecoder(), []
+    while len(out) < n:
+        data = sock.recv(65536)
+        assert data, "connection closed"
+        out += [json.loads(b) for b in dec.feed(data)]
+    return out
+
+
+def test_cli_serves_a_unix_socket_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    sock_path, ready = tmp_path / "r.sock", tmp_path / "ready"
+    proc = _serve("--store", f"sqlite:{tmp_path / 'r.db'}", "--listen", f"unix:{sock_path}",
+                  "--ready-file", str(ready))
+    try:
+        address = _wait_file(ready, proc)
+        assert address == f"unix:{sock_path}"
+        with ReceiverClient(address) as c:
+            c.open_trial("t", "at_least_once")
+            for op in range(50):
+                c.send_effect("t", op, 0, "x")
+            proc.send_signal(signal.SIGTERM)
+            # everything sent before SIGTERM is committed and acked before the server exits
+            acks = [c.wait_ack(op, timeout=10) for op in range(50)]
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert {a["decision"] for a in acks} == {"applied"}
+    assert not sock_path.exists()
+    assert len(open_store(f"sqlite:{tmp_path / 'r.db'}").export()) == 50
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--listen", "0.0.0.0:0"], "--allow-remote"),
+        (["--listen", "0.0.0.0:0", "--allow-remote"], "token"),
+        (["--listen", "example.org:0", "--allow-remote"], "token"),
+        (["--listen", "nonsense"], "HOST:PORT"),
+        (["--store", "mysql://x", "--listen", "127.0.0.1:0"], "sqlite:PATH"),
+    ],
+)
+def test_cli_refuses_unsafe_or_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
+    if "--store" not in args:
+        args = ["--store", f"sqlite:{tmp_path / 'r.db'}", *args]
+    proc = _serve(*args)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 2 and message in out, out
+
+
+def test_remote_bind_needs_the_token_from_every_client(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        start_receiver(f"sqlite:{tmp_path / 'r.db'}", tmp_path, listen="0.0.0.0:0")
+    with start_receiver(f"sqlite:{tmp_path / 'r.db'}", tmp_path, listen="0.0.0.0:0", token="s3cret",
+                        allow_remote=True) as h:
+        port = h.address.rsplit(":", 1)[1]
+        with pytest.raises(ReceiverError, match="unauthorized"):
+            ReceiverClient(f"127.0.0.1:{port}", token="wrong").health()
+        sock = _raw(f"127.0.0.1:{port}")
+        sock.sendall(P.encode({"type": "health", "id": 1}))  # no hello: refused, connection kept
+        sock.sendall(P.encode({"type": "hello", "id": 2, "token": "s3cret"}))
+        sock.sendall(P.encode({"type": "health", "id": 3}))
+        r1, r2, r3 = _read_frames(sock, 3)
+        assert r1["code"] == "unauthorized" and r2["type"] == "result" and r3["status"] == "ok"
+        with ReceiverClient(f"127.0.0.1:{port}", token="s3cret") as c:
+            assert c.health()["status"] == "ok"
+    assert "s3cret" not in " ".join(open(f"/proc/{os.getpid()}/cmdline").read().split("\0"))
+
+
+def test_bad_messages_get_errors_and_bad_framing_closes_only_that_connection(receiver) -> None:
+    good = ReceiverClient(receiver.address)
+    good.open_trial("t", "at_least_once")
+    sock = _raw(receiver.address)
+    bodies = [b"not json", b"[]", json.dumps({"v": 1, "type": "launch"}).encode(),
+              json.dumps({"v": 1, "type": "publish", "id": 9, "trial": "never", "op_id": 1, "attempt": 1,
+                          "epoch": 0, "digest": ""}).encode(),
+              json.dumps({"v": 1, "type": "health", "id": 10}).encode()]
+    sock.sendall(b"".join(struct.pack(">I", len(b)) + b for b in bodies))
+    replies = _read_frames(sock, len(bodies))
+    # writes are answered after their commit, so the health reply may overtake the publish error
+    replies.sort(key=lambda r: r.get("id", -1))
+    assert [r.get("code") for r in replies] == ["bad_json", "bad_message", "unknown_type", "unknown_trial", None]
+    assert "never" in replies[3]["message"] and replies[3]["id"] == 9 and replies[3]["re"] == "publish"
+    assert replies[4]["id"] == 10 and replies[4]["status"] == "ok"
+    # a length prefix over the maximum: error reply, then the server closes the connection
+    sock.sendall(struct.pack(">I", P.MAX_FRAME + 1) + b"xx")
+    (err,) = _read_frames(sock, 1)
+    assert err["code"] == "frame_too_large"
+    assert sock.recv(10) == b""
+    assert good.publish("t", 1, 0, "d")["decision"] == "applied"  # other clients never affected
+
+
+def test_resend_after_a_dead_socket_shows_duplicates_only_under_at_least_once(receiver) -> None:
+    c = ReceiverClient(receiver.address)
+    # The high-water mark is polled on another connection: polling on ``c`` could
+    # read the ack before the socket dies, and the test would then race the server.
+    ctl = ReceiverClient(receiver.address)
+    c.open_trial("alo", "at_least_once")
+    c.open_trial("idem", "idempotent")
+    for trial in ("alo", "idem"):
+        c.send_effect(trial, 1, 0, "d")
+        # The ack is lost: what CRIU's --tcp-close does to the restored socket.
+        c._sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 5
+        while ctl.high_water_mark() < 2 + (trial == "idem") * 2:  # delivered and committed
+            assert time.monotonic() < deadline
+        ack = c.wait_ack(1, trial=trial)
+        assert ack["attempt"] == 2
+    df = c.export()
+    assert c.resends == 2
+    assert list(df[df.trial == "alo"].decision) == ["applied", "applied"]
+    assert list(df[df.trial == "idem"].decision) == ["applied", "suppressed"]
+    assert list(df.attempt) == [1, 2, 1, 2]
+
+
+def test_client_rides_through_a_restart_on_the_same_address(receiver) -> None:
+    c = ReceiverClient(receiver.address)
+    c.open_trial("t", "idempotent")
+    c.publish("t", 1, 0, "d")
+    hwm = c.high_water_mark()
+    address = receiver.address
+    receiver.kill()
+    receiver.restart()
+    assert receiver.address == address
+    assert c.publish("t", 2, 0, "d")["decision"] == "applied"
+    assert c.high_water_mark() > hwm  # the high-water mark never goes back across restarts
+    assert c.health()["boot"] == 2
+
+
+def test_unreachable_receiver_raises_after_the_timeout() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once closed
+    c = ReceiverClient(f"127.0.0.1:{port}", max_backoff=0.05)
+    c.send_effect("t", 1, 0, "d")  # does not raise: the effect stays pending
+    t0 = time.monotonic()
+    with pytest.raises(ReceiverUnavailable):
+        c.wait_ack(1, timeout=0.5)
+    assert 0.4 < time.monotonic() - t0 < 3
+    assert c.pending == [("t", 1)]
+
+
+def test_wire_export_matches_the_store_export(store_url: str, tmp_path: Path) -> None:
+    with start_receiver(store_url, tmp_path / "rcv") as h, ReceiverClient(h.address) as c:
+        c.open_trial("big", "at_least_once")
+        c.open_trial("other", "idempotent")
+        for op in range(2500):  # more than one export page
+            c.send_effect("big", op, 1, "x" * 40)
+        for op in range(2500):
+            c.wait_ack(op, trial="big")
+        c.publish("other", 1, 0, "y")
+        wire = c.export("big")
+        wire_all = c.export()
+    with open_store(store_url) as store:
+        direct = store.export("big")
+    assert len(wire) == 2500 and len(wire_all) == 2501
+    assert wire.equals(direct)
+
+
+def test_client_validates_arguments_at_the_boundary() -> None:
+    with pytest.raises(InvalidArgument):
+        ReceiverClient("no-port")
+    c = ReceiverClient("127.0.0.1:9")
+    with pytest.raises(InvalidArgument):
+        c.send_effect("t", -1, 0, "d")
+    with pytest.raises(InvalidArgument):
+        c.open_trial("t", "exactly_once")
+    with pytest.raises(InvalidArgument):
+        c.abort("t")
+    with pytest.raises(InvalidArgument):
+        c.wait_ack(5)

@@ -1,0 +1,150 @@
+"""The hypothesis plan source.
+
+Unit tests drive :func:`cutbench.harness.generator.search.search_arm` with a stand-in system (a
+pure rule deciding which plans break) to pin the profiles' behaviour:
+ci stops at the first failure and replays it, research shrinks, flakiness
+is reported, not raised. The CRIU test is the must-show: on ``counter`` with
+``at_least_once`` + ``leave_running`` the search finds a failing plan and
+shrinks it to a single cut.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cutbench.harness.checker import oracle
+from cutbench.harness.generator import search
+from cutbench.harness.model.plan import Cut, CutPlan
+from cutbench.harness.model.trial import TrialResult
+from cutbench.harness.runner.run import spec_for
+from cutbench.harness.model.scenario import parse_scenario
+from tests.conftest import REPO
+
+
+def scenario(profile: str, trials: int = 20, **pipeline):
+    return parse_scenario({
+        "workload": {"name": "counter", "params": {"ops": 5}},
+        "pipeline": {"faults": ["leave_running"], "crash_after_ms": [0, 150], **pipeline},
+        "plan": {"source": "hypothesis", "profile": profile, "ops": [1, 5], "cuts_per_trial": 3, "trials": trials},
+    })
+
+
+class System:
+    """A stand-in for the trials: ``breaks(plan)`` decides the verdict; every call is one trial."""
+
+    def __init__(self, scen, breaks):
+        self.scen, self.breaks, self.plans = scen, breaks, []
+
+    def __call__(self, plan: CutPlan) -> TrialResult:
+        self.plans.append(plan)
+        spec = spec_for(self.scen, search.search_arms(self.scen)[0].arm, plan, len(self.plans))
+        bad = self.breaks(plan)
+        verdict = oracle.Verdict("invalid", (oracle.Finding("duplicate", 1, "x"),)) if bad else oracle.Verdict("valid")
+        return TrialResult(spec, {}, [], pd.DataFrame(), verdict)
+
+
+def late_publish(plan: CutPlan) -> bool:
+    return any(c.op >= 4 and c.phase == "publish" for c in plan.cuts)
+
+
+def test_ci_profile_stops_at_the_first_failure_replays_it_and_is_deterministic():
+    scen = scenario("ci", trials=60)
+    runs = []
+    for _ in range(2):
+        system = System(scen, late_publish)
+        found = search.search_arm(scen, search.search_arms(scen)[0], system)
+        runs.append([p.to_json() for p in system.plans])
+        assert found.first_failure is not None and found.first_failure <= 60
+        # No shrinking: at most one more example, then the replay of the failing plan.
+        assert found.first_failure < found.trials <= found.first_failure + 2
+        assert system.plans[-1] == system.plans[found.first_failure - 1]
+        assert found.reproduced is True and found.flaky == ""
+        assert CutPlan.from_dict(found.minimal_plan) == system.plans[-1]
+    assert runs[0] == runs[1], "derandomized and seeded: the same plans each time"
+
+
+def test_ci_profile_runs_the_whole_budget_when_nothing_fails():
+    scen = scenario("ci", trials=15)
+    system = System(scen, lambda plan: False)
+    found = search.search_arm(scen, search.search_arms(scen)[0], system)
+    assert (found.trials, found.first_failure, found.minimal_plan, found.reproduced) == (15, None, None, None)
+
+
+def test_research_profile_shrinks_to_the_single_smallest_cut(tmp_path: Path):
+    """Breaks when any cut lets the process run 150 ms before the crash: the simplest example
+    (one cut, 0 ms) passes; whatever failing plan is found shrinks to one cut at 1/admit."""
+    scen = scenario("research", trials=30)
+    system = System(scen, lambda plan: any(c.crash_after_ms >= 150 for c in plan.cuts))
+    found = search.search_arm(scen, search.search_arms(scen)[0], system, tmp_path / "db")
+    assert found.failures >= 2 and found.reproduced
+    assert CutPlan.from_dict(found.minimal_plan) == CutPlan((Cut(1, "admit", fault="leave_running", crash_after_ms=150.0),))
+    assert any((tmp_path / "db").rglob("*")), "failing examples are saved in the run's example database"
+
+
+def test_a_failure_that_does_not_reproduce_is_reported_as_flaky_not_raised():
+    scen = scenario("ci", trials=40)
+    seen: set[str] = set()
+
+    def once(plan: CutPlan) -> bool:  # fails the first time a late publish cut is tried, never again
+        if late_publish(plan) and plan.to_json() not in seen:
+            seen.add(plan.to_json())
+            return True
+        return False
+
+    found = search.search_arm(scen, search.search_arms(scen)[0], System(scen, once))
+    assert found.reproduced is False and "Flaky" in found.flaky
+    assert found.minimal_plan is not None and found.first_failure is not None
+
+
+def test_unknown_profile_is_refused():
+    from cutbench.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="plan.profile"):
+        search.profile_settings("fast", 5)
+
+
+@pytest.mark.criu
+def test_hypothesis_finds_a_duplicate_on_counter_and_shrinks_it_to_one_cut(criu, tmp_path: Path):
+    """The must-show, through the CLI: counter, at_least_once, leave_running, research profile.
+
+    Cuts after ``commit``: a crash 0 ms later lands in the 30 ms op interval
+    (nothing published after the cut: valid, and not a race), a crash 150 ms
+    later lets ops after the cut publish, and the restore publishes them again
+    (duplicates), except after the last op. So the simplest example passes and
+    every failing plan shrinks to the same single cut: 1/commit, +150 ms."""
+    scen = tmp_path / "hyp.toml"
+    scen.write_text(
+        'name = "hyp"\n'
+        '[workload]\nname = "counter"\narray = "numpy"\nparams = { ops = 5, state_size = 512, seed = 3, op_interval_ms = 30.0 }\n'
+        '[receiver]\nmodes = ["at_least_once"]\n'
+        '[pipeline]\nbackends = ["criu"]\nfaults = ["leave_running"]\ncrash_after_ms = [0, 150]\n'
+        '[plan]\nsource = "hypothesis"\nprofile = "research"\nops = [1, 5]\nphases = ["commit"]\ncuts_per_trial = 3\ntrials = 12\n'
+        '[run]\nwatchdog_s = 5\n'
+    )
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(scen), "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=400, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run = Path(json.loads(proc.stdout)["run_dir"])
+    found = json.loads((run / "search.json").read_text())["arms"][0]
+    trials = pd.read_parquet(run / "trials.parquet")
+    print(trials[["trial_id", "plan", "outcome", "n_findings"]].to_string())
+    print({k: found[k] for k in ("trials", "first_failure", "minimal_trial", "minimal_cuts", "reproduced", "flaky")})
+
+    assert found["first_failure"] is not None
+    assert found["minimal_cuts"] == 1
+    minimal = CutPlan.from_dict(found["minimal_plan"])
+    assert minimal == CutPlan((Cut(1, "commit", fault="leave_running", crash_after_ms=150.0),))
+    assert found["reproduced"] is True
+    stored = json.loads((run / "trials" / f"{found['minimal_trial']}.json").read_text())
+    assert stored["verdict"]["outcome"] == "invalid"
+    assert {f["kind"] for f in stored["verdict"]["findings"]} == {"duplicate"}
+    assert len(trials) == found["trials"] and (trials["outcome"] != "unknown").all()
+    assert (run / "hypothesis-db").is_dir()
+    assert "Hypothesis search (profile `research`)" in (run / "summary.md").read_text()
