@@ -12,10 +12,10 @@ import path ``"package.module:Class"`` in a scenario file.
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from cutbench.errors import CutbenchError
+from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
 
 ENTRY_POINT_GROUP = "cutbench.workloads"
@@ -99,12 +99,12 @@ class WorkloadError(ValueError):
     """A workload name, import path or parameter set is not usable."""
 
 
+WORKLOADS = Registry("workload", ENTRY_POINT_GROUP, BUILTIN)
+
+
 def available() -> dict[str, str]:
     """Every known workload name mapped to its import path (built-ins and entry points)."""
-    found = dict(BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+    return WORKLOADS.available()
 
 
 def load(name: str) -> type:
@@ -116,11 +116,10 @@ def load(name: str) -> type:
     if target is None:
         allowed = ", ".join(sorted(available()))
         raise WorkloadError(f"unknown workload {name!r}; allowed: {allowed}, or an import path 'module:Class'")
-    module_name, _, attr = target.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise WorkloadError(f"workload {name!r}: cannot import {target!r}: {exc}") from exc
+        cls = import_target(target, f"workload {name!r}")
+    except CutbenchError as exc:
+        raise WorkloadError(str(exc)) from exc
     for required in ("name", "domains", "phases", "defaults", "reference", "run_op"):
         if not hasattr(cls, required):
             raise WorkloadError(f"workload {target!r} lacks {required!r} (see the Workload protocol)")

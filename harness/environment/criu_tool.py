@@ -603,3 +603,30 @@ def _install_locked(prefix: Path, *, from_dir: Path | None, suite: str, mirror: 
     }, indent=2) + "\n")
     clear_cache()
     return result
+
+
+# -- CRIU's CUDA plugin (the `criu-cuda-plugin` backend) -----------------------
+
+PLUGIN_ENV = "CUTBENCH_CRIU_PLUGIN_DIR"
+PLUGIN = "cuda_plugin.so"
+
+
+def plugin_dir() -> Path | None:
+    """The configured plugin directory, if it holds the CUDA plugin."""
+    value = os.environ.get(PLUGIN_ENV)
+    if not value:
+        return None
+    path = Path(value)
+    return path if (path / PLUGIN).is_file() else None
+
+
+def plugin_unavailable_reason() -> str | None:
+    """Why the CUDA plugin cannot be used (with the fix), or None."""
+    value = os.environ.get(PLUGIN_ENV)
+    if not value:
+        return f"no CRIU CUDA plugin configured: set {PLUGIN_ENV} to a directory holding {PLUGIN} (built from CRIU's plugins/cuda)"
+    if plugin_dir() is None:
+        return f"{PLUGIN_ENV}={value} holds no {PLUGIN}"
+    if shutil.which("cuda-checkpoint") is None:
+        return "the CRIU CUDA plugin needs the cuda-checkpoint utility on PATH"
+    return None

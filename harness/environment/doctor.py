@@ -154,11 +154,9 @@ def check_gpu(facts: dict | None = None) -> list[Check]:
 
 def check_criu_cuda_plugin() -> Check:
     """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: missing is fine."""
-    from cutbench.harness.nemesis.backends import criu_cuda_plugin
-
-    why = criu_cuda_plugin.plugin_unavailable_reason()
+    why = criu_tool.plugin_unavailable_reason()
     if why is None:
-        return Check("criu cuda plugin", OK, str(criu_cuda_plugin.plugin_dir()))
+        return Check("criu cuda plugin", OK, str(criu_tool.plugin_dir()))
     return Check("criu cuda plugin", MISSING, why, "only for the `criu-cuda-plugin` backend")
 
 

@@ -15,6 +15,7 @@ import zlib
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import Cut, CutPlan
 from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.harness.model.trial import TrialSpec, spec_for
 from cutbench.workloads import api as workload_api
 
 
@@ -124,3 +125,14 @@ def modes(scenario: Scenario) -> list[tuple[str, float]]:
     if scenario.cut_mode == "async":
         return asynchronous
     return precise + asynchronous
+
+
+def build_specs(scenario: Scenario, arms: list[Arm], *, start_index: int = 0) -> list[TrialSpec]:
+    """One :class:`TrialSpec` per (arm, plan) of the scenario's static plan source."""
+    specs = []
+    i = start_index
+    for arm in arms:
+        for plan in plans(scenario, arm):
+            i += 1
+            specs.append(spec_for(scenario, arm, plan, i))
+    return specs

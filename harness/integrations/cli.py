@@ -160,7 +160,7 @@ def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, 
 
     parsed = [sw.parse_axis(a) for a in axes]
     if dry_run:
-        from cutbench.harness.runner.run import build_specs
+        from cutbench.harness.generator.scheduler import build_specs
 
         points = []
         for p in sw.expand(scenario, parsed, list(overrides)):
@@ -301,15 +301,15 @@ def list_(what: str, as_json: bool) -> None:
         items = [{"name": name, "target": target} for name, target in sorted(api.available().items())]
         lines = [f"{i['name']}\t{i['target']}" for i in items]
     elif what == "backends":
-        from cutbench.harness import nemesis as checkpointers
-        from cutbench.harness.model.scenario import BACKENDS
+        from cutbench.harness import nemesis
 
-        for name in BACKENDS:
+        for name in nemesis.CHECKPOINTERS.names():
             try:
-                reason = checkpointers.get(name).unavailable_reason()
+                reason = nemesis.get(name).unavailable_reason()
             except Unavailable as exc:
                 reason = str(exc)
-            items.append({"name": name, "available": reason is None, "reason": reason})
+            items.append({"name": name, "available": reason is None, "reason": reason,
+                          "target": nemesis.CHECKPOINTERS.target(name)})
         lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
     else:
         items = [{"path": str(path)} for path in sorted(Path("scenarios").glob("*.toml"))]

@@ -151,7 +151,8 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
     Raises :class:`Unavailable` when the arm's backend cannot run here or
     does not support the arm's fault.
     """
-    from cutbench.harness.runner.run import build_specs, check_backends, execute
+    from cutbench.harness.generator.scheduler import build_specs
+    from cutbench.harness.runner.run import check_backends, execute
 
     narrowed = restrict(scenario, arm)
     arms, skipped = check_backends(replace(narrowed, skip_unavailable=False))
@@ -222,7 +223,8 @@ def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: st
     names the bad one); an unavailable backend raises :class:`Unavailable`.
     """
     from cutbench.harness.model.trial import TrialSpec
-    from cutbench.harness.runner.run import check_backends, execute, spec_for
+    from cutbench.harness.runner.run import check_backends, execute
+    from cutbench.harness.model.trial import spec_for
     from cutbench.harness.model.scenario import parse_scenario
 
     scen = parse_scenario({

@@ -20,11 +20,9 @@ import tomli_w
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
+from cutbench.registry import CHECKPOINTERS
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
-BACKENDS: tuple[str, ...] = ("criu", "cuda", "cuda-checkpoint", "cuda+criu", "criu-cuda-plugin", "app")
-# Backends that drive the CUDA driver's checkpoint calls per process (rank skew and GPU remap apply).
-CUDA_BACKENDS: tuple[str, ...] = ("cuda", "cuda-checkpoint", "cuda+criu")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
 ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
@@ -109,13 +107,15 @@ class Scenario:
 
         Crash delays only multiply ``leave_running``; split windows only multiply
         backends that have one (``cuda+criu``); rank skews and restore targets
-        only multiply backends that drive the CUDA driver.
+        only multiply backends that drive the CUDA driver (each backend declares
+        both in its ``capabilities``).
         """
         out = []
         for backend, mode, fault in itertools.product(self.backends, self.modes, self.faults):
+            caps = _capabilities(backend)
             crashes = self.crash_after_ms if fault == "leave_running" else (0.0,)
-            splits = self.split_window_ms if backend == "cuda+criu" else (0.0,)
-            cuda = backend in CUDA_BACKENDS
+            splits = self.split_window_ms if caps.split_window else (0.0,)
+            cuda = caps.drives_cuda
             skews = self.rank_skew_ms if cuda else (0.0,)
             targets = self.restore_targets if cuda else ("same",)
             for crash, split, skew, target in itertools.product(crashes, splits, skews, targets):
@@ -182,7 +182,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         params=params,
         store=store,
         modes=tuple(_list_of(_get(rc, "receiver", "modes", list, ["at_least_once"]), "receiver.modes", RECEIVER_MODES)),
-        backends=tuple(_list_of(_get(pl, "pipeline", "backends", list, ["criu"]), "pipeline.backends", BACKENDS)),
+        backends=tuple(_list_of(_get(pl, "pipeline", "backends", list, ["criu"]), "pipeline.backends", CHECKPOINTERS.names())),
         faults=tuple(_list_of(_get(pl, "pipeline", "faults", list, ["kill"]), "pipeline.faults", FAULTS)),
         crash_after_ms=_numbers(_get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0]), "pipeline.crash_after_ms"),
         split_window_ms=_numbers(_get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0]), "pipeline.split_window_ms"),
@@ -377,3 +377,11 @@ def _workload_phases(name: str) -> tuple[str, ...]:
     from cutbench.workloads import api
 
     return tuple(api.load(name).phases)
+
+
+def _capabilities(backend: str) -> Any:
+    """The backend's declared capabilities (read from its class through the registry)."""
+    caps = getattr(CHECKPOINTERS.load(backend), "capabilities", None)
+    if caps is None:
+        raise InvalidArgument(f"pipeline.backends: backend {backend!r} declares no capabilities")
+    return caps

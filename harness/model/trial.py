@@ -15,6 +15,7 @@ import pandas as pd
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.scenario import Arm, Scenario
 from cutbench.workloads import api as workload_api
 
 FINDING_KINDS: tuple[str, ...] = (
@@ -115,3 +116,21 @@ class TrialResult:
     verdict: Verdict
 
 
+def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSpec:
+    """The :class:`TrialSpec` of trial number ``index``: ``plan`` under ``arm`` of ``scenario``."""
+    return TrialSpec(
+        trial_id=f"t{index:04d}",
+        index=index,
+        workload=scenario.workload,
+        array=scenario.array,
+        params=dict(scenario.params),
+        backend=arm.backend,
+        receiver_mode=arm.receiver_mode,
+        arm=asdict(arm),
+        plan=plan.to_dict(),
+        watchdog_s=scenario.watchdog_s,
+        trial_timeout_s=scenario.trial_timeout_s,
+        stage_timeout_s=scenario.stage_timeout_s,
+        images_dir=scenario.images_dir,
+        keep_images=scenario.keep_images,
+    )

@@ -13,9 +13,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from cutbench.harness.model.plan import Cut
+from cutbench.errors import InvalidArgument
+from cutbench.harness.model.plan import FAULTS, Cut
+from cutbench.registry import CHECKPOINTERS
 from cutbench.procs import Child
 from cutbench.harness.model.timeline import Timeline
 
@@ -39,12 +41,52 @@ class CutContext:
     control: Any = None
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared on the backend class (``capabilities = Capabilities(...)``).
+
+    The harness asks the backend instead of keeping its own table: scenario
+    validation and the arms read ``faults``, ``split_window`` and
+    ``drives_cuda``; the trials table has one ``<stage>_s`` column per
+    stage any backend declares; the checker compares ``covers`` with the
+    workload's domains.
+    """
+
+    # Faults it can carry out: "kill" needs an image a fresh process can be restored from.
+    faults: frozenset[str] = frozenset(FAULTS)
+    # Host code may run between the GPU lock and the CPU freeze (arms multiply pipeline.split_window_ms).
+    split_window: bool = False
+    # Calls the CUDA driver's checkpoint per process (arms multiply rank skews and restore targets).
+    drives_cuda: bool = False
+    # Timeline stages it times (each becomes a `<stage>_s` column of trials.parquet).
+    stages: tuple[str, ...] = ()
+    # State domains its image holds (a workload domain outside this set is an unsafe acceptance).
+    covers: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.faults) - set(FAULTS))
+        if unknown:
+            raise InvalidArgument(f"capabilities.faults contains {unknown}: allowed {', '.join(FAULTS)}")
+
+
+def capabilities(name: str) -> Capabilities:
+    """The declared :class:`Capabilities` of registered backend ``name`` (imports its module, builds no instance).
+
+    Raises :class:`~cutbench.errors.InvalidArgument` for an unknown name or a
+    backend that declares none.
+    """
+    caps = getattr(CHECKPOINTERS.load(name), "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise InvalidArgument(f"backend {name!r} declares no capabilities (a Capabilities instance on the class)")
+    return caps
+
+
 @runtime_checkable
 class Checkpointer(Protocol):
-    """One checkpoint backend (see DESIGN.md "Checkpoint pipeline")."""
+    """One checkpoint backend (see DESIGN.md "Checkpoint pipeline" and docs/backends.md)."""
 
-    name: str
-    covers: frozenset[str]  # state domains a restore brings back
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here (with the fix), or None when it can."""

@@ -1,6 +1,6 @@
 """Adaptive drivers: run loops that decide the next trial from the last one.
 
-A :data:`~cutbench.harness.runner.run.Driver` gets ``run_one(spec)`` and the
+A :data:`Driver` gets ``run_one(spec)`` and the
 run directory. ``hypothesis_driver`` hands each arm to the generator's
 :func:`~cutbench.harness.generator.search.search_arm` with a ``run_plan``
 callback that runs a real trial, and stores the search's progress
@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from cutbench.errors import InvalidArgument
-from cutbench.harness.generator.search import SearchArm, search_arm, search_arms
+from cutbench.harness.generator.search import SearchArm, search_arm
 from cutbench.harness.model.plan import CutPlan
-from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
-from cutbench.harness.model.trial import TrialResult, TrialSpec
-from cutbench.harness.reports.summary import render_search
-from cutbench.harness.runner.run import Driver, ProgressFn, RunOutcome, check_backends, execute, spec_for
+from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
 from cutbench.harness.store.rundir import RunDir
+
+# An adaptive source's loop: gets ``run_one(spec) -> TrialResult`` (runs and
+# stores one trial) and the run directory; returns extra ``run.toml`` keys.
+Driver = Callable[[Callable[[TrialSpec], TrialResult], RunDir], "dict[str, Any] | None"]
 
 
 def _slug(label: str) -> str:
@@ -49,32 +49,6 @@ def hypothesis_driver(scenario: Scenario, sarms: list[SearchArm], *, research_db
         return {"search": {"profile": scenario.profile, "arms": results}}
 
     return drive
-
-
-def run_hypothesis(
-    scenario: Scenario,
-    results_root: str | Path,
-    *,
-    progress: ProgressFn | None = None,
-    workdir: str | Path | None = None,
-) -> RunOutcome:
-    """Run the ``hypothesis`` plan source over the scenario's arms; return the :class:`RunOutcome`.
-
-    Writes ``search.json`` (per arm: trials, first failure, minimal failing
-    plan, reproduced or flaky) and appends a search section to ``summary.md``.
-    """
-    if scenario.profile not in PROFILES:
-        raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
-    arms, skipped = check_backends(scenario)
-    sarms = search_arms(scenario, arms)
-    outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
-                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials)
-    search = outcome.run.meta().get("search")
-    if search:
-        summary = outcome.run.path / "summary.md"
-        text = summary.read_text() if summary.exists() else ""
-        outcome.run.write_text("summary.md", text.rstrip("\n") + "\n\n" + render_search(search, outcome.run.path) + "\n")
-    return outcome
 
 
 def until_invalid(specs: list[TrialSpec]) -> Driver:

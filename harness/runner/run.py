@@ -10,59 +10,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import Unavailable
+from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import record as environment
-from cutbench.harness.generator import scheduler
+from cutbench.harness.generator.scheduler import build_specs
+from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
-from cutbench.harness.model.plan import CutPlan
-from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
+from cutbench.harness.reports.summary import render_search
+from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.store.tables import trial_file, trial_row
 from cutbench.workloads import api as workload_api
 
 POLL_S = 0.005
-
-def build_specs(scenario: Scenario, arms: list[Arm], *, start_index: int = 0) -> list[TrialSpec]:
-    """One :class:`TrialSpec` per (arm, plan) of the scenario's static plan source."""
-    specs = []
-    i = start_index
-    for arm in arms:
-        for plan in scheduler.plans(scenario, arm):
-            i += 1
-            specs.append(spec_for(scenario, arm, plan, i))
-    return specs
-
-
-def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSpec:
-    """The :class:`TrialSpec` of trial number ``index``: ``plan`` under ``arm`` of ``scenario``."""
-    return TrialSpec(
-        trial_id=f"t{index:04d}",
-        index=index,
-        workload=scenario.workload,
-        array=scenario.array,
-        params=dict(scenario.params),
-        backend=arm.backend,
-        receiver_mode=arm.receiver_mode,
-        arm=asdict(arm),
-        plan=plan.to_dict(),
-        watchdog_s=scenario.watchdog_s,
-        trial_timeout_s=scenario.trial_timeout_s,
-        stage_timeout_s=scenario.stage_timeout_s,
-        images_dir=scenario.images_dir,
-        keep_images=scenario.keep_images,
-    )
-
 
 # -- a whole run -------------------------------------------------------------
 
@@ -102,7 +73,7 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
         try:
             backend = checkpointers.get(name)
             reasons[name] = backend.unavailable_reason()
-            faults[name] = getattr(backend, "faults", None)
+            faults[name] = backend.capabilities.faults
         except Unavailable as exc:
             reasons[name] = str(exc)
             faults[name] = None
@@ -127,9 +98,6 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
 
 
 ProgressFn = Callable[[TrialResult, int, int], None]
-# An adaptive source's loop: gets ``run_one(spec) -> TrialResult`` (runs and
-# stores one trial) and the run directory; returns extra ``run.toml`` keys.
-Driver = Callable[[Callable[[TrialSpec], TrialResult], RunDir], "dict[str, Any] | None"]
 
 
 def run_scenario(
@@ -145,11 +113,35 @@ def run_scenario(
     what finished is stored and the run is marked ``partial``.
     """
     if scenario.plan_source == "hypothesis":
-        from cutbench.harness.runner.adaptive import run_hypothesis  # it imports this module
-
         return run_hypothesis(scenario, results_root, progress=progress, workdir=workdir)
     specs, skipped = variant_specs([(v.variant, v) for v in scenario.variants] or [("", scenario)])
     return execute(scenario, specs, results_root, skipped=skipped, progress=progress, workdir=workdir)
+
+
+def run_hypothesis(
+    scenario: Scenario,
+    results_root: str | Path,
+    *,
+    progress: ProgressFn | None = None,
+    workdir: str | Path | None = None,
+) -> RunOutcome:
+    """Run the ``hypothesis`` plan source over the scenario's arms; return the :class:`RunOutcome`.
+
+    Writes ``search.json`` (per arm: trials, first failure, minimal failing
+    plan, reproduced or flaky) and appends a search section to ``summary.md``.
+    """
+    if scenario.profile not in PROFILES:
+        raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
+    arms, skipped = check_backends(scenario)
+    sarms = search_arms(scenario, arms)
+    outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
+                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials)
+    search = outcome.run.meta().get("search")
+    if search:
+        summary = outcome.run.path / "summary.md"
+        text = summary.read_text() if summary.exists() else ""
+        outcome.run.write_text("summary.md", text.rstrip("\n") + "\n\n" + render_search(search, outcome.run.path) + "\n")
+    return outcome
 
 
 def variant_specs(points: list[tuple[str, Scenario]]) -> tuple[list[TrialSpec], list[dict[str, str]]]:

@@ -6,11 +6,14 @@ JSON-ready dict out. :class:`~cutbench.harness.store.rundir.RunDir` writes them.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+from cutbench.errors import CutbenchError
 from cutbench.harness.model.scenario import Arm
 from cutbench.harness.model.trial import TrialResult
+from cutbench.registry import CHECKPOINTERS
 
 
 def trial_row(result: TrialResult) -> dict[str, Any]:
@@ -55,10 +58,25 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
     }
     for kind, n in verdict.counts().items():
         row[kind] = n
-    for stage in ("criu_dump", "criu_restore", "cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock",
-                  "quiesce", "split_window", "app_save", "app_restore"):
+    for stage in stage_columns():
         row[f"{stage}_s"] = durations.get(stage)
     return row
+
+
+@functools.lru_cache(maxsize=1)
+def stage_columns() -> tuple[str, ...]:
+    """The stages with a ``<stage>_s`` column in ``trials.parquet``: every stage a registered backend declares.
+
+    In registry order, each once, so every run of a build has the same columns.
+    """
+    out: dict[str, None] = {}
+    for name in CHECKPOINTERS.names():
+        try:
+            stages = CHECKPOINTERS.load(name).capabilities.stages
+        except (CutbenchError, AttributeError):  # a broken plug-in gets no columns, and fails where it is used
+            continue
+        out.update(dict.fromkeys(stages))
+    return tuple(out)
 
 
 def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:

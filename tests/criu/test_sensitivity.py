@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from cutbench.harness.model.trial import TrialSpec
-from cutbench.harness.runner.run import build_specs, check_backends, execute, run_scenario
+from cutbench.harness.generator.scheduler import build_specs
+from cutbench.harness.runner.run import check_backends, execute, run_scenario
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.harness.runner.adaptive import until_invalid
 

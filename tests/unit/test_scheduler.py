@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from cutbench.harness.generator import scheduler
 from cutbench.harness.generator import search
 from cutbench.harness.model.plan import Cut, CutPlan
-from cutbench.harness.runner.run import execute, spec_for
+from cutbench.harness.runner.run import execute
+from cutbench.harness.model.trial import spec_for
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.workloads.api import load
 

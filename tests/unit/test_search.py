@@ -22,7 +22,7 @@ from cutbench.harness.checker import oracle
 from cutbench.harness.generator import search
 from cutbench.harness.model.plan import Cut, CutPlan
 from cutbench.harness.model.trial import TrialResult
-from cutbench.harness.runner.run import spec_for
+from cutbench.harness.model.trial import spec_for
 from cutbench.harness.model.scenario import parse_scenario
 from tests.conftest import REPO
 

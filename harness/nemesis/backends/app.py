@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from cutbench.harness.nemesis.base import CutContext, dir_bytes
+from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
 from cutbench.errors import StageFailed, StageRefused
 from cutbench.procs import Child, spawn
 
@@ -32,8 +32,11 @@ class AppCheckpointer:
     name = "app"
     # What the workload's own save covers is the workload's business; the
     # receiver stays outside any checkpoint.
-    covers = frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"})
-    faults = frozenset({"kill", "leave_running", "none"})
+    capabilities = Capabilities(
+        faults=frozenset({"kill", "leave_running", "none"}),
+        stages=("app_save", "app_restore"),
+        covers=frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"}),
+    )
 
     def __init__(self) -> None:
         self._command: tuple[list[str], str] | None = None

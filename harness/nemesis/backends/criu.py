@@ -18,7 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from cutbench.harness.nemesis.base import CutContext, dir_bytes
+from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.procs import Child
 
@@ -54,7 +54,7 @@ class CriuCheckpointer:
     """CRIU dump/restore of the workload's process tree."""
 
     name = "criu"
-    covers = frozenset({"cpu", "ipc"})
+    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc"}))
     # Extra CRIU options for dump and restore (a subclass adds a plugin directory).
     extra_args: tuple[str, ...] = ()
     # Extra options for dump only (e.g. ``--ghost-limit``).

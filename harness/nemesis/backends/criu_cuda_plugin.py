@@ -11,42 +11,16 @@ plugin; build it from CRIU's ``plugins/cuda``).
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
-
-ENV = "CUTBENCH_CRIU_PLUGIN_DIR"
-PLUGIN = "cuda_plugin.so"
-
-
-def plugin_dir() -> Path | None:
-    """The configured plugin directory, if it holds the CUDA plugin."""
-    value = os.environ.get(ENV)
-    if not value:
-        return None
-    path = Path(value)
-    return path if (path / PLUGIN).is_file() else None
-
-
-def plugin_unavailable_reason() -> str | None:
-    """Why the CUDA plugin cannot be used (with the fix), or None."""
-    value = os.environ.get(ENV)
-    if not value:
-        return f"no CRIU CUDA plugin configured: set {ENV} to a directory holding {PLUGIN} (built from CRIU's plugins/cuda)"
-    if plugin_dir() is None:
-        return f"{ENV}={value} holds no {PLUGIN}"
-    if shutil.which("cuda-checkpoint") is None:
-        return "the CRIU CUDA plugin needs the cuda-checkpoint utility on PATH"
-    return None
-
+from cutbench.harness.environment.criu_tool import plugin_dir, plugin_unavailable_reason
+from cutbench.harness.nemesis.base import Capabilities
 
 class CriuCudaPluginCheckpointer(CriuCheckpointer):
     """CRIU dump/restore with ``--libdir`` pointing at the CUDA plugin."""
 
     name = "criu-cuda-plugin"
-    covers = frozenset({"cpu", "ipc", "cuda"})
+    # CRIU's plugin does the GPU side itself: the harness times only CRIU's stages.
+    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc", "cuda"}))
 
     @property
     def extra_args(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.nemesis import quiesce
-from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.errors import StageFailed, StageRefused
 from cutbench.procs import Child
 
@@ -45,6 +45,9 @@ LOCK_TIMEOUT_S = 5.0
 REMAP_MARGIN = 256 << 20
 
 # Process states as the driver names them (CUprocessState), lower-cased.
+# The stages this module times (their names are the timeline rows and the `<stage>_s` columns).
+CUDA_STAGES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "quiesce")
+
 STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
 
 # Every CUresult the checkpoint calls document, with what it means here. Codes
@@ -476,9 +479,12 @@ class CudaCheckpointer:
     """The ``cuda`` backend: lock → checkpoint → (GPU released) → restore → unlock, in place."""
 
     name = "cuda"
-    covers = frozenset({"cuda"})
-    # No CPU image: after a kill there is nothing to restore.
-    faults = frozenset({"none"})
+    capabilities = Capabilities(
+        faults=frozenset({"none"}),  # no CPU image: after a kill there is nothing to restore
+        drives_cuda=True,
+        stages=CUDA_STAGES,
+        covers=frozenset({"cuda"}),
+    )
 
     def __init__(self, driver: DriverApi | None = None):
         self._driver = driver

@@ -23,9 +23,9 @@ from __future__ import annotations
 import signal
 import time
 
-from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
-from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer, DriverApi, RemapRefused, process_tree
+from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer, DriverApi, RemapRefused, process_tree
 from cutbench.errors import StageFailed, StageRefused
 from cutbench.procs import Child
 
@@ -35,8 +35,13 @@ class CudaCriuCheckpointer(CudaCheckpointer):
     """The ``cuda+criu`` backend (see module docstring)."""
 
     name = "cuda+criu"
-    covers = frozenset({"cpu", "ipc", "cuda"})
-    faults = frozenset({"kill", "leave_running", "none"})
+    capabilities = Capabilities(
+        faults=frozenset({"kill", "leave_running", "none"}),
+        split_window=True,
+        drives_cuda=True,
+        stages=CUDA_STAGES + ("split_window", "criu_dump", "criu_restore"),
+        covers=frozenset({"cpu", "ipc", "cuda"}),
+    )
 
     def __init__(self, driver: DriverApi | None = None, criu: CriuCheckpointer | None = None):
         super().__init__(driver)

@@ -1,0 +1,87 @@
+"""Plug-ins by name: the built-ins of one kind plus those installed under an entry-point group.
+
+A :class:`Registry` maps names to ``"module:attr"`` import paths and imports a
+plug-in only when it is asked for (so a CPU machine never imports GPU
+bindings it lacks). Third-party packages add plug-ins with an entry point in
+their own ``pyproject.toml``::
+
+    [project.entry-points."cutbench.checkpointers"]
+    my-tool = "my_package.backend:MyCheckpointer"
+
+The plug-in itself declares what it can do (a checkpointer's
+``capabilities``, a workload's ``domains`` and ``phases``); a registry keeps
+names only, so nothing else holds a copy of a plug-in's abilities.
+
+``CHECKPOINTERS`` lives here, on the ground floor, because the model (scenario
+validation) must know backend names and capabilities while sitting below the
+nemesis that implements them. Workloads keep their own registry
+(``cutbench.workloads.api.WORKLOADS``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+
+from cutbench.errors import InvalidArgument, Unavailable
+
+
+class Registry:
+    """Named plug-ins of one ``kind``: ``builtin`` first, then the entry points of ``group``."""
+
+    def __init__(self, kind: str, group: str, builtin: dict[str, str]):
+        self.kind = kind
+        self.group = group
+        self.builtin = dict(builtin)
+
+    def available(self) -> dict[str, str]:
+        """Every registered name mapped to its import path (built-ins win a name clash)."""
+        found = dict(self.builtin)
+        for ep in entry_points(group=self.group):
+            found.setdefault(ep.name, ep.value)
+        return found
+
+    def names(self) -> tuple[str, ...]:
+        """The registered names, built-ins in their listed order, then entry points sorted."""
+        found = self.available()
+        return tuple(self.builtin) + tuple(sorted(set(found) - set(self.builtin)))
+
+    def target(self, name: str) -> str:
+        """The import path of ``name``; :class:`InvalidArgument` naming the allowed names when unknown."""
+        found = self.available()
+        if name not in found:
+            raise InvalidArgument(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}")
+        return found[name]
+
+    def load(self, name: str) -> Any:
+        """The object registered as ``name`` (imported now).
+
+        Raises :class:`InvalidArgument` for an unknown name and
+        :class:`Unavailable` when its module cannot be imported here.
+        """
+        return import_target(self.target(name), f"{self.kind} {name!r}")
+
+
+def import_target(target: str, what: str) -> Any:
+    """The attribute named by ``"module:attr"``; :class:`Unavailable` (naming ``what``) when it cannot be imported."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(f"{what}: import path {target!r} is not 'module:attr'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise Unavailable(f"{what}: cannot import {target!r}: {exc}") from exc
+
+
+# The built-in checkpoint backends. Adding one: a module under
+# harness/nemesis/backends/ and one line here (or, outside this repository,
+# an entry point in the group below). See docs/backends.md.
+CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", {
+    "criu": "cutbench.harness.nemesis.backends.criu:CriuCheckpointer",
+    "cuda": "cutbench.harness.nemesis.backends.cuda:CudaCheckpointer",
+    "cuda-checkpoint": "cutbench.harness.nemesis.backends.cuda_checkpoint_util:CudaCheckpointUtilCheckpointer",
+    "cuda+criu": "cutbench.harness.nemesis.backends.cuda_criu:CudaCriuCheckpointer",
+    "criu-cuda-plugin": "cutbench.harness.nemesis.backends.criu_cuda_plugin:CriuCudaPluginCheckpointer",
+    "app": "cutbench.harness.nemesis.backends.app:AppCheckpointer",
+})

@@ -1,0 +1,192 @@
+"""The floor plan, enforced: which package may import which (docs/DESIGN.md, "Layout and import rule").
+
+Every ``import`` statement counts, function-local ones included: a lazy
+import is still a dependency. The rule, lowest first:
+
+    ground floor (cutbench.errors, procs, files, validate, registry)
+      → receivers (ground floor only)
+      → workloads (ground floor and cutbench.receivers.client only)
+      → harness rooms: model → checker → generator → store → environment
+        → nemesis → reports → runner → integrations
+
+A room may import the ground floor, workloads, receivers, itself and the rooms
+before it. No module may import the bare names ``harness``, ``workloads`` or
+``receivers``, and the module graph has no cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "reports", "runner", "integrations")
+PACKAGES = ("harness", "workloads", "receivers")
+
+
+def module_name(root: Path, path: Path) -> str:
+    """``cutbench.harness.model.plan`` for ``<root>/harness/model/plan.py`` (and the ground floor under ``cutbench/``)."""
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "cutbench":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["cutbench", *parts])
+
+
+def imports_of(path: Path, name: str) -> list[tuple[int, str]]:
+    """Every module ``path`` imports (absolute names; relative ones resolved against ``name``)."""
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return out
+
+
+def rank(module: str) -> tuple[str, int] | None:
+    """The layer of a cutbench module as (label, order), or None for a name outside cutbench."""
+    parts = module.split(".")
+    if parts[0] in PACKAGES:
+        return ("bare " + parts[0], -1)
+    if parts[0] != "cutbench":
+        return None
+    if module == "cutbench.__main__":  # `python -m cutbench`: the command line's other door
+        return ("integrations", 4 + ROOMS.index("integrations"))
+    if len(parts) == 1 or parts[1] not in PACKAGES:
+        return ("ground", 0)
+    if parts[1] == "receivers":
+        return ("receivers", 1)
+    if parts[1] == "workloads":
+        return ("workloads", 2)
+    if len(parts) < 3 or parts[2] not in ROOMS:
+        return ("harness", 3)  # the harness package itself (its __init__ holds only a docstring)
+    return (parts[2], 4 + ROOMS.index(parts[2]))
+
+
+def allowed(src: str, dst: str) -> bool:
+    """Whether module ``src`` may import module ``dst`` (both cutbench modules)."""
+    (s_label, s), (d_label, d) = rank(src), rank(dst)
+    if d < 0:
+        return False
+    if s_label == d_label:
+        return True
+    if s_label == "workloads":
+        return d == 0 or dst == "cutbench.receivers.client" or dst.startswith("cutbench.receivers.client.")
+    if s_label == "receivers":
+        return d == 0
+    if s == 0:
+        return False
+    if s >= 3 and d in (1, 2):  # the harness uses workloads and the receiver
+        return True
+    return d < s
+
+
+def sources(root: Path) -> list[Path]:
+    """The Python files of the package: the ground floor under cutbench/ and the three rooms' folders."""
+    files = [p for p in (root / "cutbench").glob("*.py")]
+    for pkg in PACKAGES:
+        files += sorted((root / pkg).rglob("*.py"))
+    return files
+
+
+def layout_violations(root: Path) -> list[str]:
+    """Every import that breaks the rule, and every import cycle, in the tree at ``root``; empty when clean."""
+    problems: list[str] = []
+    modules: dict[str, Path] = {module_name(root, p): p for p in sources(root)}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for line, imported in imports_of(path, name):
+            if rank(imported) is None:
+                continue
+            if not allowed(name, imported):
+                problems.append(f"{path.relative_to(root)}:{line}: {name} ({rank(name)[0]}) imports {imported} ({rank(imported)[0]})")
+            target = imported if imported in modules else imported.rpartition(".")[0]
+            if target in modules and target != name:
+                graph[name].add(target)
+    # Cycles: depth-first search over the module graph.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                problems.append("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return problems
+
+
+def test_the_tree_follows_the_import_rule():
+    assert layout_violations(REPO) == []
+
+
+def copy_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    for part in ("cutbench", *PACKAGES):
+        src = REPO / part
+        if part == "cutbench":
+            (root / part).mkdir(parents=True)
+            for f in src.glob("*.py"):
+                shutil.copy(f, root / part / f.name)
+        else:
+            shutil.copytree(src, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def test_an_upward_import_is_reported(tmp_path):
+    root = copy_tree(tmp_path)
+    assert layout_violations(root) == []
+    plan = root / "harness" / "model" / "plan.py"
+    plan.write_text(plan.read_text() + "\n\ndef _late():\n    from cutbench.harness.runner import run  # noqa\n")
+    found = layout_violations(root)
+    assert any("cutbench.harness.model.plan (model) imports cutbench.harness.runner" in p for p in found), found
+    assert any(p.startswith("import cycle:") for p in found), found
+
+
+def test_receivers_and_workloads_stay_on_their_floors(tmp_path):
+    root = copy_tree(tmp_path)
+    (root / "receivers" / "server.py").write_text((root / "receivers" / "server.py").read_text() + "\nfrom cutbench.harness.model import plan\n")
+    (root / "workloads" / "counter.py").write_text((root / "workloads" / "counter.py").read_text() + "\nfrom cutbench.receivers import server\n")
+    (root / "cutbench" / "procs.py").write_text((root / "cutbench" / "procs.py").read_text() + "\nimport harness\n")
+    found = "\n".join(layout_violations(root))
+    assert "cutbench.receivers.server (receivers) imports cutbench.harness.model" in found
+    assert "cutbench.workloads.counter (workloads) imports cutbench.receivers.server" in found
+    assert "cutbench.procs (ground) imports harness (bare harness)" in found
+
+
+def test_an_installed_cutbench_adds_one_top_level_name(tmp_path):
+    """The wheel holds ``cutbench`` and nothing else at its top level (no generic ``harness``/``workloads``)."""
+    out = tmp_path / "wheel"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import zipfile
+
+    [wheel] = out.glob("cutbench-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"cutbench"}, tops
+    assert "cutbench/harness/model/plan.py" in names and "cutbench/workloads/api.py" in names
+    assert "cutbench/receivers/client.py" in names
