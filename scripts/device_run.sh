@@ -42,7 +42,7 @@ PY
 }
 
 step_tests() {  # GPU-marked tests (and the CPU-side CUDA tests) on the real GPU
-  $PY -m pytest -q -ra -p no:cacheprovider -m "gpu" ${GPU_TESTS:-tests/test_gpu_pipeline.py} --timeout 300 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+  $PY -m pytest -q -ra -p no:cacheprovider -m "gpu" ${GPU_TESTS:-tests/gpu} --timeout 300 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
 }
 
 # SCENARIO_ARGS: extra `cutbench run` options (e.g. --set plan.phases=["record"]); no globbing.

@@ -1,5 +1,9 @@
 """Suite-wide test policy.
 
+- Tests live by tier: ``tests/unit`` (no CRIU, no GPU), ``tests/criu`` (real
+  CRIU dumps and restores), ``tests/gpu`` (an NVIDIA GPU), with shared
+  fixtures in ``tests/fixtures``. The tier folder adds its marker to every
+  test in it, so ``-m criu`` and ``-m gpu`` select the same tests as the folders.
 - ``gpu`` tests skip, with the reason, where no usable GPU and driver
   checkpoint API exist (CI has none).
 - ``criu`` tests never skip: the ``criu`` fixture raises when CRIU cannot be
@@ -31,9 +35,15 @@ def gpu_skip_reason() -> str | None:
     return "no usable NVIDIA GPU with CuPy and the CUDA driver checkpoint API here"
 
 
+TIERS = {"criu": pytest.mark.criu, "gpu": pytest.mark.gpu}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = None
     for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS and item.get_closest_marker(tier) is None:
+            item.add_marker(TIERS[tier])
         if item.get_closest_marker("gpu") is not None:
             reason = reason or gpu_skip_reason()
             if reason:

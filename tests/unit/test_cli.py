@@ -54,61 +54,8 @@ def test_sweep_dry_run_counts_the_cartesian_product():
     assert all(p["trials"] == per_point for p in out["points"]) and out["trials"] == 3 * per_point
 
 
-@pytest.mark.criu
-def test_run_json_names_the_report(mixed_run: Path):
-    out = json.loads((mixed_run.parent / "cli-stdout.json").read_text())
-    assert out["run_dir"] == str(mixed_run) and out["complete"] is True and out["exit_code"] == 1
-    assert out["report"] == str(mixed_run / "report.html") and Path(out["report"]).is_file()
-    trials = RunDir.open(mixed_run).table("trials")
-    assert out["outcomes"] == trials["outcome"].value_counts().to_dict()
-
-
-@pytest.mark.criu
-def test_sweep_runs_every_variant_in_one_run(criu, mixed_scenario: Path, tmp_path: Path):
-    proc = cli("sweep", str(mixed_scenario), "--axis", "workload.params.seed=1,2", "--set", "plan.phases=['publish']",
-               "--set", "pipeline.faults=['leave_running']", "--out", str(tmp_path), "--json")
-    assert proc.returncode == 1, proc.stderr[-3000:]  # leave_running after publish, at-least-once: duplicates
-    run = RunDir.open(json.loads(proc.stdout)["run_dir"])
-    trials = run.table("trials")
-    assert sorted(trials["variant"]) == ["seed=1", "seed=2"]
-    for record in run.trial_records():  # each trial ran (and replays) with its own variant's parameters
-        assert f"seed={record['spec']['params']['seed']}" == record["spec"]["variant"]
-    assert run.meta()["sweep"]["axes"] == {"workload.params.seed": [1, 2]}
-    assert "## By variant and arm" in (run.path / "summary.md").read_text()
-
-
 def _write_run(root: Path, name: str, meta: dict, trials: pd.DataFrame) -> Path:
     run = RunDir.create(root, name)
     run.write_meta({**meta, "run_id": run.run_id, "run_dir": str(run.path)})
     run.write_table("trials", trials)
     return run.path
-
-
-@pytest.mark.criu
-def test_compare_lines_up_plans_and_flags_regressions(mixed_run: Path, tmp_path: Path):
-    a = RunDir.open(mixed_run)
-    trials = a.table("trials")
-    same = _write_run(tmp_path, "same", a.meta(), trials)
-    proc = cli("compare", str(mixed_run), str(same), "--json", "--fail-on-regression")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["counts"]["matched"] == len(trials) and out["counts"]["same"] == len(trials)
-
-    # B: the same plans, one trial that was valid in A now invalid.
-    flipped = trials.copy()
-    victim = flipped.index[flipped["outcome"] == "valid"][0]
-    flipped.loc[victim, "outcome"] = "invalid"
-    worse = _write_run(tmp_path, "worse", a.meta(), flipped)
-    proc = cli("compare", str(mixed_run), str(worse), "--json", "--fail-on-regression")
-    assert proc.returncode == 1, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["counts"]["regressed"] == 1
-    assert out["changed_plans"][0]["plan_json"] == trials.loc[victim, "plan_json"]
-    assert out["replay_regressions"] == [f"cutbench replay {worse}/trials/{trials.loc[victim, 'trial_id']}.json"]
-    assert cli("compare", str(mixed_run), str(worse)).returncode == 0  # without the flag a comparison is not a verdict
-
-    # Runs that share no plan cannot be compared.
-    other = flipped.assign(plan_json=flipped["plan_json"] + " ")
-    unrelated = _write_run(tmp_path, "unrelated", a.meta(), other)
-    proc = cli("compare", str(mixed_run), str(unrelated))
-    assert proc.returncode == 254 and "share no plan" in proc.stderr

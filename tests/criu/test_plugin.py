@@ -1,0 +1,87 @@
+"""The pytest plugin, driven through ``pytester`` in subprocesses (gate runs are ``criu``: must run in CI)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.fixtures.run_fixtures import cli, counter_scenario
+from tests.unit.test_plugin import FAILING
+
+
+@pytest.mark.criu
+def test_failing_gate_exits_nonzero_and_prints_the_replay_command(criu, pytester: pytest.Pytester, tmp_path: Path):
+    scenario = pytester.path / "failing.toml"
+    scenario.write_text(FAILING)
+    out, xml = tmp_path / "gate-results", tmp_path / "gate.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(scenario),
+                                           "--cutbench-out", str(out), f"--junitxml={xml}")
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "cutbench gate FAILED for failing [criu/at_least_once/leave_running+100ms]" in text
+    match = re.search(r"replay: cutbench replay (\S+\.json)", text)
+    assert match, text
+    trial_file = Path(match.group(1))
+    assert trial_file.is_file() and trial_file.is_relative_to(out)
+
+    props = [(p.get("name"), p.get("value")) for p in ET.parse(xml).getroot().iter("property")]
+    assert ("cutbench_gate", "failed") in props
+    assert ("cutbench_invalid", "1") in props
+    assert ("cutbench_replay", f"cutbench replay {trial_file}") in props
+    assert any(name == "cutbench_finding" and "duplicate" in value for name, value in props)
+
+    # The printed command reproduces the failure.
+    replay = cli("replay", str(trial_file), "--out", str(tmp_path / "replayed"), "--json")
+    assert replay.returncode == 1, replay.stderr[-2000:]
+    assert json.loads(replay.stdout)["replayed"] == "invalid"
+
+
+@pytest.mark.criu
+def test_threshold_option_lets_the_same_run_pass(criu, pytester: pytest.Pytester, tmp_path: Path):
+    scenario = pytester.path / "failing.toml"
+    scenario.write_text(FAILING)
+    xml = tmp_path / "gate.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(scenario),
+                                           "--cutbench-max-invalid-rate", "1", f"--junitxml={xml}")
+    result.assert_outcomes(passed=1)
+    props = dict((p.get("name"), p.get("value")) for p in ET.parse(xml).getroot().iter("property"))
+    assert props["cutbench_gate"] == "passed" and props["cutbench_invalid_rate"] == "1.000000"
+
+
+@pytest.mark.criu
+def test_trial_fixture_runs_one_trial(criu, pytester: pytest.Pytester):
+    pytester.makepyfile(test_trial="""
+        def test_duplicate_after_crash(cutbench_trial, record_property):
+            result = cutbench_trial("2/publish", receiver_mode="at_least_once", fault="leave_running", crash_after_ms=100,
+                                    array="numpy", params={"ops": 4, "op_interval_ms": 20.0})
+            assert result.outcome == "invalid"
+            assert {f["kind"] for f in result.findings} == {"duplicate"}
+            assert result.trial_file.is_file() and result.replay_command.startswith("cutbench replay ")
+
+        def test_bad_argument(cutbench_trial):
+            import pytest
+            from cutbench.errors import InvalidArgument
+            with pytest.raises(InvalidArgument, match="receiver.modes contains 'sometimes'"):
+                cutbench_trial("2/publish", receiver_mode="sometimes")
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.criu
+def test_the_ci_gate_example_passes(criu, pytester: pytest.Pytester, tmp_path: Path):
+    example = REPO / "examples" / "ci_gate"
+    shutil.copytree(example, pytester.path, dirs_exist_ok=True)
+    xml = tmp_path / "gate.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "test_gate.py", "--cutbench-out", str(tmp_path / "results"),
+                                           f"--junitxml={xml}")
+    result.assert_outcomes(passed=3)
+    props = [(p.get("name"), p.get("value")) for p in ET.parse(xml).getroot().iter("property")]
+    assert props.count(("cutbench_gate", "passed")) == 2
