@@ -21,10 +21,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.validate import check_int, check_positive, check_text
 
 from . import protocol as P
 from .schema import EXPORT_COLUMNS, rows_to_frame
-from .server import parse_listen
 
 if TYPE_CHECKING:
     import pandas
@@ -54,22 +54,15 @@ class _Lost(Exception):
 
 
 def _check_int(name: str, value: Any, low: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= P.MAX_INT:
-        raise InvalidArgument(f"{name} must be an int in {low}..2**63-1, got {value!r}")
-    return value
+    return check_int(name, value, low, P.MAX_INT)
 
 
 def _check_text(name: str, value: Any, allow_empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > P.MAX_TEXT:
-        raise InvalidArgument(f"{name} must be a string of {0 if allow_empty else 1}..{P.MAX_TEXT} characters, "
-                              f"got {value!r:.80}")
-    return value
+    return check_text(name, value, max_len=P.MAX_TEXT, allow_empty=allow_empty)
 
 
 def _check_seconds(name: str, value: Any) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return float(check_positive(name + " (seconds)", value))
 
 
 class ReceiverClient:
@@ -86,7 +79,7 @@ class ReceiverClient:
                  connect_timeout: float = 5.0, max_backoff: float = 0.5, wait_timeout: float = 30.0,
                  client_name: str | None = None, max_frame: int = P.MAX_FRAME):
         try:
-            self._kind, self._host, self._port = parse_listen(address)
+            self._kind, self._host, self._port = P.parse_listen(address)
         except CutbenchError as exc:
             raise InvalidArgument(f"receiver address: {exc}") from None
         self.address = address

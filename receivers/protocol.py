@@ -12,6 +12,8 @@ import json
 import struct
 from typing import Any
 
+from cutbench.errors import InvalidArgument
+
 VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: far above any legal message, far below memory trouble
 HEADER = struct.Struct(">I")
@@ -211,3 +213,17 @@ def reply(kind: str, re: str, rid: int | None, **fields: Any) -> dict[str, Any]:
     out.update(fields)
     return out
 
+
+def parse_listen(listen: str) -> tuple[str, str, int]:
+    """Split a listen address into ("unix", path, 0) or ("tcp", host, port)."""
+    if not isinstance(listen, str) or not listen:
+        raise InvalidArgument(f"listen address must be a non-empty string, got {listen!r}")
+    if listen.startswith("unix:"):
+        path = listen[5:]
+        if not path:
+            raise InvalidArgument("listen address unix: needs a socket path, e.g. unix:/tmp/r.sock")
+        return ("unix", path, 0)
+    host, sep, port_s = listen.rpartition(":")
+    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise InvalidArgument(f"listen address {listen!r}: expected HOST:PORT (PORT 0 picks one) or unix:PATH")
+    return ("tcp", host.strip("[]"), int(port_s))

@@ -23,8 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cutbench.errors import CutbenchError, InvalidArgument
+from cutbench.files import atomic_write
 
 from . import protocol as P
+from .protocol import parse_listen
 from .ledger import Changes, Command, Ledger
 from .schema import EXPORT_COLUMNS
 from .stores import Store, open_store
@@ -36,21 +38,6 @@ MAX_BATCH = 4096  # commands per transaction; bounds latency of one commit
 PAUSE_AT = 2048  # outstanding requests per connection before we stop reading it
 EXPORT_PAGE = 1000
 CONNS_PER_BOOT = 1_000_000  # connection_id = boot * CONNS_PER_BOOT + n
-
-
-def parse_listen(listen: str) -> tuple[str, str, int]:
-    """Split a listen address into ("unix", path, 0) or ("tcp", host, port)."""
-    if not isinstance(listen, str) or not listen:
-        raise InvalidArgument(f"listen address must be a non-empty string, got {listen!r}")
-    if listen.startswith("unix:"):
-        path = listen[5:]
-        if not path:
-            raise InvalidArgument("listen address unix: needs a socket path, e.g. unix:/tmp/r.sock")
-        return ("unix", path, 0)
-    host, sep, port_s = listen.rpartition(":")
-    if not sep or not host or not port_s.isdigit() or int(port_s) > 65535:
-        raise InvalidArgument(f"listen address {listen!r}: expected HOST:PORT (PORT 0 picks one) or unix:PATH")
-    return ("tcp", host.strip("[]"), int(port_s))
 
 
 def is_loopback(host: str) -> bool:
@@ -77,12 +64,7 @@ def check_exposure(listen: str, token: str | None, allow_remote: bool) -> None:
 
 def write_ready_file(path: str, address: str) -> None:
     """Write ``address`` to ``path`` atomically (temporary file, fsync, rename)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(address + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, address + "\n", durable=True)
 
 
 class _Connection(asyncio.Protocol):

@@ -20,6 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The plugin tests (unit and criu tiers) drive pytest itself.
+pytest_plugins = ["pytester"]
+
 
 @functools.lru_cache(maxsize=1)
 def gpu_skip_reason() -> str | None:

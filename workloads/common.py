@@ -19,6 +19,8 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 from cutbench.workloads.xp import is_device, synchronize, to_host
+from cutbench import validate
+from cutbench.files import atomic_open, atomic_write
 
 MASK = (1 << 64) - 1
 MULT = 6364136223846793005  # odd: x -> x * MULT + c is a bijection mod 2**64
@@ -127,11 +129,9 @@ def save_state_file(path: str, header: dict[str, Any], arrays: dict[str, Any]) -
     """
     import numpy as np
 
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
+    with atomic_open(path) as fh:
         np.savez(fh, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
                  **{k: to_host(v) for k, v in arrays.items()})
-    os.replace(tmp, path)
 
 
 def load_state_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -179,9 +179,7 @@ class ExternalCursor:
 
     def seek(self, position: int) -> None:
         """Set the position (a consumer that seeks back on restore)."""
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(str(int(position)))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, str(int(position)))
 
     def take(self) -> int:
         """Take the next item; return its 1-based index."""
@@ -217,15 +215,12 @@ def make_cursor(kind: str, path: str | os.PathLike[str]) -> ExternalCursor | Mem
 
 def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     """Raise ValueError naming parameter ``name``, its bad ``value`` and the allowed values."""
-    if value not in allowed:
-        raise ValueError(f"parameter {name} = {value!r}: allowed {', '.join(map(repr, allowed))}")
+    validate.check_choice(f"parameter {name}", value, allowed, error=ValueError)
 
 
 def check_range(name: str, value: int | float, low: int | float, high: int | float | None = None) -> None:
     """Raise ValueError unless ``low <= value <= high`` (no upper bound when ``high`` is None)."""
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ValueError(f"parameter {name} = {value!r}: must be {bound}")
+    validate.check_range(f"parameter {name}", value, low, high, error=ValueError)
 
 
 # -- what the built-in workloads share ------------------------------------------

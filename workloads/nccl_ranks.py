@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 from cutbench.workloads.common import MASK, BaseWorkload
 from cutbench.workloads.counter import apply_op, initial_state
 from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize
+from cutbench.files import atomic_write
 
 PHASES: tuple[str, ...] = ("admit", "launch", "collective", "device_done", "record", "publish", "ack", "commit")
 # Always off (a multicast program can take the host's GPUs out of service).
@@ -190,7 +191,7 @@ class Comm:
             self.nccl = nccl
             if rank == 0:
                 uid = nccl.get_unique_id()  # bytes in CuPy >= 14, a tuple of ints before
-                _atomic_write(uid_path, json.dumps(bytes(uid).hex() if isinstance(uid, (bytes, bytearray)) else list(uid)))
+                atomic_write(uid_path, json.dumps(bytes(uid).hex() if isinstance(uid, (bytes, bytearray)) else list(uid)))
             raw = json.loads(_wait_for(uid_path).read_text())
             self.comm = nccl.NcclCommunicator(world, bytes.fromhex(raw) if isinstance(raw, str) else tuple(raw), rank)
         else:
@@ -221,10 +222,6 @@ class Comm:
             self.dist.all_reduce(self.torch.from_dlpack(buf))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _wait_for(path: Path, timeout: float = JOIN_TIMEOUT_S) -> Path:

@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from cutbench.workloads.control import PHASES, ControlFile
+from cutbench.files import atomic_write
 
 # A parked workload gives up after this long without a release: a harness that
 # died must not leave a spinning process behind forever.
@@ -183,25 +184,16 @@ class Runtime:
 
     def write_report(self, report: dict[str, Any]) -> None:
         """Write the final report as JSON (atomic rename) and mark the run done."""
-        path = Path(self.config.report_path)
-        tmp = path.with_suffix(".tmp")
         body = dict(report)
         body.setdefault("pid", os.getpid())
         body.setdefault("epoch", self.epoch)
-        tmp.write_text(json.dumps(body, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write(self.config.report_path, json.dumps(body, sort_keys=True))
         self.control.set("done", 1)
 
 
 def write_marker(path: str | os.PathLike[str], op: int) -> None:
     """Durably replace the op number in marker file ``path`` (write, fsync, atomic rename; no file stays open)."""
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(str(op))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, str(op), durable=True)
 
 
 def read_marker(path: str | os.PathLike[str]) -> int:

@@ -24,11 +24,13 @@ The six findings, each defined precisely in its function's docstring:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
-from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES, Finding, Verdict
+from cutbench.errors import CutbenchError
+from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES, Finding, TrialRecord, Verdict
 
 # Decisions at the receiver that make an effect externally visible: applied
 # (at_least_once, idempotent) or committed (fenced). Suppressed, prepared,
@@ -63,12 +65,9 @@ def applied_counts(effects: pd.DataFrame | None) -> pd.Series:
     return rows.groupby("op_id").size()
 
 
-def committed_op(trial: dict[str, Any]) -> int:
+def committed_op(trial: TrialRecord | dict[str, Any]) -> int:
     """The workload's final committed op: ``report["host_op"]`` when it reported, else its durable marker."""
-    report = trial.get("report")
-    if report and report.get("host_op") is not None:
-        return int(report["host_op"])
-    return int(trial.get("marker_op") or 0)
+    return TrialRecord.from_dict(trial).committed_op
 
 
 def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
@@ -166,7 +165,7 @@ def find_pointer_changes(report: dict[str, Any] | None) -> list[Finding]:
     return out
 
 
-def find_deadlock(trial: dict[str, Any]) -> list[Finding]:
+def find_deadlock(trial: TrialRecord) -> list[Finding]:
     """``deadlock``: no progress within the watchdog after a cut.
 
     Fires when the runner's status is ``deadlock`` — its watchdog saw no cut
@@ -177,16 +176,16 @@ def find_deadlock(trial: dict[str, Any]) -> list[Finding]:
     restored process waits for the peer's answer. ``progress_op`` /
     ``progress_phase`` say where the workload stood last.
     """
-    if trial.get("status") != "deadlock" or not trial.get("cut_outcomes"):
+    if trial.status != "deadlock" or not trial.cut_outcomes:
         return []
-    op = trial.get("progress_op")
-    where = f"{op}/{trial['progress_phase']}" if trial.get("progress_phase") else f"op {op}"
-    after = f" after restore {trial['restores']}" if trial.get("restores") else ""
-    why = trial.get("error") or "no progress within the watchdog"
+    op = trial.progress_op
+    where = f"{op}/{trial.progress_phase}" if trial.progress_phase else f"op {op}"
+    after = f" after restore {trial.restores}" if trial.restores else ""
+    why = trial.error or "no progress within the watchdog"
     return [Finding("deadlock", op, f"stalled at {where}{after}: {why}")]
 
 
-def find_unsafe_acceptance(trial: dict[str, Any]) -> list[Finding]:
+def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
     """``unsafe_acceptance``: a restore went ahead although a domain the workload uses is not covered.
 
     The workload declares the state domains it uses (``workload_domains``:
@@ -196,48 +195,64 @@ def find_unsafe_acceptance(trial: dict[str, Any]) -> list[Finding]:
     external ``receiver`` is not covered: the tool said yes where it should
     have refused. A refused cut never fires this.
     """
-    if int(trial.get("restores") or 0) == 0:
+    if trial.restores == 0:
         return []
-    used = set(trial.get("workload_domains", ())) - EXTERNAL_DOMAINS
-    uncovered = sorted(used - set(trial.get("covered_domains", ())))
+    used = set(trial.workload_domains) - EXTERNAL_DOMAINS
+    uncovered = sorted(used - set(trial.covered_domains))
     if not uncovered:
         return []
     return [Finding("unsafe_acceptance", None, f"restored without covering {', '.join(uncovered)}")]
 
 
-def judge(trial: dict[str, Any], effects: pd.DataFrame | None, reference: Any) -> Verdict:
+# The finders, composed by ``judge``: each takes the trial's record, its
+# effects and the workload's reference and returns its findings. One that
+# raises makes the trial ``unknown`` (naming it), never ``valid``.
+Finder = Callable[[TrialRecord, "pd.DataFrame | None", Any], list[Finding]]
+FINDERS: tuple[tuple[str, Finder], ...] = (
+    ("deadlock", lambda rec, effects, ref: find_deadlock(rec)),
+    ("duplicate", lambda rec, effects, ref: find_duplicates(effects)),
+    ("missing", lambda rec, effects, ref: find_missing(effects, rec.committed_op)),
+    ("mixed_epoch", lambda rec, effects, ref: find_mixed_epoch(effects, rec.report, ref)),
+    ("pointer_changed", lambda rec, effects, ref: find_pointer_changes(rec.report)),
+    ("unsafe_acceptance", lambda rec, effects, ref: find_unsafe_acceptance(rec)),
+)
+
+
+def judge(trial: TrialRecord | dict[str, Any], effects: pd.DataFrame | None, reference: Any,
+          finders: tuple[tuple[str, Finder], ...] = FINDERS) -> Verdict:
     """The verdict for one trial.
 
-    ``trial`` needs ``status`` (runner: ``completed``, ``deadlock``, ``refused``
-    or ``unknown``), ``report`` (dict or None), ``marker_op``, ``restores``,
-    ``cut_outcomes``, ``workload_domains`` and ``covered_domains``;
-    ``progress_op``/``progress_phase``/``error`` feed details. ``effects`` are
-    the receiver's rows for this trial (columns ``op_id``, ``digest``,
+    ``trial`` is a :class:`TrialRecord` (or its stored dict form): ``status``
+    (runner: ``completed``, ``deadlock``, ``refused`` or ``unknown``),
+    ``report``, ``marker_op``, ``restores``, ``cut_outcomes``,
+    ``workload_domains`` and ``covered_domains``; ``progress_op``,
+    ``progress_phase`` and ``error`` feed details. ``effects`` are the
+    receiver's rows for this trial (columns ``op_id``, ``digest``,
     ``decision``, ``epoch``). ``reference`` gives ``payload(i)`` and ``checksum(i)``.
 
-    ``unknown`` whenever the runner could not finish the trial, and for a
-    hang in a trial where no cut was carried out (not a recovery failure).
+    ``unknown`` whenever the runner could not finish the trial, for a hang in
+    a trial where no cut was carried out (not a recovery failure), and when a
+    finder raises.
     """
-    status = trial.get("status")
-    if status == "unknown":
-        return Verdict("unknown", reason=str(trial.get("error") or ""))
-    if status == "deadlock" and not trial.get("cut_outcomes"):
-        return Verdict("unknown", reason=f"hang before any cut: {trial.get('error') or ''}")
-    report = trial.get("report")
+    try:
+        rec = TrialRecord.from_dict(trial)
+    except CutbenchError as exc:
+        return Verdict("unknown", reason=f"checker: {exc}")
+    if rec.status == "unknown":
+        return Verdict("unknown", reason=rec.error)
+    if rec.status == "deadlock" and not rec.cut_outcomes:
+        return Verdict("unknown", reason=f"hang before any cut: {rec.error}")
     findings: list[Finding] = []
-    findings += find_deadlock(trial)
-    findings += find_duplicates(effects)
-    findings += find_missing(effects, committed_op(trial))
-    findings += find_mixed_epoch(effects, report, reference)
-    findings += find_pointer_changes(report)
-    findings += find_unsafe_acceptance(trial)
+    for name, finder in finders:
+        try:
+            findings += finder(rec, effects, reference)
+        except Exception as exc:  # a checker bug must not pass a trial
+            return Verdict("unknown", reason=f"checker: finder {name} raised {type(exc).__name__}: {exc}")
     if findings:
         return Verdict("invalid", tuple(findings))
-    if status == "refused":
-        return Verdict("refused", reason=str(trial.get("error") or ""))
-    if status != "completed":
-        return Verdict("unknown", reason=f"runner status {status!r}")
+    if rec.status == "refused":
+        return Verdict("refused", reason=rec.error)
     return Verdict("valid")
 
 
-__all__ = ["FINDING_KINDS", "OUTCOMES", "Finding", "Verdict", "empty_effects", "judge"]
+__all__ = ["FINDERS", "FINDING_KINDS", "OUTCOMES", "Finding", "TrialRecord", "Verdict", "empty_effects", "judge"]

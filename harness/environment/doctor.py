@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import cutbench
 from cutbench.harness.environment import criu_tool
 from cutbench.harness.environment import gpu_probe
 
@@ -125,31 +126,35 @@ def check_gpu(facts: dict | None = None) -> list[Check]:
         out.append(Check("gpu", MISSING, "no nvidia-smi: no NVIDIA GPU/driver; GPU backends unavailable",
                          "only needed for GPU scenarios: use a host with an NVIDIA GPU and driver >= 570"))
     cb = facts.get("cuda_bindings") or {}
-    if cb.get("checkpoint_api"):
-        out.append(Check("cuda checkpoint API", OK, f"cuda-bindings {cb.get('version')}: cuCheckpointProcess* present"))
-    elif cb.get("version"):
-        why = cb.get("error") or "missing " + ", ".join(cb.get("missing_calls") or [])
-        out.append(Check("cuda checkpoint API", WARN if not gpus else FAIL,
-                         f"cuda-bindings {cb.get('version')}: {why}",
-                         "needs cuda-bindings >= 12.8 and an NVIDIA driver >= 570"))
-    else:
-        out.append(Check("cuda checkpoint API", MISSING, "cuda-bindings not installed",
-                         "pip install -e '.[gpu]' (only for GPU scenarios)"))
+    out.append(_gpu_package("cuda checkpoint API", "cuda-bindings", cb.get("version"), bool(gpus),
+                            "cuCheckpointProcess* present" if cb.get("checkpoint_api") else None,
+                            cb.get("error") or "missing " + ", ".join(cb.get("missing_calls") or []),
+                            "needs cuda-bindings >= 12.8 and an NVIDIA driver >= 570"))
     cp = facts.get("cupy") or {}
-    if cp.get("version") and cp.get("device_count"):
-        out.append(Check("cupy device", OK, f"CuPy {cp['version']} sees {cp['device_count']} device(s)"))
-    elif cp.get("version"):
-        out.append(Check("cupy device", WARN if not gpus else FAIL,
-                         f"CuPy {cp['version']} sees no device: {cp.get('error')}",
-                         "install the CuPy wheel matching the driver's CUDA (cupy-cuda13x or cupy-cuda12x)"))
-    else:
-        out.append(Check("cupy device", MISSING, "CuPy not installed",
-                         "pip install -e '.[gpu]' (only for GPU scenarios)"))
+    out.append(_gpu_package("cupy device", "CuPy", cp.get("version"), bool(gpus),
+                            f"sees {cp['device_count']} device(s)" if cp.get("device_count") else None,
+                            f"sees no device: {cp.get('error')}",
+                            "install the CuPy wheel matching the driver's CUDA (cupy-cuda13x or cupy-cuda12x)"))
     tool = facts.get("cuda_checkpoint")
     out.append(Check("cuda-checkpoint", OK if tool else MISSING, tool or "utility not on PATH",
                      "" if tool else
                      "only for the `cuda-checkpoint` backend: put NVIDIA's cuda-checkpoint binary on PATH"))
     return out
+
+
+def _gpu_package(name: str, package: str, version: str | None, gpus: bool, works: str | None, problem: str, fix: str) -> Check:
+    """The check of an optional GPU package: OK when it ``works``, else why not (a failure only where GPUs exist)."""
+    if version and works:
+        return Check(name, OK, f"{package} {version}: {works}")
+    if version:
+        return Check(name, FAIL if gpus else WARN, f"{package} {version}: {problem}", fix)
+    return Check(name, MISSING, f"{package} not installed", f"{install_hint('gpu')} (only for GPU scenarios)")
+
+
+def install_hint(extra: str = "") -> str:
+    """How to install cutbench (with ``extra``) here: from the checkout when running from one, else from the package index."""
+    spec = f"[{extra}]" if extra else ""
+    return f"pip install -e '.{spec}'" if cutbench.source_checkout() else f"pip install 'cutbench{spec}'"
 
 
 def check_criu_cuda_plugin() -> Check:
@@ -178,10 +183,10 @@ def check_packages() -> list[Check]:
         if version:
             out.append(Check(f"python: {name}", OK, version))
         elif name in REQUIRED_PACKAGES:
-            out.append(Check(f"python: {name}", FAIL, "not installed", "pip install -e ."))
+            out.append(Check(f"python: {name}", FAIL, "not installed", install_hint()))
         else:
             extra = "pg" if name == "psycopg" else "gpu"
-            out.append(Check(f"python: {name}", MISSING, "not installed (optional)", f"pip install -e '.[{extra}]'"))
+            out.append(Check(f"python: {name}", MISSING, "not installed (optional)", install_hint(extra)))
     return out
 
 

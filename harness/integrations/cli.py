@@ -54,7 +54,7 @@ def _progress_printer(as_json: bool):
         else:
             console.print(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
                           f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
-                          f"({len(result.verdict.findings)} findings) {result.record['error'][:120]}", highlight=False)
+                          f"({len(result.verdict.findings)} findings) {result.record.error[:120]}", highlight=False)
 
     def stop() -> None:
         if state["progress"] is not None:

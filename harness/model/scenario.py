@@ -20,7 +20,9 @@ import tomli_w
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
+from cutbench.files import read_document
 from cutbench.registry import CHECKPOINTERS
+from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_type
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
@@ -172,38 +174,37 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         phases = list(phases_allowed)
     if isinstance(phases, str):
         raise InvalidArgument(f"plan.phases = {phases!r}: use \"all\" or a list of {', '.join(phases_allowed)}")
-    phases = _list_of(phases, "plan.phases", phases_allowed)
+    phases = check_choices("plan.phases", phases, phases_allowed)
 
     return Scenario(
         name=name,
         description=_get(data, "", "description", str, ""),
         workload=workload,
-        array=_choice(_get(wl, "workload", "array", str, "auto"), "workload.array", ARRAYS),
+        array=check_choice("workload.array", _get(wl, "workload", "array", str, "auto"), ARRAYS),
         params=params,
         store=store,
-        modes=tuple(_list_of(_get(rc, "receiver", "modes", list, ["at_least_once"]), "receiver.modes", RECEIVER_MODES)),
-        backends=tuple(_list_of(_get(pl, "pipeline", "backends", list, ["criu"]), "pipeline.backends", CHECKPOINTERS.names())),
-        faults=tuple(_list_of(_get(pl, "pipeline", "faults", list, ["kill"]), "pipeline.faults", FAULTS)),
-        crash_after_ms=_numbers(_get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0]), "pipeline.crash_after_ms"),
-        split_window_ms=_numbers(_get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0]), "pipeline.split_window_ms"),
-        rank_skew_ms=_numbers(_get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0]), "pipeline.rank_skew_ms"),
-        restore_targets=tuple(_list_of(_get(pl, "pipeline", "restore_targets", list, ["same"]), "pipeline.restore_targets",
-                                       RESTORE_TARGETS)),
+        modes=tuple(check_choices("receiver.modes", _get(rc, "receiver", "modes", list, ["at_least_once"]), RECEIVER_MODES)),
+        backends=tuple(check_choices("pipeline.backends", _get(pl, "pipeline", "backends", list, ["criu"]), CHECKPOINTERS.names())),
+        faults=tuple(check_choices("pipeline.faults", _get(pl, "pipeline", "faults", list, ["kill"]), FAULTS)),
+        crash_after_ms=check_numbers("pipeline.crash_after_ms", _get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0])),
+        split_window_ms=check_numbers("pipeline.split_window_ms", _get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0])),
+        rank_skew_ms=check_numbers("pipeline.rank_skew_ms", _get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0])),
+        restore_targets=tuple(check_choices("pipeline.restore_targets", _get(pl, "pipeline", "restore_targets", list, ["same"]), RESTORE_TARGETS)),
         keep_images=_get(pl, "pipeline", "keep_images", bool, False),
         images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
         skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
-        plan_source=_choice(_get(pn, "plan", "source", str, "exhaustive"), "plan.source", PLAN_SOURCES),
+        plan_source=check_choice("plan.source", _get(pn, "plan", "source", str, "exhaustive"), PLAN_SOURCES),
         plan_ops=(plan_ops[0], plan_ops[1]),
         plan_phases=tuple(phases),
-        trials=_positive(_get(pn, "plan", "trials", int, 10), "plan.trials"),
+        trials=check_positive("plan.trials", _get(pn, "plan", "trials", int, 10)),
         seed=_get(pn, "plan", "seed", int, 0),
-        cuts_per_trial=_positive(_get(pn, "plan", "cuts_per_trial", int, 1), "plan.cuts_per_trial"),
-        cut_mode=_choice(_get(pn, "plan", "cut_mode", str, "precise"), "plan.cut_mode", ("precise", "async", "mixed")),
-        async_offset_ms=_numbers(_get(pn, "plan", "async_offset_ms", (list, int, float), [0.0]), "plan.async_offset_ms"),
-        profile=_choice(_get(pn, "plan", "profile", str, "ci"), "plan.profile", PROFILES),
-        watchdog_s=float(_positive(_get(rn, "run", "watchdog_s", (int, float), 20.0), "run.watchdog_s")),
-        trial_timeout_s=float(_positive(_get(rn, "run", "trial_timeout_s", (int, float), 120.0), "run.trial_timeout_s")),
-        stage_timeout_s=float(_positive(_get(rn, "run", "stage_timeout_s", (int, float), 60.0), "run.stage_timeout_s")),
+        cuts_per_trial=check_positive("plan.cuts_per_trial", _get(pn, "plan", "cuts_per_trial", int, 1)),
+        cut_mode=check_choice("plan.cut_mode", _get(pn, "plan", "cut_mode", str, "precise"), ("precise", "async", "mixed")),
+        async_offset_ms=check_numbers("plan.async_offset_ms", _get(pn, "plan", "async_offset_ms", (list, int, float), [0.0])),
+        profile=check_choice("plan.profile", _get(pn, "plan", "profile", str, "ci"), PROFILES),
+        watchdog_s=float(check_positive("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
+        trial_timeout_s=float(check_positive("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
+        stage_timeout_s=float(check_positive("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
         source_path=source_path,
         variants=variants,
     )
@@ -253,12 +254,7 @@ def _read_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     path = path.resolve()
     if path in seen:
         raise InvalidArgument(f"include: {path} includes itself (cycle through {', '.join(map(str, seen))})")
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise InvalidArgument(f"scenario file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"scenario file {str(path)!r} is not valid TOML: {exc}") from None
+    data = read_document(path, tomllib.loads, what="scenario file", fmt="TOML", errors=(tomllib.TOMLDecodeError,))
     includes = data.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
@@ -319,47 +315,10 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _get(table: dict[str, Any], section: str, key: str, types: Any, default: Any) -> Any:
+    """``table[key]`` checked against ``types``, or ``default`` when absent."""
     if key not in table:
         return default
-    value = table[key]
-    types_t = types if isinstance(types, tuple) else (types,)
-    bad_bool = isinstance(value, bool) and bool not in types_t
-    if bad_bool or not isinstance(value, types_t):
-        names = " or ".join(t.__name__ for t in types_t)
-        where = f"{section}.{key}" if section else key
-        raise InvalidArgument(f"{where} = {value!r}: expected {names}")
-    return value
-
-
-def _choice(value: str, where: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise InvalidArgument(f"{where} = {value!r}: allowed {', '.join(allowed)}")
-    return value
-
-
-def _list_of(values: list[Any], where: str, allowed: tuple[str, ...]) -> list[str]:
-    if not values:
-        raise InvalidArgument(f"{where} is empty: give at least one of {', '.join(allowed)}")
-    for v in values:
-        if v not in allowed:
-            raise InvalidArgument(f"{where} contains {v!r}: allowed {', '.join(allowed)}")
-    return list(dict.fromkeys(values))
-
-
-def _numbers(value: Any, where: str) -> tuple[float, ...]:
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise InvalidArgument(f"{where} is empty: give at least one number >= 0")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise InvalidArgument(f"{where} contains {v!r}: expected numbers >= 0")
-    return tuple(float(v) for v in values)
-
-
-def _positive(value: Any, where: str) -> Any:
-    if value <= 0:
-        raise InvalidArgument(f"{where} = {value!r}: must be > 0")
-    return value
+    return check_type(f"{section}.{key}" if section else key, table[key], types)
 
 
 def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,16 @@ FINDING_KINDS: tuple[str, ...] = (
     "deadlock",
     "unsafe_acceptance",
 )
+# Three vocabularies, one per step, each with its own meaning (DESIGN.md "Oracle"):
+# - a cut's outcome, from the nemesis pipeline: what happened to that cut;
+CUT_OUTCOMES: tuple[str, ...] = ("restored", "resumed", "refused", "failed")
+# - the trial's status, from the runner: whether the trial ran to its end
+#   (``completed``), hung (``deadlock``), was declined by a stage with the
+#   workload running on (``refused``), or could not be carried out (``unknown``);
+TRIAL_STATUSES: tuple[str, ...] = ("completed", "deadlock", "refused", "unknown")
+# - the verdict's outcome, from the checker: whether the recovery was correct.
+#   ``refused`` and ``unknown`` pass through from the status unless a finding
+#   makes the trial ``invalid``.
 OUTCOMES: tuple[str, ...] = ("valid", "invalid", "refused", "unknown")
 
 
@@ -106,11 +116,72 @@ class TrialSpec:
 
 
 @dataclass
+class TrialRecord:
+    """What the runner observed in one trial: the checker's input besides the effects.
+
+    Stored as a dict in ``trials/<id>.json`` (:meth:`to_dict`) and read back
+    with :meth:`from_dict`, which checks the fields a verdict depends on.
+    """
+
+    trial_id: str = ""
+    status: str = "unknown"  # one of TRIAL_STATUSES
+    error: str = ""
+    failed_stage: str = ""
+    exit_code: int | None = None
+    restores: int = 0
+    cut_outcomes: list[dict[str, Any]] = field(default_factory=list)  # each a CutOutcome as a dict
+    report: dict[str, Any] | None = None  # the workload's final report (None: it never reported)
+    marker_op: int = 0  # the workload's durable commit marker
+    progress_op: int | None = None
+    progress_phase: str = ""
+    workload_domains: list[str] = field(default_factory=list)
+    covered_domains: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)  # what backends measured (image_bytes, gpu_bytes, ...)
+    log_tail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in TRIAL_STATUSES:
+            raise InvalidArgument(f"trial record status = {self.status!r}: allowed {', '.join(TRIAL_STATUSES)}")
+
+    @property
+    def committed_op(self) -> int:
+        """The workload's final committed op: ``report["host_op"]`` when it reported, else its durable marker."""
+        if self.report and self.report.get("host_op") is not None:
+            return int(self.report["host_op"])
+        return int(self.marker_op or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the ``record`` of ``trials/<id>.json``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: "dict[str, Any] | TrialRecord") -> "TrialRecord":
+        """A record from its stored form; unknown keys are ignored, missing ones take their defaults.
+
+        Raises :class:`InvalidArgument` when a field has the wrong type.
+        """
+        if isinstance(data, TrialRecord):
+            return data
+        if not isinstance(data, dict):
+            raise InvalidArgument(f"trial record: expected a mapping, got {type(data).__name__}")
+        # None stands for "absent" (TOML and old records drop keys), except the report, where None means "never reported".
+        known = {f: data[f] for f in cls.__dataclass_fields__ if f in data and (data[f] is not None or f == "report")}
+        for key in ("restores", "marker_op"):
+            if key in known:
+                try:
+                    known[key] = int(known[key] or 0)
+                except (TypeError, ValueError):
+                    raise InvalidArgument(f"trial record {key} = {known[key]!r}: expected an integer") from None
+        return cls(**known)
+
+
+@dataclass
 class TrialResult:
     """A finished trial: its record (one row of ``trials.parquet``), timeline and effects."""
 
     spec: TrialSpec
-    record: dict[str, Any]
+    record: TrialRecord
     timeline: list[dict[str, Any]]
     effects: pd.DataFrame
     verdict: Verdict

@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.checker import oracle
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
-from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.procs import Child, become_subreaper, spawn
@@ -109,7 +109,6 @@ class TrialRunner:
         self.receiver_trial = f"{session.run_id}/{spec.trial_id}"
         self.tdir = session.workdir / spec.trial_id
         self.timeline = Timeline(spec.trial_id, hwm=self._hwm)
-        self.record: dict[str, Any] = {}
         self.cut_targets: list[Child] = []  # single processes cut instead of the tree (killed at the end)
 
     def _hwm(self) -> int | None:
@@ -122,81 +121,21 @@ class TrialRunner:
         self.tdir.mkdir(parents=True)
         control = ControlFile.create(self.tdir / "control")
         backend = self.s.backend(spec.backend)
-        plan = spec.cut_plan()
-        status, error, failed_stage = "completed", "", ""
-        restores, outcomes = 0, []
+        state = _TrialState()
         child: Child | None = None
         companions: list[Child] = []
-        resumed_at: tuple[tuple[int, int], int] | None = None  # (position at the last cut, progress count after it)
-        facts: dict[str, Any] = {}
         try:
             self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
             config = self._write_config()
             companions = self._start_companions(config)
-            seq = self._arm(control, plan, 0)
+            seq = self._arm(control, spec.cut_plan(), 0)
             with self.timeline.stage("spawn"):
                 child = spawn([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
-            for i, cut in enumerate(plan.cuts):
-                reached = self._reach(control, child, cut, seq, i)
-                if reached == "deadlock":
-                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"
-                    break
-                if reached:
-                    status, error = "unknown", reached
-                    break
-                ctx = CutContext(
-                    images_dir=Path(spec.images_dir) / f"cutbench-{self.s.run_id}-{spec.trial_id}-c{i}",
-                    timeline=self.timeline,
-                    cut_index=i,
-                    cut=cut,
-                    stage_timeout_s=spec.stage_timeout_s,
-                    control=control,
-                )
-                next_seq: list[int | None] = [None]
-
-                def before_resume(i: int = i) -> None:
-                    control.set("incarnation", control.get("incarnation") + 1)
-                    next_seq[0] = self._arm(control, plan, i + 1)
-
-                def release(i: int = i, s: int | None = seq, fault: str = cut.fault) -> None:
-                    if fault == "none" and next_seq[0] is None:
-                        # No restore follows: arm the next cut before the parked
-                        # workload moves on, or it may run past it first.
-                        next_seq[0] = self._arm(control, plan, i + 1)
-                    if s is not None:
-                        control.release(s)
-
-                target = self._cut_target(control, child)
-                at_cut = (control.get("progress_op"), control.get("progress_phase"))
-                outcome = execute_cut(backend, target, ctx, release=release, before_resume=before_resume, keep_images=spec.keep_images)
-                # Until the resumed workload passes a point, the slots may show where a
-                # crashed (leave_running) process got to; it really stands at the cut.
-                resumed_at = (at_cut, control.get("progress_count"))
-                outcomes.append(asdict(outcome))
-                for key, value in ctx.facts.items():
-                    facts[key] = facts.get(key, 0) + value if isinstance(value, (int, float)) else value
-                if outcome.status == "restored":
-                    restores += 1
-                if outcome.status in ("refused", "failed"):
-                    status = "refused" if outcome.status == "refused" else "unknown"
-                    error, failed_stage = outcome.error, outcome.stage
-                    if next_seq[0] is not None:  # the plan stops here: do not leave the next cut armed
-                        control.release(next_seq[0])
-                    break
-                if outcome.status == "resumed" and next_seq[0] is None:
-                    next_seq[0] = self._arm(control, plan, i + 1)
-                seq = next_seq[0]
-            if status not in ("unknown", "deadlock"):
-                finished = self._finish(control, child)
-                if finished == "deadlock":
-                    status, error = "deadlock", f"no progress for {spec.watchdog_s:g}s"
-                elif finished and status == "completed":
-                    status, error = "unknown", finished
-                elif finished and status == "refused" and "exit" in finished:
-                    # A refusal that killed the workload was not a clean refusal.
-                    status, error = "unknown", f"{error}; then {finished}"
+            self._cuts(control, child, backend, seq, state)
+            if state.status not in ("unknown", "deadlock"):
+                self._run_to_end(control, child, state)
         except Exception as exc:  # harness-side failure: no verdict possible
-            status, error = "unknown", f"harness: {type(exc).__name__}: {exc}"
+            state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
         finally:
             if child is not None and child.alive():
                 child.kill()
@@ -204,35 +143,95 @@ class TrialRunner:
                 child.kill_groups()  # also what an interrupted restore left behind
             for companion in [*companions, *self.cut_targets]:
                 companion.kill()
-            progress_op, phase_index = control.get("progress_op"), control.get("progress_phase")
-            if resumed_at is not None and control.get("progress_count") == resumed_at[1]:
-                progress_op, phase_index = resumed_at[0]
-            progress_phase = self.phases[phase_index] if control.get("progress_count") and 0 <= phase_index < len(self.phases) else ""
+            progress_op, progress_phase = self._last_position(control, state)
             control.close()
         report = self._read_report()
-        self.record = {
-            "trial_id": spec.trial_id,
-            "status": status,
-            "error": error,
-            "failed_stage": failed_stage,
-            "exit_code": child.returncode if child else None,
-            "restores": restores,
-            "cut_outcomes": outcomes,
-            "report": report,
-            "marker_op": read_marker(self.tdir / "marker"),
-            "progress_op": progress_op,
-            "progress_phase": progress_phase,
+        record = TrialRecord(
+            trial_id=spec.trial_id,
+            status=state.status,
+            error=state.error,
+            failed_stage=state.failed_stage,
+            exit_code=child.returncode if child else None,
+            restores=state.restores,
+            cut_outcomes=state.outcomes,
+            report=report,
+            marker_op=read_marker(self.tdir / "marker"),
+            progress_op=progress_op,
+            progress_phase=progress_phase,
             # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
-            "workload_domains": sorted(workload_api.declared_domains(self.cls, spec.params) | set((report or {}).get("domains", ()))),
-            "covered_domains": sorted(backend.capabilities.covers),
-            "duration_s": time.monotonic() - started,
-            "facts": facts,
-            "log_tail": self._log_tail() if status in ("unknown", "deadlock") else "",
-        }
-        effects = self._effects()
-        verdict = oracle.judge(self.record, effects, self.cls.reference(spec.params))
+            workload_domains=sorted(workload_api.declared_domains(self.cls, spec.params) | set((report or {}).get("domains", ()))),
+            covered_domains=sorted(backend.capabilities.covers),
+            duration_s=time.monotonic() - started,
+            facts=state.facts,
+            log_tail=self._log_tail() if state.status in ("unknown", "deadlock") else "",
+        )
+        effects, store_error = self._effects()
+        if store_error:
+            record.status, record.error = "unknown", store_error
+        verdict = oracle.judge(record, effects, self.cls.reference(spec.params))
         shutil.rmtree(self.tdir, ignore_errors=True)
-        return TrialResult(spec, self.record, self.timeline.rows(), effects, verdict)
+        return TrialResult(spec, record, self.timeline.rows(), effects, verdict)
+
+    def _cuts(self, control: ControlFile, child: Child, backend: Any, seq: int | None, state: "_TrialState") -> None:
+        """Carry out the plan's cuts in order; stop at the first that hangs, fails or is refused."""
+        spec, plan = self.spec, self.spec.cut_plan()
+        for i, cut in enumerate(plan.cuts):
+            reached = self._reach(control, child, cut, seq, i)
+            if reached == "deadlock":
+                state.status, state.error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"
+                return
+            if reached:
+                state.status, state.error = "unknown", reached
+                return
+            ctx = CutContext(
+                images_dir=Path(spec.images_dir) / f"cutbench-{self.s.run_id}-{spec.trial_id}-c{i}",
+                timeline=self.timeline,
+                cut_index=i,
+                cut=cut,
+                stage_timeout_s=spec.stage_timeout_s,
+                control=control,
+            )
+            arming = _NextCut(self, control, plan, i, seq, cut.fault)
+            target = self._cut_target(control, child)
+            at_cut = (control.get("progress_op"), control.get("progress_phase"))
+            outcome = execute_cut(backend, target, ctx, release=arming.release, before_resume=arming.before_resume,
+                                  keep_images=spec.keep_images)
+            # Until the resumed workload passes a point, the slots may show where a
+            # crashed (leave_running) process got to; it really stands at the cut.
+            state.resumed_at = (at_cut, control.get("progress_count"))
+            state.outcomes.append(asdict(outcome))
+            for key, value in ctx.facts.items():
+                state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
+            if outcome.status == "restored":
+                state.restores += 1
+            if outcome.status in ("refused", "failed"):
+                state.status = "refused" if outcome.status == "refused" else "unknown"
+                state.error, state.failed_stage = outcome.error, outcome.stage
+                if arming.next_seq is not None:  # the plan stops here: do not leave the next cut armed
+                    control.release(arming.next_seq)
+                return
+            if outcome.status == "resumed":
+                arming.ensure_armed()
+            seq = arming.next_seq
+
+    def _run_to_end(self, control: ControlFile, child: Child, state: "_TrialState") -> None:
+        """Let the workload finish after the last cut and fold how it ended into the status."""
+        finished = self._finish(control, child)
+        if finished == "deadlock":
+            state.status, state.error = "deadlock", f"no progress for {self.spec.watchdog_s:g}s"
+        elif finished and state.status == "completed":
+            state.status, state.error = "unknown", finished
+        elif finished and state.status == "refused" and "exit" in finished:
+            # A refusal that killed the workload was not a clean refusal.
+            state.status, state.error = "unknown", f"{state.error}; then {finished}"
+
+    def _last_position(self, control: ControlFile, state: "_TrialState") -> tuple[int, str]:
+        """Where the workload stood last (op, phase name), as its control slots say."""
+        progress_op, phase_index = control.get("progress_op"), control.get("progress_phase")
+        if state.resumed_at is not None and control.get("progress_count") == state.resumed_at[1]:
+            progress_op, phase_index = state.resumed_at[0]
+        passed = control.get("progress_count") and 0 <= phase_index < len(self.phases)
+        return progress_op, self.phases[phase_index] if passed else ""
 
     # -- steps -------------------------------------------------------------
     def _write_config(self) -> Path:
@@ -356,10 +355,55 @@ class TrialRunner:
         except OSError:
             return ""
 
-    def _effects(self) -> pd.DataFrame:
+    def _effects(self) -> tuple[pd.DataFrame, str]:
+        """The receiver's rows for this trial, and why they could not be read ("" when they could)."""
         try:
-            return self.s.effects(self.receiver_trial)
+            return self.s.effects(self.receiver_trial), ""
         except Exception as exc:  # a store we cannot read makes the verdict unknown
-            self.record["status"] = "unknown"
-            self.record["error"] = f"cannot read receiver store: {exc}"
-            return oracle.empty_effects()
+            return oracle.empty_effects(), f"cannot read receiver store: {exc}"
+
+
+@dataclass
+class _TrialState:
+    """What one trial has established so far (the runner's status vocabulary; see model.trial)."""
+
+    status: str = "completed"
+    error: str = ""
+    failed_stage: str = ""
+    restores: int = 0
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    # (position at the last cut, progress count right after it)
+    resumed_at: tuple[tuple[int, int], int] | None = None
+
+
+@dataclass
+class _NextCut:
+    """Arming cut ``index + 1`` around cut ``index``: the pipeline calls ``before_resume`` or ``release``."""
+
+    runner: TrialRunner
+    control: ControlFile
+    plan: CutPlan
+    index: int
+    seq: int | None  # this cut's arm sequence (None: nothing parked)
+    fault: str
+    next_seq: int | None = None
+
+    def ensure_armed(self) -> None:
+        """Arm the next cut once."""
+        if self.next_seq is None:
+            self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
+
+    def before_resume(self) -> None:
+        """After the fault, before the restored process runs: a new incarnation, then the next cut."""
+        self.control.set("incarnation", self.control.get("incarnation") + 1)
+        self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
+
+    def release(self) -> None:
+        """Let the parked workload go on."""
+        if self.fault == "none":
+            # No restore follows: arm the next cut before the parked workload
+            # moves on, or it may run past it first.
+            self.ensure_armed()
+        if self.seq is not None:
+            self.control.release(self.seq)

@@ -15,7 +15,6 @@ Layout of ``results/<run-id>/``::
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import pandas as pd
 import tomli_w
 
 from cutbench.errors import InvalidArgument
+from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 
 TABLES = ("trials", "timeline", "effects")
 
@@ -65,7 +65,7 @@ class RunDir:
     # -- writing ---------------------------------------------------------
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Write ``run.toml`` (None values dropped: TOML has no null)."""
-        _atomic_write(self.path / "run.toml", tomli_w.dumps(_drop_none(meta)))
+        atomic_write(self.path / "run.toml", tomli_w.dumps(_drop_none(meta)))
 
     def update_meta(self, **changes: Any) -> None:
         """Merge top-level keys into ``run.toml``."""
@@ -76,7 +76,7 @@ class RunDir:
     def write_trial(self, trial_id: str, record: dict[str, Any]) -> Path:
         """Write ``trials/<trial_id>.json``; return its path."""
         path = self.path / "trials" / f"{trial_id}.json"
-        _atomic_write(path, json.dumps(record, indent=2, sort_keys=True, default=str))
+        atomic_write(path, json.dumps(record, indent=2, sort_keys=True, default=str))
         return path
 
     def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> Path:
@@ -85,29 +85,21 @@ class RunDir:
             raise InvalidArgument(f"table {name!r}: allowed {', '.join(TABLES)}")
         frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
         path = self.path / f"{name}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        with atomic_open(path) as fh:
+            frame.to_parquet(fh, index=False)
         return path
 
     def write_text(self, name: str, text: str) -> Path:
         """Write a text artefact (``summary.md``, ``report.html``) into the run directory."""
-        path = self.path / name
-        _atomic_write(path, text)
-        return path
+        return atomic_write(self.path / name, text)
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         """Write a binary artefact (a PNG plot) into the run directory."""
-        path = self.path / name
-        _atomic_write(path, data)
-        return path
+        return atomic_write(self.path / name, data)
 
     def mark_latest(self) -> None:
         """Point ``<root>/latest`` at this run."""
-        link = self.path.parent / "latest"
-        tmp = self.path.parent / f".latest-{secrets.token_hex(4)}"
-        os.symlink(self.path.name, tmp)
-        os.replace(tmp, link)
+        atomic_symlink(self.path.name, self.path.parent / "latest")
 
     # -- reading ---------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -128,26 +120,10 @@ class RunDir:
 
 def read_trial_file(path: str | Path) -> dict[str, Any]:
     """Load one stored trial JSON (for replay); raise InvalidArgument if it is not one."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InvalidArgument(f"{path}: no such trial file") from None
-    except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"{path}: not JSON ({exc})") from None
+    data = read_document(path, json.loads, what="trial file", fmt="JSON", errors=(json.JSONDecodeError, UnicodeDecodeError))
     if not isinstance(data, dict) or "spec" not in data:
         raise InvalidArgument(f"{path}: not a cutbench trial file (no 'spec')")
     return data
-
-
-def _atomic_write(path: Path, data: str | bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
-    os.replace(tmp, path)
 
 
 def _drop_none(value: Any) -> Any:

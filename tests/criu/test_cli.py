@@ -1,4 +1,4 @@
-"""The ``cutbench`` command line: exit codes, ``--json``, sweep, compare (runs are ``criu``: must run in CI)."""
+"""The ``cutbench`` command on real runs: sweeps, compare and report through CRIU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CRIU provisioning: apt config parsing (unit), download/unpack (network), real dump + restore.
+"""CRIU provisioning end to end: Debian's packages downloaded and unpacked, then a real dump and restore.
 
 The `criu` tests fail, never skip, when CRIU is not provisioned: CI runs
 `cutbench criu install` first, so a missing CRIU there is a real failure.

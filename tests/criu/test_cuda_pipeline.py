@@ -50,7 +50,7 @@ def test_kill_with_split_window_runs_host_code_between_cuda_and_cpu_cut(criu, tm
     sim = SimDriver()
     [r] = run_trials(scenario("cuda+criu", "kill", split=60), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
-    assert r.verdict.outcome == "valid", (r.record["error"], r.verdict)
+    assert r.verdict.outcome == "valid", (r.record.error, r.verdict)
     order = ["cuda_discover", "cuda_lock", "cuda_checkpoint", "split_window", "criu_dump", "fault_kill",
              "criu_restore", "cuda_restore", "cuda_unlock"]
     assert subsequence(stages(r), order), stages(r)
@@ -61,14 +61,14 @@ def test_kill_with_split_window_runs_host_code_between_cuda_and_cpu_cut(criu, tm
     pid = r.spec and [p for _, p in sim.calls][0]
     assert [c for c, p in sim.calls if p == pid] == ["lock", "checkpoint", "restore", "unlock"]
     assert set(sim.states.values()) == {"running"}
-    assert r.record["restores"] == 1
+    assert r.record.restores == 1
 
 
 def test_leave_running_resumes_the_original_on_the_gpu_before_the_crash(criu, tmp_path):
     sim = SimDriver()
     [r] = run_trials(scenario("cuda+criu", "leave_running", phase="publish"), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
-    assert r.record["status"] == "completed", r.record["error"]
+    assert r.record.status == "completed", r.record.error
     order = ["cuda_lock", "cuda_checkpoint", "criu_dump", "cuda_restore_original", "cuda_unlock_original",
              "run_until_crash", "fault_leave_running", "criu_restore", "cuda_restore", "cuda_unlock"]
     assert subsequence(stages(r), order), stages(r)
@@ -83,15 +83,15 @@ def test_fault_none_suspends_and_resumes_in_place(criu, tmp_path):
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
     assert r.verdict.outcome == "valid"
     assert subsequence(stages(r), ["cuda_lock", "cuda_checkpoint", "split_window", "criu_dump", "cuda_restore", "cuda_unlock"])
-    assert "criu_restore" not in stages(r) and r.record["restores"] == 0
+    assert "criu_restore" not in stages(r) and r.record.restores == 0
 
 
 def test_lock_timeout_is_refused_and_the_workload_finishes(criu, tmp_path):
     sim = SimDriver(refuse_lock=True)
     [r] = run_trials(scenario("cuda+criu", "kill"), tmp_path, backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
-    assert r.verdict.outcome == "refused", (r.record["error"], r.verdict)
-    assert r.record["failed_stage"] == "cuda_lock" and "CUDA_ERROR_NOT_READY" in r.record["error"]
-    assert r.record["report"]["host_op"] == 6  # it ran on to the end, correctly
+    assert r.verdict.outcome == "refused", (r.record.error, r.verdict)
+    assert r.record.failed_stage == "cuda_lock" and "CUDA_ERROR_NOT_READY" in r.record.error
+    assert r.record.report["host_op"] == 6  # it ran on to the end, correctly
     assert "criu_dump" not in stages(r)
 
 
@@ -100,7 +100,7 @@ def test_a_later_failing_stage_is_unknown_and_leaves_nothing_locked(criu, tmp_pa
     sim = SimDriver(fail=failing)
     [r] = run_trials(scenario("cuda+criu", "kill"), tmp_path, backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
     assert r.verdict.outcome == "unknown"
-    assert r.record["failed_stage"] == f"cuda_{failing}" and "CUDA_ERROR_UNKNOWN" in r.record["error"]
+    assert r.record.failed_stage == f"cuda_{failing}" and "CUDA_ERROR_UNKNOWN" in r.record.error
     assert set(sim.states.values()) <= {"running"}, sim.states
     assert not [cmd for _, cmd in workload_processes() if str(tmp_path) in cmd], "a workload was left behind"
     no_leftovers()
@@ -134,10 +134,10 @@ def test_in_place_cuda_backend_supports_only_suspend_resume(criu, tmp_path):
 ])
 def test_app_backend_saves_at_the_op_boundary(criu, tmp_path, fault, mode, expect):
     [r] = run_trials(scenario("app", fault, phase="launch", mode=mode), tmp_path, backends={"app": AppCheckpointer()})
-    assert r.verdict.outcome == expect, (r.record["error"], r.verdict)
+    assert r.verdict.outcome == expect, (r.record.error, r.verdict)
     save = next(row for row in r.timeline if row["stage"] == "app_save")
     assert "saved after op 2" in save["detail"]  # cut inside op 2: the checkpoint is its end
-    assert r.record["restores"] == 1 and r.record["facts"]["image_bytes"] > 0
+    assert r.record.restores == 1 and r.record.facts["image_bytes"] > 0
     assert subsequence(stages(r), ["app_save", f"fault_{fault}", "app_restore"])
 
 
@@ -145,5 +145,5 @@ def test_app_backend_refuses_a_workload_that_cannot_save(criu, tmp_path, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the workload process imports it from tests/
     data = scenario("app", "kill", workload="tests.fixtures.nosave_workload:CounterWithoutSave")
     [r] = run_trials(data, tmp_path, backends={"app": AppCheckpointer()})
-    assert r.verdict.outcome == "refused" and "save_state" in r.record["error"]
-    assert r.record["report"]["host_op"] == 6
+    assert r.verdict.outcome == "refused" and "save_state" in r.record.error
+    assert r.record.report["host_op"] == 6

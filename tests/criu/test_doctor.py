@@ -1,4 +1,4 @@
-"""`cutbench doctor` and the GPU probe: sane on this (GPU-less) machine, correct on faked facts."""
+"""``cutbench doctor`` on this machine, with the project's CRIU: its verdict and exit code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pytest plugin, driven through ``pytester`` in subprocesses (gate runs are ``criu``: must run in CI)."""
+"""The pytest plugin as a CI gate on real CRIU runs: pass, fail with replay commands, JUnit properties."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``cutbench analyze`` recomputes every stored verdict; ``cutbench replay`` reruns a stored trial."""
+"""Replay and re-analysis of stored runs made through real CRIU."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The generator: exhaustive, random and the hypothesis strategy are pure and well-formed;
-multi-cut and asynchronous plans really run (CRIU-marked tests)."""
+"""Static plan sources executed through real CRIU: async cuts, several cuts per trial, mixed modes."""
 
 from __future__ import annotations
 

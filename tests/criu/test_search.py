@@ -1,11 +1,5 @@
-"""The hypothesis plan source.
-
-Unit tests drive :func:`cutbench.harness.generator.search.search_arm` with a stand-in system (a
-pure rule deciding which plans break) to pin the profiles' behaviour:
-ci stops at the first failure and replays it, research shrinks, flakiness
-is reported, not raised. The CRIU test is the must-show: on ``counter`` with
-``at_least_once`` + ``leave_running`` the search finds a failing plan and
-shrinks it to a single cut.
+"""The hypothesis plan source through real CRIU: on ``counter`` with ``at_least_once`` +
+``leave_running`` the search finds a failing plan and shrinks it to a single cut.
 """
 
 from __future__ import annotations

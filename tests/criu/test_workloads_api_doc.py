@@ -1,5 +1,4 @@
-"""The complete example of docs/workload-api.md runs as written: the code block
-is saved as ``tally.py`` and registered by import path, exactly as a user would."""
+"""The workload written from docs/workload-api.md alone, run through real CRIU."""
 
 from __future__ import annotations
 

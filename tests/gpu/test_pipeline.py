@@ -45,7 +45,7 @@ def scenario(backend: str, fault: str, *, phase: str = "record", workload: str =
 
 def one(data: dict, tmp_path: Path):
     [r] = run_trials(data, tmp_path)
-    print(r.record["status"], r.record["error"], r.verdict, r.record.get("log_tail"))
+    print(r.record.status, r.record.error, r.verdict, r.record.get("log_tail"))
     return r
 
 
@@ -96,9 +96,9 @@ def test_driver_calls_free_the_gpu_and_restore_contents_in_place(tmp_path):
 def test_cuda_criu_counter(tmp_path, fault, mode, split):
     r = one(scenario("cuda+criu", fault, mode=mode, split=split), tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
-    rep = r.record["report"]
+    rep = r.record.report
     assert rep["pointer_table_ok"] and rep["pointers_initial"] == rep["pointers_final"]
-    assert r.record["facts"]["gpu_bytes"] > 0 and r.record["facts"]["image_bytes"] > 0
+    assert r.record.facts["gpu_bytes"] > 0 and r.record.facts["image_bytes"] > 0
     want = ["cuda_lock", "cuda_checkpoint", "criu_dump"] + (["criu_restore", "cuda_restore", "cuda_unlock"] if fault != "none"
                                                             else ["cuda_restore", "cuda_unlock"])
     got = stages(r)
@@ -108,13 +108,13 @@ def test_cuda_criu_counter(tmp_path, fault, mode, split):
 def test_cuda_in_place_suspend_resume(tmp_path):
     r = one(scenario("cuda", "none"), tmp_path)
     assert r.verdict.outcome == "valid"
-    assert r.record["report"]["pointer_table_ok"]
+    assert r.record.report["pointer_table_ok"]
 
 
 def test_app_baseline_on_gpu(tmp_path):
     r = one(scenario("app", "kill", phase="launch"), tmp_path)
     assert r.verdict.outcome == "valid"
-    assert r.record["restores"] == 1
+    assert r.record.restores == 1
 
 
 def test_criu_alone_does_not_restore_a_gpu_process(tmp_path):
@@ -130,8 +130,8 @@ def test_persistent_kernel_without_adapter_is_refused_and_finishes(tmp_path):
     r = one(scenario("cuda+criu", "kill", workload="persistent_kernel",
                      params={"state_size": 1 << 16, "quiesce_adapter": False}), tmp_path)
     assert r.verdict.outcome == "refused", r.verdict
-    assert r.record["failed_stage"] == "cuda_lock" and "CUDA_ERROR_NOT_READY" in r.record["error"]
-    rep = r.record["report"]
+    assert r.record.failed_stage == "cuda_lock" and "CUDA_ERROR_NOT_READY" in r.record.error
+    rep = r.record.report
     assert rep["host_op"] == 4 and rep["domain_ops"] == {"host": 4, "device": 4}
     assert not r.verdict.findings
 
@@ -140,17 +140,17 @@ def test_persistent_kernel_with_adapter_is_cut(tmp_path):
     r = one(scenario("cuda+criu", "kill", workload="persistent_kernel",
                      params={"state_size": 1 << 16, "quiesce_adapter": True}), tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
-    assert r.record["restores"] == 1 and "quiesce" in stages(r)
+    assert r.record.restores == 1 and "quiesce" in stages(r)
 
 
 @two_gpus
 def test_restore_onto_the_other_gpu(tmp_path):
     r = one(scenario("cuda+criu", "kill", target="other_gpu", params={"state_size": 1 << 18, "ballast_mib": 256}), tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
-    rep = r.record["report"]
+    rep = r.record.report
     assert rep["pointers_initial"] == rep["pointers_final"] and rep["pointer_table_ok"]
     before = next(row["detail"] for row in r.timeline if row["stage"] == "cuda_discover").split(":", 1)[1]
-    after = r.record["facts"]["gpus_after_remap"].split(":", 1)[1]
+    after = r.record.facts["gpus_after_remap"].split(":", 1)[1]
     print("GPU before/after (NVML):", before, after, "runtime says:", rep["gpu_uuid_initial"], rep["gpu_uuid"])
     assert after.startswith("GPU-") and after != before  # the device memory really moved
 
@@ -179,9 +179,9 @@ def test_impossible_remap_is_refused_with_the_drivers_reason(tmp_path):
         hog.wait()
     assert r.verdict.outcome == "refused", r.verdict
     # Refused before the cut (NVML: not enough free memory on the target): the workload never stopped.
-    assert r.record["failed_stage"] == "cuda_restore" and "remap refused before the cut" in r.record["error"]
-    assert r.record["report"]["host_op"] == 4 and "cuda_lock" not in stages(r)
-    print("refusal:", r.record["error"])
+    assert r.record.failed_stage == "cuda_restore" and "remap refused before the cut" in r.record.error
+    assert r.record.report["host_op"] == 4 and "cuda_lock" not in stages(r)
+    print("refusal:", r.record.error)
 
 
 @two_gpus
@@ -248,12 +248,12 @@ def test_nccl_ranks_coordinated_suspend_resume(tmp_path, target):
     r = one(scenario("cuda+criu", "none", workload="nccl_ranks", phase="record", target=target,
                      params={"state_size": 4096, "world_size": 2}), tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
-    assert r.record["facts"]["cuda_processes"] == 2
+    assert r.record.facts["cuda_processes"] == 2
     restores = [row["detail"] for row in r.timeline if row["stage"] == "cuda_restore"]
     assert len(restores) == 2 and all(("remap" in d) == (target == "other_gpu") for d in restores), restores
     if target == "other_gpu":
         before = next(row["detail"] for row in r.timeline if row["stage"] == "cuda_discover")
-        after = r.record["facts"]["gpus_after_remap"]
+        after = r.record.facts["gpus_after_remap"]
         print("ranks' GPUs before/after (NVML):", before, "|", after)
         gpu = {part.split(":")[0]: part.split(":")[1] for part in before.replace("pid ", "").split()}
         moved = {part.split(":")[0]: part.split(":")[1] for part in after.replace("pid ", "").split()}
@@ -266,4 +266,4 @@ def test_nccl_ranks_coordinated_suspend_resume(tmp_path, target):
 def test_nccl_ranks_kill_and_restore(tmp_path):
     r = one(scenario("cuda+criu", "kill", workload="nccl_ranks", phase="record",
                      params={"state_size": 4096, "world_size": 2}), tmp_path)
-    assert r.verdict.outcome == "valid", r.record["error"]
+    assert r.verdict.outcome == "valid", r.record.error

@@ -20,7 +20,7 @@ def test_cupy_run_matches_the_numpy_reference(session, case):
     """On a GPU the same workload on CuPy reproduces the NumPy reference bit for bit."""
     name, params = case
     result = session.run_trial(clean_spec(name, params, 100 + CASES.index(case), array="cupy"))
-    assert result.record["status"] == "completed", (result.record["error"], result.record["log_tail"])
-    assert result.record["report"]["device"] == "cupy"
-    assert "cuda" in result.record["workload_domains"]
+    assert result.record.status == "completed", (result.record.error, result.record.log_tail)
+    assert result.record.report["device"] == "cupy"
+    assert "cuda" in result.record.workload_domains
     assert result.verdict.outcome == "valid", result.verdict.findings

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,10 @@ PLUGIN = REPO / "examples" / "backend_plugin"
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory) -> Path:
     site = tmp_path_factory.mktemp("plugin-site")
+    source = tmp_path_factory.mktemp("plugin-src") / "backend_plugin"
+    shutil.copytree(PLUGIN, source)  # setuptools builds in the source tree: keep the checkout clean
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                           "--target", str(site), str(PLUGIN)], capture_output=True, text=True, timeout=300)
+                           "--target", str(site), str(source)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return site
 

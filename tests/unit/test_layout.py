@@ -190,3 +190,13 @@ def test_an_installed_cutbench_adds_one_top_level_name(tmp_path):
     assert tops == {"cutbench"}, tops
     assert "cutbench/harness/model/plan.py" in names and "cutbench/workloads/api.py" in names
     assert "cutbench/receivers/client.py" in names
+
+
+def test_the_checkpointed_process_loads_no_server_side_code():
+    """A workload process imports the receiver client only: not the asyncio server, the stores, sqlite3 or pandas."""
+    code = ("import sys, cutbench.workloads.launch, cutbench.receivers.client\n"
+            "heavy = ('asyncio', 'sqlite3', 'pandas', 'cutbench.receivers.server', 'cutbench.receivers.stores', 'cutbench.harness')\n"
+            "print(','.join(m for m in heavy if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"loaded in the workload process: {proc.stdout.strip()}"

@@ -218,3 +218,20 @@ def test_judge_is_pure():
     before = (repr(rec), e.copy())
     assert judge(rec, e, REF) == judge(rec, e, REF)
     assert repr(rec) == before[0] and e.equals(before[1])
+
+
+def test_a_finder_that_raises_makes_the_trial_unknown_not_valid():
+    def broken(rec, effects, ref):
+        raise KeyError("digest")
+
+    v = judge(record(), clean_effects(), REF, finders=(*oracle.FINDERS, ("broken", broken)))
+    assert v.outcome == "unknown" and "finder broken raised KeyError" in v.reason
+
+
+def test_the_checker_reads_a_typed_record_and_rejects_a_malformed_one():
+    rec = oracle.TrialRecord.from_dict(record(restores="2", extra_key="ignored"))
+    assert rec.restores == 2 and rec.committed_op == OPS
+    assert judge(rec, clean_effects(), REF).outcome == "valid"
+    bad = judge(record(status="exploded"), clean_effects(), REF)
+    assert bad.outcome == "unknown" and "status = 'exploded'" in bad.reason
+    assert judge(record(restores="many"), clean_effects(), REF).outcome == "unknown"

@@ -7,7 +7,6 @@ import pytest
 
 from tests.fixtures.run_fixtures import cli, counter_scenario
 
-pytest_plugins = ["pytester"]
 
 # One arm, one cut point where an at-least-once receiver sees the replayed
 # publish after a leave_running crash: the gate must fail.

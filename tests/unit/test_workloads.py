@@ -75,8 +75,8 @@ def test_uninterrupted_run_matches_its_reference(session, case):
     reference's, the self-check holds; judged against another seed's reference, the same run is invalid."""
     name, params = case
     result = session.run_trial(clean_spec(name, params, CASES.index(case)))
-    record, report = result.record, result.record["report"]
-    assert record["status"] == "completed", (record["error"], record["log_tail"])
+    record, report = result.record, result.record.report
+    assert record.status == "completed", (record.error, record.log_tail)
     assert result.verdict.outcome == "valid", result.verdict.findings
     spec = result.spec
     ref = api.load(name).reference(spec.params)

@@ -48,7 +48,7 @@ def test_the_example_runs_and_matches_its_reference(tally_dir: Path):
                      plan={"cuts": []}, watchdog_s=10, trial_timeout_s=60)
     with Session("tally", workdir=tally_dir) as session:
         result = session.run_trial(spec)
-    assert result.record["status"] == "completed", result.record["log_tail"]
+    assert result.record.status == "completed", result.record.log_tail
     assert result.verdict.outcome == "valid" and len(result.effects) == scen.params["ops"]
     ref = cls.reference(scen.params)
-    assert result.record["report"]["checksum"] == ref.checksum(8) != ref.checksum(7)
+    assert result.record.report["checksum"] == ref.checksum(8) != ref.checksum(7)
