@@ -45,7 +45,7 @@ def scenario(backend: str, fault: str, *, phase: str = "record", workload: str =
 
 def one(data: dict, tmp_path: Path):
     [r] = run_trials(data, tmp_path)
-    print(r.record.status, r.record.error, r.verdict, r.record.get("log_tail"))
+    print(r.record.status, r.record.error, r.verdict, r.record.log_tail)
     return r
 
 
