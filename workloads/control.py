@@ -56,6 +56,11 @@ _SLOTS = (
     # Multi-process workloads: the one process a cut checkpoints instead of the
     # whole tree (0: the workload's root and every process under it).
     "cut_pid",  # workload
+    # Effects (the receiver's external domain): the highest effect id this
+    # workload has sent, written right after the send (the coordinator's
+    # evidence for the fence of a cut: what the image's process had sent).
+    "sent_effect",  # workload
+    "acked_effect",  # workload: the highest effect id whose ack it received
 )
 # A length-prefixed UTF-8 string (the app backend's save path) lives here.
 TEXT_OFFSET = 2048

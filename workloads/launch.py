@@ -11,7 +11,7 @@ import sys
 
 from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
-from cutbench.workloads.runtime import Runtime, WorkloadConfig, format_exception
+from cutbench.workloads.runtime import Runtime, TrackedReceiver, WorkloadConfig, format_exception
 from cutbench.workloads.xp import get_xp
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.receiver:
             from cutbench.receivers.client import ReceiverClient
 
-            rt.receiver = ReceiverClient(config.receiver)
+            rt.receiver = TrackedReceiver(ReceiverClient(config.receiver), control)
         workload = cls(rt, config.params)
         workload.setup()
         first = 1

@@ -204,6 +204,21 @@ def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
     return [Finding("unsafe_acceptance", None, f"restored without covering {', '.join(uncovered)}")]
 
 
+def find_certificate_unsound(trial: TrialRecord, findings: list[Finding]) -> list[Finding]:
+    """``certificate_unsound``: a restore the certificate called eligible, in a trial the other findings make invalid.
+
+    The certificate is a claim and the oracle the ground truth: an eligible,
+    restored cut followed by a duplicate, a missing op, a mixed epoch or any
+    other finding means the certificate's rule missed something. ``findings``
+    are the other finders' results for this trial.
+    """
+    if not findings:
+        return []
+    kinds = ", ".join(sorted({f.kind for f in findings}))
+    return [Finding("certificate_unsound", None, f"cut {c.get('checkpoint')} was certified eligible and restored; the trial has {kinds}")
+            for c in trial.certificates if c.get("eligible") and c.get("restored")]
+
+
 # The finders, composed by ``judge``: each takes the trial's record, its
 # effects and the workload's reference and returns its findings. One that
 # raises makes the trial ``unknown`` (naming it), never ``valid``.
@@ -249,6 +264,7 @@ def judge(trial: TrialRecord | dict[str, Any], effects: pd.DataFrame | None, ref
         except Exception as exc:  # a checker bug must not pass a trial
             return Verdict("unknown", reason=f"checker: finder {name} raised {type(exc).__name__}: {exc}")
     if findings:
+        findings += find_certificate_unsound(rec, findings)
         return Verdict("invalid", tuple(findings))
     if rec.status == "refused":
         return Verdict("refused", reason=rec.error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -27,3 +28,36 @@ def invalid_rate(invalid: int, valid: int) -> tuple[float, float, float]:
     n = invalid + valid
     lo, hi = wilson_interval(invalid, n)
     return (invalid / n if n else float("nan"), lo, hi)
+
+
+def certificate_matrix(trials: Any) -> dict[str, Any]:
+    """The certificates' claims against the oracle's verdicts over a trials frame.
+
+    Counts the trials whose restore decision was certified (``cert_eligible``
+    not null): eligible/ineligible × valid/invalid (plus refused, where
+    ``enforce`` declined). Returns the counts, the **soundness** figure
+    (invalid among eligible: must be 0) and the **over-refusal** figure
+    (ineligible among those that were valid: only ``audit`` restores those)
+    as ``(rate, low, high)`` with Wilson 95% intervals, and the invalid
+    trials among restores ``enforce`` accepted.
+    """
+    if trials is None or trials.empty or "cert_eligible" not in trials:
+        return {"certified": 0}
+    cert = trials[trials["cert_eligible"].notna()]
+    if cert.empty:
+        return {"certified": 0}
+    eligible = cert["cert_eligible"].astype(bool)
+    out: dict[str, Any] = {"certified": int(len(cert))}
+    for name, mask in (("eligible", eligible), ("ineligible", ~eligible)):
+        for outcome in ("valid", "invalid", "refused", "unknown"):
+            out[f"{name}_{outcome}"] = int(((cert["outcome"] == outcome) & mask).sum())
+    judged = out["eligible_valid"] + out["eligible_invalid"]
+    lo, hi = wilson_interval(out["eligible_invalid"], judged)
+    out["soundness"] = (out["eligible_invalid"] / judged if judged else float("nan"), lo, hi)
+    valid = out["eligible_valid"] + out["ineligible_valid"]
+    lo, hi = wilson_interval(out["ineligible_valid"], valid)
+    out["over_refusal"] = (out["ineligible_valid"] / valid if valid else float("nan"), lo, hi)
+    enforced = cert[(cert["certify"] == "enforce") & (cert["restores"] > 0)] if "certify" in cert else cert.iloc[0:0]
+    out["enforce_accepted"] = int(len(enforced))
+    out["enforce_accepted_invalid"] = int((enforced["outcome"] == "invalid").sum())
+    return out

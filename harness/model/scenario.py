@@ -19,6 +19,7 @@ from typing import Any
 import tomli_w
 
 from cutbench.errors import InvalidArgument
+from cutbench.harness.model.certificate import CERTIFY_MODES
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
 from cutbench.files import read_document
 from cutbench.registry import CHECKPOINTERS
@@ -34,7 +35,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("name", "array", "params"),
     "receiver": ("store", "modes"),
     "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
-                 "rank_skew_ms", "restore_targets"),
+                 "rank_skew_ms", "restore_targets", "certify"),
     "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile"),
     "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s"),
 }
@@ -51,6 +52,7 @@ class Arm:
     split_window_ms: float
     rank_skew_ms: float = 0.0
     restore_target: str = "same"
+    certify: str = "off"  # recovery-cut certificates: off, audit (record) or enforce (refuse ineligible cuts)
 
     def label(self) -> str:
         """A short label such as ``criu/idempotent/kill``."""
@@ -63,6 +65,8 @@ class Arm:
             s += f"/skew{self.rank_skew_ms:g}ms"
         if self.restore_target != "same":
             s += f"/{self.restore_target}"
+        if self.certify != "off":
+            s += f"/{self.certify}"
         return s
 
 
@@ -83,6 +87,7 @@ class Scenario:
     split_window_ms: tuple[float, ...] = (0.0,)
     rank_skew_ms: tuple[float, ...] = (0.0,)
     restore_targets: tuple[str, ...] = ("same",)
+    certify: tuple[str, ...] = ("off",)
     keep_images: bool = False
     images_dir: str = "/dev/shm"
     skip_unavailable: bool = False
@@ -120,8 +125,8 @@ class Scenario:
             cuda = caps.drives_cuda
             skews = self.rank_skew_ms if cuda else (0.0,)
             targets = self.restore_targets if cuda else ("same",)
-            for crash, split, skew, target in itertools.product(crashes, splits, skews, targets):
-                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target))
+            for crash, split, skew, target, cert in itertools.product(crashes, splits, skews, targets, self.certify):
+                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,6 +195,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         split_window_ms=check_numbers("pipeline.split_window_ms", _get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0])),
         rank_skew_ms=check_numbers("pipeline.rank_skew_ms", _get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0])),
         restore_targets=tuple(check_choices("pipeline.restore_targets", _get(pl, "pipeline", "restore_targets", list, ["same"]), RESTORE_TARGETS)),
+        certify=tuple(check_choices("pipeline.certify", _as_list(_get(pl, "pipeline", "certify", (list, str), ["off"])), CERTIFY_MODES)),
         keep_images=_get(pl, "pipeline", "keep_images", bool, False),
         images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
         skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
@@ -344,3 +350,8 @@ def _capabilities(backend: str) -> Any:
     if caps is None:
         raise InvalidArgument(f"pipeline.backends: backend {backend!r} declares no capabilities")
     return caps
+
+
+def _as_list(value: Any) -> list[Any]:
+    """A scalar field that may also be a list of values (``certify = "audit"`` or ``["audit", "enforce"]``)."""
+    return value if isinstance(value, list) else [value]

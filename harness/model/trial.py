@@ -25,6 +25,7 @@ FINDING_KINDS: tuple[str, ...] = (
     "pointer_changed",
     "deadlock",
     "unsafe_acceptance",
+    "certificate_unsound",
 )
 # Three vocabularies, one per step, each with its own meaning (DESIGN.md "Oracle"):
 # - a cut's outcome, from the nemesis pipeline: what happened to that cut;
@@ -139,6 +140,9 @@ class TrialRecord:
     duration_s: float = 0.0
     facts: dict[str, Any] = field(default_factory=dict)  # what backends measured (image_bytes, gpu_bytes, ...)
     log_tail: str = ""
+    # One recovery-cut certificate per certified cut (model.certificate.Certificate.to_dict
+    # plus ``certify``, ``restore_decided``, ``restored``); empty when pipeline.certify is off.
+    certificates: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in TRIAL_STATUSES:

@@ -39,6 +39,20 @@ class CutContext:
     # The trial's ControlFile: backends that talk to the workload (app saves,
     # quiesce adapters) use it; None outside a trial.
     control: Any = None
+    # The cut's certifier (see :class:`Certifier`); None when the cut is not certified.
+    certifier: Any = None
+
+    def mark(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
+        """Report that capture stage ``stage`` (``cuda_lock``, ``criu_freeze``, ``app_save``) has taken its domain now.
+
+        The certifier records the workload's position (or the given ``op``
+        and ``phase``, for a capture that knows better); under
+        ``certify = "enforce"`` it raises :class:`~cutbench.errors.StageRefused`
+        when the capture would make the cut ineligible, and the backend then
+        undoes what it did, as for any refused stage.
+        """
+        if self.certifier is not None:
+            self.certifier.captured(stage, op=op, phase=phase)
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,26 @@ def capabilities(name: str) -> Capabilities:
     if not isinstance(caps, Capabilities):
         raise InvalidArgument(f"backend {name!r} declares no capabilities (a Capabilities instance on the class)")
     return caps
+
+
+class Certifier(Protocol):
+    """What the pipeline asks about one cut; the runner's coordinator implements it.
+
+    ``precheck`` before anything is touched (a refusal costs nothing),
+    ``captured`` from the backends' capture stages (:meth:`CutContext.mark`),
+    ``checkpointed`` once a restorable image exists (the fence may advance),
+    ``before_restore`` after the fault and before the restore (a refusal
+    leaves the crashed workload down: the restore was declined).
+    ``precheck`` and ``before_restore`` return a refusal reason or None.
+    """
+
+    def precheck(self) -> str | None: ...
+
+    def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None: ...
+
+    def checkpointed(self) -> None: ...
+
+    def before_restore(self) -> str | None: ...
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """The nemesis: one cut through a backend, then the fault, then the restore.
 
 ``execute_cut`` is the only place that knows the order
-``checkpoint → fault → (before_resume) → restore → release`` and what each
+``(precheck) → checkpoint → (checkpointed) → fault → (before_restore) → (before_resume) → restore → release`` and what each
 failure means for the trial: a refusal releases the workload and lets it go
 on; a failure brings the workload back where possible and is reported with
 the stage and error. It never leaves an image directory behind unless asked.
@@ -49,7 +49,12 @@ def execute_cut(
     """
     cut = ctx.cut
     ctx.release = release
+    certifier = ctx.certifier
     try:
+        refusal = certifier.precheck() if certifier is not None else None
+        if refusal:
+            release()  # bounded failure: nothing was touched, the workload goes on
+            return CutOutcome("refused", "certify", refusal)
         try:
             backend.checkpoint(target, ctx)
         except StageRefused as exc:
@@ -59,6 +64,8 @@ def execute_cut(
             release()
             return CutOutcome("failed", exc.stage, exc.reason)
 
+        if certifier is not None:
+            certifier.checkpointed()
         if cut.fault == "none":
             release()
             try:
@@ -75,6 +82,11 @@ def execute_cut(
             rc = target.kill()
             extra["detail"] = f"pid {target.pid} exit {rc}"
 
+        refusal = certifier.before_restore() if certifier is not None else None
+        if refusal:
+            # The restore is declined: the crashed workload stays down (a
+            # restart from scratch is the safe alternative), nothing is restored.
+            return CutOutcome("refused", "certify_restore", refusal)
         before_resume()
         try:
             pid = backend.restore(ctx)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.harness.checker.stats import invalid_rate
+from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
 
@@ -162,12 +162,34 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False), ""]
     for skipped in meta.get("skipped_arms", []):
         lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
+    lines += render_certificates(trials)
     bad = failing_trials(trials, 20)
     if not bad.empty:
         lines += ["## First invalid or unknown trials", ""]
         for row in bad.itertuples():
             lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `{replay_command(run_dir, row.trial_id)}`")
     return "\n".join(lines) + "\n"
+
+
+def render_certificates(trials: pd.DataFrame) -> list[str]:
+    """The ``summary.md`` lines on recovery-cut certificates and effect fences (none when the run had neither)."""
+    lines: list[str] = []
+    m = certificate_matrix(trials)
+    if m["certified"]:
+        lines += ["## Recovery-cut certificates", "",
+                  "| certificate \\ verdict | valid | invalid | refused | unknown |", "|:--|--:|--:|--:|--:|"]
+        for name in ("eligible", "ineligible"):
+            lines.append(f"| {name} | " + " | ".join(str(m[f"{name}_{o}"]) for o in ("valid", "invalid", "refused", "unknown")) + " |")
+        s, o = m["soundness"], m["over_refusal"]
+        lines += ["", f"- soundness: invalid among eligible {pct(s[0])} (95% CI {pct(s[1])}–{pct(s[2])}); must be 0",
+                  f"- over-refusal: ineligible among valid {pct(o[0])} (95% CI {pct(o[1])}–{pct(o[2])}) (restored under `audit` only)",
+                  f"- `enforce`: {m['enforce_accepted_invalid']} invalid among {m['enforce_accepted']} accepted restores", ""]
+    if "release_latency_median_s" in trials and trials["release_latency_median_s"].notna().any():
+        fenced = trials[trials["release_latency_median_s"].notna()]
+        lines += ["## Effect fences", "",
+                  f"- effect release latency (prepare → commit) over {len(fenced)} fenced trials: median of trial medians "
+                  f"{fenced['release_latency_median_s'].median():.3f} s, worst trial p99 {fenced['release_latency_p99_s'].max():.3f} s", ""]
+    return lines
 
 
 def render_search(search: dict[str, Any], run_path: Path) -> str:

@@ -30,7 +30,7 @@ from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir
-from cutbench.harness.store.tables import trial_file, trial_row
+from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
 from cutbench.workloads import api as workload_api
 
 POLL_S = 0.005
@@ -229,6 +229,7 @@ def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, 
     run.write_table("trials", trials)
     run.write_table("timeline", timeline)
     run.write_table("effects", effects)
+    run.write_table("certificates", [row for r in results for row in certificate_rows(r)])
     meta = dict(meta)
     meta.update(status="complete" if complete else "partial", finished=time.time(), duration_s=time.time() - started, n_trials=len(results))
     run.write_meta(meta)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from cutbench.harness import nemesis as checkpointers
@@ -26,6 +27,7 @@ from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
+from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.procs import Child, become_subreaper, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
@@ -121,6 +123,10 @@ class TrialRunner:
         self.tdir.mkdir(parents=True)
         control = ControlFile.create(self.tdir / "control")
         backend = self.s.backend(spec.backend)
+        domains = sorted(workload_api.declared_domains(self.cls, spec.params))
+        self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
+                                            spec.arm.get("certify", "off"), control, self.phases, tuple(domains),
+                                            tuple(sorted(backend.capabilities.covers)))
         state = _TrialState()
         child: Child | None = None
         companions: list[Child] = []
@@ -132,8 +138,10 @@ class TrialRunner:
             with self.timeline.stage("spawn"):
                 child = spawn([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
             self._cuts(control, child, backend, seq, state)
-            if state.status not in ("unknown", "deadlock"):
+            if state.status not in ("unknown", "deadlock") and not state.down:
                 self._run_to_end(control, child, state)
+            if state.status in ("completed", "refused"):
+                self.coordinator.finish()  # a fenced receiver releases what the finished run sent
         except Exception as exc:  # harness-side failure: no verdict possible
             state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
         finally:
@@ -164,10 +172,15 @@ class TrialRunner:
             duration_s=time.monotonic() - started,
             facts=state.facts,
             log_tail=self._log_tail() if state.status in ("unknown", "deadlock") else "",
+            certificates=self.coordinator.certificates,
         )
         effects, store_error = self._effects()
         if store_error:
             record.status, record.error = "unknown", store_error
+        latencies = self.coordinator.release_latencies(effects)
+        if latencies:
+            record.facts["release_latency_median_s"] = float(np.median(latencies))
+            record.facts["release_latency_p99_s"] = float(np.percentile(latencies, 99))
         verdict = oracle.judge(record, effects, self.cls.reference(spec.params))
         shutil.rmtree(self.tdir, ignore_errors=True)
         return TrialResult(spec, record, self.timeline.rows(), effects, verdict)
@@ -190,6 +203,7 @@ class TrialRunner:
                 cut=cut,
                 stage_timeout_s=spec.stage_timeout_s,
                 control=control,
+                certifier=self.coordinator.for_cut(i, cut),
             )
             arming = _NextCut(self, control, plan, i, seq, cut.fault)
             target = self._cut_target(control, child)
@@ -204,6 +218,12 @@ class TrialRunner:
                 state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
             if outcome.status == "restored":
                 state.restores += 1
+                if ctx.certifier is not None:
+                    ctx.certifier.restored()
+            if outcome.stage == "certify_restore":
+                # The certificate declined the restore: the crashed workload stays down; a safe refusal.
+                state.status, state.error, state.failed_stage, state.down = "refused", outcome.error, outcome.stage, True
+                return
             if outcome.status in ("refused", "failed"):
                 state.status = "refused" if outcome.status == "refused" else "unknown"
                 state.error, state.failed_stage = outcome.error, outcome.stage
@@ -375,6 +395,7 @@ class _TrialState:
     facts: dict[str, Any] = field(default_factory=dict)
     # (position at the last cut, progress count right after it)
     resumed_at: tuple[tuple[int, int], int] | None = None
+    down: bool = False  # the workload is gone on purpose (a declined restore): nothing runs to the end
 
 
 @dataclass

@@ -6,6 +6,7 @@ Layout of ``results/<run-id>/``::
     trials.parquet      one row per trial: arm, plan, status, outcome, finding counts, timings
     timeline.parquet    one row per stage or event
     effects.parquet     every delivery the receiver recorded, with trial_id
+    certificates.parquet one row per recovery-cut certificate (pipeline.certify audit/enforce)
     trials/<id>.json    the trial's spec (for ``cutbench replay``) and its verdict
     summary.md          the human summary
 
@@ -27,7 +28,7 @@ import tomli_w
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 
-TABLES = ("trials", "timeline", "effects")
+TABLES = ("trials", "timeline", "effects", "certificates")
 
 
 def new_run_id(name: str) -> str:

@@ -55,12 +55,47 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "duration_s": rec.duration_s,
         "image_bytes": rec.facts.get("image_bytes"),
         "gpu_bytes": rec.facts.get("gpu_bytes"),
+        "certify": spec.arm.get("certify", "off"),
+        # The certificate's claim about the restores of this trial: eligible only if every decided one was.
+        "cert_eligible": _cert_eligible(rec.certificates),
+        "cert_reason": "; ".join(c["reason"] for c in rec.certificates if c.get("reason")),
+        "release_latency_median_s": rec.facts.get("release_latency_median_s"),
+        "release_latency_p99_s": rec.facts.get("release_latency_p99_s"),
     }
     for kind, n in verdict.counts().items():
         row[kind] = n
     for stage in stage_columns():
         row[f"{stage}_s"] = durations.get(stage)
     return row
+
+
+def _cert_eligible(certificates: list[dict[str, Any]]) -> bool | None:
+    decided = [c for c in certificates if c.get("restore_decided")]
+    return all(c.get("eligible") for c in decided) if decided else None
+
+
+def certificate_rows(result: TrialResult) -> list[dict[str, Any]]:
+    """The ``certificates.parquet`` rows of a trial: one per certificate, nested fields as JSON."""
+    rows = []
+    for c in result.record.certificates:
+        rows.append({
+            "trial_id": result.spec.trial_id,
+            "arm": Arm(**result.spec.arm).label(),
+            "checkpoint": c["checkpoint"],
+            "certify": c.get("certify"),
+            "application_epoch": c["application_epoch"],
+            "domains": json.dumps(c["domains"], sort_keys=True),
+            "external_effect_fence": c["external_effect_fence"],
+            "in_flight": json.dumps(c["in_flight"], sort_keys=True),
+            "coverage": ",".join(c["coverage"]),
+            "unknown": ",".join(c["unknown"]),
+            "eligible": bool(c["eligible"]),
+            "reason": c["reason"],
+            "restore_decided": bool(c.get("restore_decided")),
+            "restored": bool(c.get("restored")),
+            "outcome": result.verdict.outcome,
+        })
+    return rows
 
 
 @functools.lru_cache(maxsize=1)

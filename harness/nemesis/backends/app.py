@@ -80,6 +80,7 @@ class AppCheckpointer:
             extra["bytes"] = dir_bytes(ctx.images_dir)
             extra["detail"] = f"saved after op {control.get('saved_op')}"
         ctx.facts["image_bytes"] = extra["bytes"]
+        ctx.mark("app_save", op=control.get("saved_op"), phase="")  # the state after that op, complete
 
     def restore(self, ctx: CutContext) -> int:
         """Stage ``app_restore``: start the workload again with ``--resume``; returns once it loaded the state."""

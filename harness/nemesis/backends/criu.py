@@ -87,6 +87,7 @@ class CriuCheckpointer:
             ctx.facts["shell_job"] = 1
         args += self.extra_args
         args += self.dump_args
+        ctx.mark("criu_freeze")  # the CPU image is taken at this position
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:

@@ -370,6 +370,7 @@ class CudaStages:
         if skew <= 0:
             for i, pid in enumerate(procs.pids):
                 self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
+            ctx.mark("cuda_lock")  # every process locked: the GPU state is fixed at this position
             for i, pid in enumerate(procs.pids):
                 self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
             return
@@ -381,6 +382,7 @@ class CudaStages:
                     time.sleep(skew)
             self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
             self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
+        ctx.mark("cuda_lock")  # skewed: the last process locked (each rank at its own position)
 
     def resume(self, pids: Sequence[int], ctx: CutContext, *, pairs: dict[int, list[list[tuple[str, str]]]] | None = None,
                suffix: str = "") -> None:

@@ -1,0 +1,214 @@
+"""The certified coordinator: effect fences and recovery-cut certificates for one trial.
+
+Two jobs, both at the cut's stage boundaries (the nemesis pipeline calls the
+:class:`~cutbench.harness.nemesis.base.Certifier` of each cut):
+
+- **Effect fences** (``fenced`` receivers, output commit): once a cut has a
+  restorable image, the receiver's fence advances to the last effect the
+  checkpointed process had sent and those prepared effects commit; before a
+  restore, what the rolled-back process prepared after the cut is aborted
+  (the restored process prepares it again); when the trial ends, the fence
+  moves to the last effect sent and the rest commits. This runs whatever
+  ``pipeline.certify`` says: a fenced receiver releases nothing otherwise.
+- **Certificates** (``pipeline.certify`` = ``audit`` or ``enforce``): the
+  evidence of each cut (positions at each capture stage, what had been sent
+  and acknowledged, what the receiver shows at the restore decision) goes
+  through :func:`cutbench.harness.model.certificate.certify`. ``enforce``
+  refuses an ineligible cut as early as the evidence allows: before anything
+  is touched (an uncovered domain), at the capture stage that breaks the
+  epoch (the backend undoes its stages), or at the restore decision (the
+  restore is declined and the crashed workload stays down). ``audit``
+  records and restores anyway, so the oracle's verdict can be set against
+  the claim.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cutbench.errors import StageRefused
+from cutbench.harness.model.certificate import Certificate, Evidence, Position, certify
+from cutbench.harness.model.plan import Cut
+
+# How long a commit waits for its prepared delivery to be stored: the
+# workload sent it before the cut, but on another connection.
+COMMIT_WAIT_S = 2.0
+VISIBLE = ("applied", "committed")
+
+
+class TrialCoordinator:
+    """Fences and certificates of one trial; the runner makes one per trial."""
+
+    def __init__(self, client: Any, receiver_trial: str, mode: str, certify_mode: str, control: Any,
+                 phases: tuple[str, ...], workload_domains: tuple[str, ...], covers: tuple[str, ...]):
+        self.client = client
+        self.trial = receiver_trial
+        self.mode = mode
+        self.certify_mode = certify_mode
+        self.control = control
+        self.phases = phases
+        self.workload_domains = workload_domains
+        self.covers = covers
+        self.fence = 0
+        self.commit_times: dict[int, float] = {}  # op -> wall time its commit was acknowledged
+        self.certificates: list[dict[str, Any]] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether cuts need a certifier (a fenced receiver or a certificate to make)."""
+        return self.mode == "fenced" or self.certify_mode != "off"
+
+    def for_cut(self, index: int, cut: Cut) -> "CutCertifier | None":
+        """The certifier of cut ``index`` (None when nothing is fenced or certified)."""
+        return CutCertifier(self, index, cut) if self.active else None
+
+    # -- effect fences ---------------------------------------------------------------
+    def advance_fence(self, through: int) -> None:
+        """Fenced receivers: fence at ``through`` and commit every open prepared effect up to it."""
+        if self.mode != "fenced" or through <= 0:
+            return
+        if through > self.fence:
+            self.client.fence(self.trial, through)
+            self.fence = through
+        for op in self._open_prepared(upto=self.fence):
+            self._commit(op)
+
+    def finish(self) -> None:
+        """At the end of the trial: fence at the last effect sent and commit what is still prepared."""
+        if self.mode == "fenced":
+            self.advance_fence(max(self.fence, self.control.get("sent_effect")))
+
+    def abort_rolled_back(self) -> tuple[int, ...]:
+        """Fenced: abort what the current incarnation prepared (it is about to be rolled back); return the ops."""
+        if self.mode != "fenced":
+            return ()
+        ops = tuple(self._open_prepared(upto=None, epoch=self.control.get("incarnation")))
+        if ops:
+            self.client.abort(self.trial, from_epoch=self.control.get("incarnation"))
+        return ops
+
+    def _rows(self) -> Any:
+        return self.client.export(self.trial)
+
+    def _open_prepared(self, upto: int | None, epoch: int | None = None) -> list[int]:
+        rows = self._rows()
+        if rows.empty:
+            return []
+        done = set(rows.loc[rows["decision"] == "committed", "op_id"])
+        open_ = rows[(rows["decision"] == "prepared") & ~rows["op_id"].isin(done)]
+        if upto is not None:
+            open_ = open_[open_["op_id"] <= upto]
+        if epoch is not None:
+            open_ = open_[open_["epoch"] >= epoch]
+        return sorted(int(op) for op in set(open_["op_id"]))
+
+    def _commit(self, op: int) -> None:
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while True:
+            ack = self.client.commit(self.trial, op)
+            if ack.get("decision") == "committed":
+                self.commit_times.setdefault(op, time.time())
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fenced commit of op {op} refused: {ack.get('reason')}")
+            time.sleep(0.01)
+
+    def visible_ops(self) -> tuple[int, ...]:
+        """Ops whose effect is visible at the receiver now."""
+        rows = self._rows()
+        return tuple(sorted(int(op) for op in set(rows.loc[rows["decision"].isin(VISIBLE), "op_id"]))) if not rows.empty else ()
+
+    def release_latencies(self, effects: Any) -> list[float]:
+        """Seconds from each committed effect's arrival (prepare) to its commit."""
+        if effects is None or effects.empty or not self.commit_times:
+            return []
+        rows = effects[effects["decision"] == "committed"]
+        return [max(0.0, self.commit_times[int(r.op_id)] - float(r.received_at))
+                for r in rows.itertuples() if int(r.op_id) in self.commit_times]
+
+
+class CutCertifier:
+    """The certifier of one cut (the pipeline's :class:`~cutbench.harness.nemesis.base.Certifier`)."""
+
+    def __init__(self, coordinator: TrialCoordinator, index: int, cut: Cut):
+        self.co = coordinator
+        self.cut = cut
+        self.evidence = Evidence(
+            checkpoint=index, phases=coordinator.phases, workload_domains=coordinator.workload_domains,
+            covers=coordinator.covers, receiver_mode=coordinator.mode,
+            reconnects=cut.fault == "leave_running",  # CRIU restores a closed connection then
+        )
+        self.certificate: Certificate | None = None
+
+    @property
+    def enforcing(self) -> bool:
+        return self.co.certify_mode == "enforce"
+
+    @property
+    def certifying(self) -> bool:
+        return self.co.certify_mode != "off"
+
+    def precheck(self) -> str | None:
+        """Refuse before anything is touched when a domain is outside every image (enforce)."""
+        if not self.certifying:
+            return None
+        cert = certify(self.evidence)
+        if cert.unknown and self.enforcing:
+            self._record(cert, decided=True)
+            return f"certificate: {cert.reason}"
+        return None
+
+    def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
+        """Record the workload's position at capture stage ``stage``; under enforce, refuse an incompatible epoch."""
+        c = self.co.control
+        if op is None:
+            idx = c.get("progress_phase")
+            op = c.get("progress_op")
+            phase = self.co.phases[idx] if c.get("progress_count") and 0 <= idx < len(self.co.phases) else ""
+        sent = c.get("sent_effect")
+        self.evidence.positions[stage] = Position(int(op), phase or "")
+        # An explicit position (an application save) covers the effects up to its op only.
+        self.evidence.sent_through = min(sent, int(op)) if phase == "" and stage == "app_save" else sent
+        self.evidence.acked_through = min(c.get("acked_effect"), self.evidence.sent_through)
+        if c.get("quiesce_capable"):
+            self.evidence.quiesced = c.get("quiesced_seq") >= c.get("quiesce_seq") > 0
+        if self.enforcing and len(self.evidence.positions) > 1:
+            cert = certify(self.evidence)
+            if not cert.eligible:
+                self._record(cert, decided=True)
+                raise StageRefused("certify", f"certificate: {cert.reason}")
+
+    def checkpointed(self) -> None:
+        """A restorable image exists: advance the fence to what it had sent; certify a cut no restore follows."""
+        if not self.evidence.positions:  # a backend with no capture stage: its position is now
+            self.captured("checkpoint")
+        self.co.advance_fence(self.evidence.sent_through)
+        if self.cut.fault == "none" and self.certifying:
+            self._record(certify(self.evidence), decided=False)
+
+    def before_restore(self) -> str | None:
+        """After the fault: abort what the rolled-back process prepared, gather the receiver's view, decide."""
+        self.evidence.aborted = self.co.abort_rolled_back()
+        if not self.certifying:
+            return None
+        self.evidence.visible = self.co.visible_ops()
+        self.evidence.restore_decided = True
+        cert = certify(self.evidence)
+        self._record(cert, decided=True)
+        if self.enforcing and not cert.eligible:
+            return f"certificate: {cert.reason}"
+        return None
+
+    def _record(self, cert: Certificate, *, decided: bool) -> None:
+        self.certificate = cert
+        self.co.certificates.append({**cert.to_dict(), "certify": self.co.certify_mode, "restore_decided": decided,
+                                     "restored": False})
+
+    def restored(self) -> None:
+        """The pipeline restored this cut: mark its certificate."""
+        if self.certificate is not None and self.co.certificates:
+            self.co.certificates[-1]["restored"] = True
+
+
+__all__ = ["CutCertifier", "TrialCoordinator"]
