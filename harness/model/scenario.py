@@ -267,9 +267,16 @@ def _read_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise InvalidArgument(f"include = {includes!r}: expected a file name or a list of file names")
     merged: dict[str, Any] = {}
+    variants: list[Any] = []
     for inc in includes:
-        _deep_merge(merged, _read_with_includes(path.parent / inc, seen + (path,)))
-    _deep_merge(merged, data)
+        included = _read_with_includes(path.parent / inc, seen + (path,))
+        variants += included.pop("variants", [])
+        _deep_merge(merged, included)
+    # [[variants]] is an array of tables: an including file adds to the included ones.
+    variants += data.get("variants", [])
+    _deep_merge(merged, {k: v for k, v in data.items() if k != "variants"})
+    if variants:
+        merged["variants"] = variants
     return merged
 
 
