@@ -136,6 +136,9 @@ def certify(ev: Evidence) -> Certificate:
         if d in unknown:
             domains[d] = "unknown"
             continue
+        if not ev.positions:  # decided before any capture (a precheck): nothing was taken
+            domains[d] = "not captured"
+            continue
         stage = DOMAIN_STAGE.get(d, image_stage)
         pos = ev.positions.get(stage, image_pos)
         state = {"cuda_lock": "checkpointed", "criu_freeze": "frozen", "app_save": "saved"}.get(stage, "captured")

@@ -124,3 +124,9 @@ def test_pipeline_certify_is_an_arm_axis_and_validated():
     assert parse_scenario({"pipeline": {"certify": "audit"}}).certify == ("audit",)
     with pytest.raises(InvalidArgument, match="pipeline.certify contains 'always'"):
         parse_scenario({"pipeline": {"certify": ["always"]}})
+
+
+def test_a_precheck_names_only_what_no_checkpoint_holds():
+    cert = certify(evidence(positions={}, workload_domains=("cpu", "disk", "receiver")))
+    assert not cert.eligible and cert.reason == "no checkpoint holds disk"
+    assert cert.domains["cpu"] == "not captured"
