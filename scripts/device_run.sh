@@ -50,6 +50,7 @@ run_scenario() { set -f; timeout -s INT ${SCENARIO_TIMEOUT:-580} $CB run "scenar
 step_quick() { run_scenario gpu-quick; }
 step_sweep() { run_scenario gpu-sweep; }
 step_multi() { run_scenario multi-gpu; }
+step_run() { run_scenario "${SCENARIO:?set SCENARIO=name of scenarios/NAME.toml}"; }
 step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:+--sizes $SPEED_SIZES} 2>&1 | tail -30; }
 step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
