@@ -61,6 +61,7 @@ _SLOTS = (
     # evidence for the fence of a cut: what the image's process had sent).
     "sent_effect",  # workload
     "acked_effect",  # workload: the highest effect id whose ack it received
+    "on_device",  # workload: 1 when its arrays live on a CUDA device (the "cuda" domain)
 )
 # A length-prefixed UTF-8 string (the app backend's save path) lives here.
 TEXT_OFFSET = 2048

@@ -12,7 +12,7 @@ import sys
 from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import Runtime, TrackedReceiver, WorkloadConfig, format_exception
-from cutbench.workloads.xp import get_xp
+from cutbench.workloads.xp import get_xp, is_device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     control.set("pid", os.getpid())
     cls = api.load(config.workload)
     rt = Runtime(config=config, control=control, xp=get_xp(config.array_backend), phases=tuple(cls.phases))
+    control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:
             from cutbench.receivers.client import ReceiverClient

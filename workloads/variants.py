@@ -40,7 +40,7 @@ from cutbench.workloads.runtime import read_marker, write_marker
 
 
 class Outbox(Counter):
-    """Correct twin: marks an op in its durable outbox only once the receiver acknowledged it.
+    """Correct twin: marks an op in its durable outbox only once the receiver acknowledged it as delivered.
 
     Right after a restore (the first cut point the restored process passes)
     it reads the outbox and from then on skips sending ops the outbox says
@@ -81,8 +81,10 @@ class Outbox(Counter):
         else:
             rt.receiver.send_effect(rt.trial, op, rt.epoch, self.last_digest)
             self.point(op, "publish")
-            rt.receiver.wait_ack(op)
-            if not self.mark_before_send:
+            ack = rt.receiver.wait_ack(op)
+            # A fenced receiver's ack says "prepared": not delivered until the
+            # coordinator commits it, so it is no reason to skip a resend.
+            if not self.mark_before_send and ack.get("decision") != "prepared":
                 write_marker(self.outbox, op)
             self.point(op, "ack")
         self.commit(op)

@@ -153,6 +153,7 @@ class CutCertifier:
         """Refuse before anything is touched when a domain is outside every image (enforce)."""
         if not self.certifying:
             return None
+        self._device_domain()
         cert = certify(self.evidence)
         if cert.unknown and self.enforcing:
             self._record(cert, decided=True)
@@ -167,6 +168,7 @@ class CutCertifier:
             op = c.get("progress_op")
             phase = self.co.phases[idx] if c.get("progress_count") and 0 <= idx < len(self.co.phases) else ""
         sent = c.get("sent_effect")
+        self._device_domain()
         self.evidence.positions[stage] = Position(int(op), phase or "")
         # An explicit position (an application save) covers the effects up to its op only.
         self.evidence.sent_through = min(sent, int(op)) if phase == "" and stage == "app_save" else sent
@@ -199,6 +201,11 @@ class CutCertifier:
         if self.enforcing and not cert.eligible:
             return f"certificate: {cert.reason}"
         return None
+
+    def _device_domain(self) -> None:
+        """A workload whose arrays are on the GPU (it says so at start) uses the ``cuda`` domain too."""
+        if self.co.control.get("on_device") and "cuda" not in self.evidence.workload_domains:
+            self.evidence.workload_domains += ("cuda",)
 
     def _record(self, cert: Certificate, *, decided: bool) -> None:
         self.certificate = cert
