@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
@@ -274,6 +275,21 @@ def _findings_list(trials: pd.DataFrame, run_dir: str) -> str:
     return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome")
 
 
+def _certificates(trials: pd.DataFrame) -> list[str]:
+    """The certificates section: the claim against the verdict (none when no cut was certified)."""
+    m = certificate_matrix(trials)
+    if not m["certified"]:
+        return []
+    grid = pd.DataFrame([{"certificate": name, **{o: m[f"{name}_{o}"] for o in ("valid", "invalid", "refused", "unknown")}}
+                         for name in ("eligible", "ineligible")])
+    s, o = m["soundness"], m["over_refusal"]
+    return ['<h2 id="certificates">Recovery-cut certificates</h2>', _html_table(grid, "certificate-matrix"),
+            f'<p>Soundness: invalid among eligible {_e(summary.pct(s[0]))} (95% CI {_e(summary.pct(s[1]))}–{_e(summary.pct(s[2]))}, '
+            f'must be 0). Over-refusal: ineligible among valid {_e(summary.pct(o[0]))}. <code>enforce</code>: '
+            f'{m["enforce_accepted_invalid"]} invalid among {m["enforce_accepted"]} accepted restores. Each trial\'s certificates: '
+            '<code>trials/&lt;id&gt;.json</code> and <code>certificates.parquet</code>.</p>']
+
+
 def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes]) -> str:
     """The complete, self-contained ``report.html`` text for a run."""
     scen = meta.get("scenario", {})
@@ -323,6 +339,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         out.append('<h2 id="findings">Findings</h2>')
         out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
         out.append(_findings_list(trials, run_dir))
+        out += _certificates(trials)
 
     out.append('<h2 id="plots">Plots</h2>')
     for name, (caption, _fn) in plots.PLOTS.items():
@@ -355,6 +372,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
                 "criu_dump_s", "criu_restore_s", "image_bytes", "error"]
         if "variant" in trials and summary.group_columns(trials)[0] == "variant":
             cols.insert(1, "variant")
+        if "cert_eligible" in trials and trials["cert_eligible"].notna().any():
+            cols[cols.index("error"):cols.index("error")] = ["cert_eligible", "cert_reason"]
         shown = trials.head(MAX_TRIAL_ROWS)
         if len(trials) > MAX_TRIAL_ROWS:
             out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
