@@ -82,6 +82,8 @@ def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
     for size in range(1, min(scenario.cuts_per_trial, len(allowed)) + 1):
         for combo in itertools.combinations(allowed, size):
             for shape in itertools.product(mode_choices, repeat=size):
+                if any(m == "async" for m, _ in shape[:-1]):
+                    continue  # only the last cut may be asynchronous (see CutPlan.validate_for)
                 out.append(CutPlan(tuple(cut_from_position(arm, op, phase, mode=m, async_offset_ms=off)
                                          for (op, phase), (m, off) in zip(combo, shape))))
     return out
@@ -103,8 +105,9 @@ def random_plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
         size = rng.randint(1, k_max) if k_max > 1 else 1
         picks = sorted(rng.sample(range(len(allowed)), size))
         cuts = []
-        for idx in picks:
-            mode, offset = rng.choice(mode_choices)
+        for n, idx in enumerate(picks):
+            # Only the last cut may be asynchronous (see CutPlan.validate_for).
+            mode, offset = rng.choice(mode_choices if n == len(picks) - 1 else precise_modes(mode_choices))
             op, phase = allowed[idx]
             cuts.append(cut_from_position(arm, op, phase, mode=mode, async_offset_ms=offset))
         out.append(CutPlan(tuple(cuts)))
@@ -125,6 +128,11 @@ def modes(scenario: Scenario) -> list[tuple[str, float]]:
     if scenario.cut_mode == "async":
         return asynchronous
     return precise + asynchronous
+
+
+def precise_modes(mode_choices: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The precise choices of ``mode_choices``; a cut that other cuts follow must be one (precise if none is listed)."""
+    return [c for c in mode_choices if c[0] == "precise"] or [("precise", 0.0)]
 
 
 def build_specs(scenario: Scenario, arms: list[Arm], *, start_index: int = 0) -> list[TrialSpec]:

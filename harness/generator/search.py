@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, event, given, seed, settings, target
+from hypothesis import example as hyp_example
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
@@ -110,15 +111,74 @@ def plan_strategy(scenario: Scenario, sarm: SearchArm) -> st.SearchStrategy[CutP
     def plans(draw: Any) -> CutPlan:
         picks = draw(st.lists(st.integers(0, len(allowed) - 1), min_size=1, max_size=k_max, unique=True))
         cuts = []
-        for idx in sorted(picks):
+        picks = sorted(picks)
+        for n, idx in enumerate(picks):
             op, phase = allowed[idx]
-            mode = draw(st.sampled_from(mode_names))
+            # Only the last cut may be asynchronous: the plan stays executable (CutPlan.validate_for).
+            mode = draw(st.sampled_from(mode_names)) if n == len(picks) - 1 else "precise"
             offset = draw(offset_st) if mode == "async" else 0.0
             cuts.append(scheduler.cut_from_position(sarm.arm, op, phase, mode=mode, async_offset_ms=offset,
                                                     crash_after_ms=draw(crash_st), split_window_ms=draw(split_st)))
         return CutPlan(tuple(cuts))
 
     return plans()
+
+
+# -- signals: measured per trial, rising before a failure appears ---------------------
+
+SIGNALS: dict[str, str] = {
+    "in_flight": "effects the checkpointed process had sent without an acknowledgement at the image: "
+                 "a restore that reconnects sends them again",
+    "escaped": "effects the receiver recorded after the cut from a process that ran on (leave_running): "
+               "each is one a rolled-back restore will send again",
+    "epoch_skew": "cut points between the domains' captures (CUDA lock vs CRIU freeze): "
+                  "state from two moments in one image",
+    "uncovered": "state domains the workload uses that the backend's image does not hold",
+    "findings": "findings of the trial (0 unless it already failed)",
+}
+
+
+def signals(result: TrialResult) -> dict[str, float]:
+    """The trial's :data:`SIGNALS`, from its record (cut evidence, domains) and the receiver's effects."""
+    rec = result.record
+    evidence = rec.cut_evidence
+    first = evidence[0] if evidence else {}
+    sent, acked = int(first.get("sent_through", 0)), int(first.get("acked_through", 0))
+    escaped = 0
+    effects = result.effects
+    if first and effects is not None and not effects.empty and "epoch" in effects:
+        # Rows of the incarnation that was cut (epoch 0 for the first cut) past what its image had sent.
+        late = effects[(effects["epoch"] == 0) & (effects["op_id"] > sent) & (effects["kind"] != "commit")]
+        escaped = int(len(late))
+    uncovered = set(rec.workload_domains) - set(rec.covered_domains) - {"receiver"}
+    return {
+        "in_flight": float(max(0, sent - acked)),
+        "escaped": float(escaped),
+        "epoch_skew": float(max((e.get("epoch_steps", 0) for e in evidence), default=0)),
+        "uncovered": float(len(uncovered)),
+        "findings": float(len(result.verdict.findings)),
+    }
+
+
+def cell(plan: CutPlan) -> str:
+    """The coverage cell of a plan within its arm: the phase of its first cut and its mode."""
+    first = plan.cuts[0]
+    return f"{first.phase}/{first.mode}"
+
+
+def explicit_plans(scenario: Scenario, sarm: SearchArm) -> list[CutPlan]:
+    """One single-cut plan per phase (first op of the range, precise, first listed values): tried first.
+
+    Swarm-style coverage: every phase of this arm (fault × receiver mode) is
+    tried before generated plans, so a failure confined to one phase costs at
+    most as many trials as there are phases.
+    """
+    seen: dict[str, CutPlan] = {}
+    for op, phase in scheduler.positions(scenario):
+        if phase not in seen:
+            seen[phase] = CutPlan((scheduler.cut_from_position(sarm.arm, op, phase, crash_after_ms=sarm.crash_after_ms[0],
+                                                               split_window_ms=sarm.split_window_ms[0]),))
+    return list(seen.values())[: max(1, scenario.trials - 1)]
 
 
 def profile_settings(profile: str, max_examples: int, database_dir: Path | None = None) -> settings:
@@ -158,16 +218,24 @@ class ArmSearch:
     reproduced: bool | None = None  # did the final replay of the minimal plan fail again?
     flaky: str = ""
     trial_ids: list[str] = field(default_factory=list)
+    coverage: dict[str, int] = field(default_factory=dict)  # cell (phase/mode of the first cut) -> trials
+    signal_history: list[dict[str, Any]] = field(default_factory=list)  # per trial: id, cell, outcome, signals
 
-    def note(self, result: TrialResult) -> None:
-        """Account for one finished trial of this arm."""
+    def note(self, result: TrialResult) -> dict[str, float]:
+        """Account for one finished trial of this arm; return its signals."""
         self.trials += 1
         self.trial_ids.append(result.spec.trial_id)
+        plan = result.spec.cut_plan()
+        where = cell(plan)
+        self.coverage[where] = self.coverage.get(where, 0) + 1
+        sig = signals(result)
+        self.signal_history.append({"trial": result.spec.trial_id, "cell": where, "outcome": result.verdict.outcome, **sig})
         if result.verdict.outcome == "invalid":
             self.failures += 1
             if self.first_failure is None:
                 self.first_failure, self.first_failure_trial = self.trials, result.spec.trial_id
             self._minimal(result.spec.cut_plan(), result.spec.trial_id)
+        return sig
 
     def _minimal(self, plan: CutPlan, trial_id: str) -> None:
         self.minimal_plan, self.minimal_trial, self.minimal_cuts = plan.to_dict(), trial_id, len(plan.cuts)
@@ -182,25 +250,41 @@ def search_arm(scenario: Scenario, sarm: SearchArm, run_plan: Callable[[CutPlan]
     """Let Hypothesis search plans for one arm; ``run_plan`` runs one trial. Returns the :class:`ArmSearch`."""
     found = ArmSearch(sarm.arm.label(), scenario.profile)
 
+    explicit = explicit_plans(scenario, sarm)
+
     def example(plan: CutPlan) -> None:
         result = run_plan(plan)
-        found.note(result)
-        target(float(len(result.verdict.findings)), label="findings")
+        sig = found.note(result)
+        event(f"cell {cell(plan)}")
+        for name, value in sig.items():
+            target(value, label=name)  # several labelled targets: Hypothesis climbs each
+            if value and name != "findings":
+                event(f"signal {name}")
         if result.verdict.outcome == "invalid":
             raise InvalidRecovery(result.spec.trial_id, plan, sorted({f.kind for f in result.verdict.findings}))
 
     test = given(plan_strategy(scenario, sarm))(example)
-    test = profile_settings(scenario.profile, scenario.trials, database_dir)(test)
+    for plan in reversed(explicit):  # decorators apply inside out: the first phase runs first
+        test = hyp_example(plan)(test)
+    # The budget is the arm's trials, explicit ones included.
+    test = profile_settings(scenario.profile, max(1, scenario.trials - len(explicit)), database_dir)(test)
     if scenario.profile == "ci":
         # Hypothesis's seed also switches the example database off: ci only.
         test = seed(scheduler.arm_seed(scenario, sarm.arm))(test)
     try:
         test()
     except InvalidRecovery as exc:
-        # Hypothesis re-runs its final (smallest) failing example to raise it:
-        # that run just failed again, so this is the reproduced minimal plan.
         found._minimal(exc.plan, exc.trial_id)
-        found.reproduced = True
+        if exc.plan in explicit:
+            # An explicit example fails once and is raised as it is (already a single
+            # cut at the first listed values): replay it once, as Hypothesis replays its own.
+            again = run_plan(exc.plan)
+            found.note(again)
+            found.reproduced = again.verdict.outcome == "invalid"
+        else:
+            # Hypothesis re-runs its final (smallest) failing example to raise it:
+            # that run just failed again, so this is the reproduced minimal plan.
+            found.reproduced = True
     except Flaky as exc:
         # The smallest failing plan passed when Hypothesis replayed it: the
         # failure depends on timing (e.g. where a crash lands). Keep the plan.

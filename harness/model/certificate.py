@@ -198,3 +198,10 @@ def _effects(ev: Evidence, reasons: list[str]) -> tuple[str, dict[int, str]]:
         reasons.append(f"receiver: effects of ops {ops} are already visible and the restored process sends them again "
                        "(at_least_once has no fence)")
     return "none", in_flight
+
+
+def epoch_steps(positions: list[Position], phases: tuple[str, ...]) -> int:
+    """How many cut points apart the earliest and the latest of ``positions`` are (0 for one or none)."""
+    index = {p: i for i, p in enumerate(phases)}
+    steps = [p.op * len(phases) + index.get(p.phase, -1) for p in positions]
+    return max(steps) - min(steps) if steps else 0

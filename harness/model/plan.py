@@ -127,12 +127,16 @@ class CutPlan:
         """Check the plan against a workload's ``phases`` (and op count); return it.
 
         Raises :class:`InvalidArgument` for a phase the workload does not have,
-        an op beyond ``ops``, or cuts not at strictly increasing positions (a
+        an op beyond ``ops``, cuts not at strictly increasing positions (a
         restored workload runs forward from its cut, so a later cut at an
-        earlier point would never be reached).
+        earlier point would never be reached), or a cut after an asynchronous
+        one (an asynchronous cut lands wherever the workload is after its
+        offset, possibly past the next cut's point, which then is never reached).
         """
         last = -1
         for i, cut in enumerate(self.cuts):
+            if i and self.cuts[i - 1].mode == "async":
+                raise InvalidArgument(f"plan.cuts[{i}] follows an asynchronous cut: only the last cut of a plan may be async")
             try:
                 validate_cut(cut, phases)
             except InvalidArgument as exc:

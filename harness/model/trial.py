@@ -143,6 +143,9 @@ class TrialRecord:
     # One recovery-cut certificate per certified cut (model.certificate.Certificate.to_dict
     # plus ``certify``, ``restore_decided``, ``restored``); empty when pipeline.certify is off.
     certificates: list[dict[str, Any]] = field(default_factory=list)
+    # Per cut: the workload's positions at each capture stage and the effects sent and
+    # acknowledged at the image (runner.coordinator.TrialCoordinator.evidence_of).
+    cut_evidence: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in TRIAL_STATUSES:

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from cutbench.errors import StageRefused
-from cutbench.harness.model.certificate import Certificate, Evidence, Position, certify
+from cutbench.harness.model.certificate import Certificate, Evidence, Position, certify, epoch_steps
 from cutbench.harness.model.plan import Cut
 
 # How long a commit waits for its prepared delivery to be stored: the
@@ -54,14 +54,18 @@ class TrialCoordinator:
         self.commit_times: dict[int, float] = {}  # op -> wall time its commit was acknowledged
         self.certificates: list[dict[str, Any]] = []
 
-    @property
-    def active(self) -> bool:
-        """Whether cuts need a certifier (a fenced receiver or a certificate to make)."""
-        return self.mode == "fenced" or self.certify_mode != "off"
+    def for_cut(self, index: int, cut: Cut) -> "CutCertifier":
+        """The certifier of cut ``index``. With nothing to fence or certify it only gathers
+        the cut's evidence (positions, effects sent and acknowledged), which reading the
+        control file costs; the search's signals are made of it."""
+        return CutCertifier(self, index, cut)
 
-    def for_cut(self, index: int, cut: Cut) -> "CutCertifier | None":
-        """The certifier of cut ``index`` (None when nothing is fenced or certified)."""
-        return CutCertifier(self, index, cut) if self.active else None
+    def evidence_of(self, certifier: "CutCertifier") -> dict[str, Any]:
+        """The cut's evidence as stored in the trial record (``cut_evidence``)."""
+        ev = certifier.evidence
+        return {"checkpoint": ev.checkpoint, "positions": {k: p.label() for k, p in ev.positions.items()},
+                "sent_through": ev.sent_through, "acked_through": ev.acked_through,
+                "epoch_steps": epoch_steps(list(ev.positions.values()), self.phases)}
 
     # -- effect fences ---------------------------------------------------------------
     def advance_fence(self, through: int) -> None:

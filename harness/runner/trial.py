@@ -173,6 +173,7 @@ class TrialRunner:
             facts=state.facts,
             log_tail=self._log_tail() if state.status in ("unknown", "deadlock") else "",
             certificates=self.coordinator.certificates,
+            cut_evidence=state.evidence,
         )
         effects, store_error = self._effects()
         if store_error:
@@ -216,10 +217,10 @@ class TrialRunner:
             state.outcomes.append(asdict(outcome))
             for key, value in ctx.facts.items():
                 state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
+            state.evidence.append(self.coordinator.evidence_of(ctx.certifier))
             if outcome.status == "restored":
                 state.restores += 1
-                if ctx.certifier is not None:
-                    ctx.certifier.restored()
+                ctx.certifier.restored()
             if outcome.stage == "certify_restore":
                 # The certificate declined the restore: the crashed workload stays down; a safe refusal.
                 state.status, state.error, state.failed_stage, state.down = "refused", outcome.error, outcome.stage, True
@@ -396,6 +397,7 @@ class _TrialState:
     # (position at the last cut, progress count right after it)
     resumed_at: tuple[tuple[int, int], int] | None = None
     down: bool = False  # the workload is gone on purpose (a declined restore): nothing runs to the end
+    evidence: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -18,7 +18,8 @@ import pytest
 from cutbench.harness.checker import oracle
 from cutbench.harness.generator import search
 from cutbench.harness.model.plan import Cut, CutPlan
-from cutbench.harness.model.trial import TrialResult
+from cutbench.harness.model.trial import TrialRecord, TrialResult
+from cutbench.workloads.counter import Counter
 from cutbench.harness.model.trial import spec_for
 from cutbench.harness.model.scenario import parse_scenario
 
@@ -42,7 +43,7 @@ class System:
         spec = spec_for(self.scen, search.search_arms(self.scen)[0].arm, plan, len(self.plans))
         bad = self.breaks(plan)
         verdict = oracle.Verdict("invalid", (oracle.Finding("duplicate", 1, "x"),)) if bad else oracle.Verdict("valid")
-        return TrialResult(spec, {}, [], pd.DataFrame(), verdict)
+        return TrialResult(spec, TrialRecord(status="completed"), [], pd.DataFrame(), verdict)
 
 
 def late_publish(plan: CutPlan) -> bool:
@@ -103,3 +104,56 @@ def test_unknown_profile_is_refused():
 
     with pytest.raises(InvalidArgument, match="plan.profile"):
         search.profile_settings("fast", 5)
+
+
+def test_every_drawn_plan_is_executable():
+    """Over many draws (mixed precise and async cuts, up to 3 per plan) no plan is one the runner cannot carry out."""
+    from hypothesis import HealthCheck, given, settings
+
+    scen = parse_scenario({
+        "workload": {"name": "counter", "params": {"ops": 5}},
+        "pipeline": {"faults": ["kill"]},
+        "plan": {"source": "hypothesis", "ops": [1, 5], "cuts_per_trial": 3, "cut_mode": "mixed", "async_offset_ms": [0, 5]},
+    })
+    phases = tuple(Counter.phases)
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(search.plan_strategy(scen, search.search_arms(scen)[0]))
+    def check(plan):
+        plan.validate_for(phases, 5)
+        assert all(c.mode == "precise" for c in plan.cuts[:-1])
+
+    check()
+
+
+def test_static_sources_draw_only_executable_plans():
+    from cutbench.harness.generator import scheduler
+
+    for source in ("exhaustive", "random"):
+        scen = parse_scenario({
+            "workload": {"name": "counter", "params": {"ops": 4}},
+            "plan": {"source": source, "ops": [1, 3], "phases": ["launch", "publish"], "cuts_per_trial": 2,
+                     "cut_mode": "mixed", "trials": 200},
+        })
+        plans = scheduler.plans(scen, scen.arms()[0])
+        assert plans and all(p.validate_for(tuple(Counter.phases), 4) for p in plans)
+        assert any(p.cuts[-1].mode == "async" for p in plans) and any(len(p.cuts) == 2 for p in plans)
+
+
+def test_every_phase_is_tried_before_generated_plans_and_signals_are_recorded():
+    scen = scenario("ci", trials=12)
+    system = System(scen, lambda plan: False)
+    found = search.search_arm(scen, search.search_arms(scen)[0], system)
+    first = [p.cuts[0].phase for p in system.plans[:7]]
+    assert first == list(Counter.phases), first
+    assert sum(found.coverage.values()) == found.trials == 12
+    assert {h["cell"] for h in found.signal_history} >= {f"{p}/precise" for p in Counter.phases}
+    assert set(found.signal_history[0]) >= set(search.SIGNALS)
+
+
+def test_a_plan_with_a_cut_after_an_async_one_is_refused():
+    from cutbench.errors import InvalidArgument
+
+    plan = CutPlan((Cut(1, "launch", mode="async"), Cut(2, "publish")))
+    with pytest.raises(InvalidArgument, match="follows an asynchronous cut"):
+        plan.validate_for(tuple(Counter.phases), 5)
