@@ -18,6 +18,14 @@ from cutbench.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, In
 
 console = Console(stderr=True, soft_wrap=True)
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: a partial run, stored and marked partial
+# The signal that interrupted the run (SIGINT, SIGTERM or SIGHUP): the exit code is 128 + its number,
+# as a shell reports a process a signal stopped (130, 143, 129).
+_INTERRUPTED_BY = [0]
+
+
+def interrupted_code() -> int:
+    """The exit code of an interrupted command: 128 + the signal (130 for Ctrl-C)."""
+    return 128 + _INTERRUPTED_BY[0] if _INTERRUPTED_BY[0] else EXIT_INTERRUPTED
 
 
 def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
@@ -67,7 +75,9 @@ def _progress_printer(as_json: bool):
 def _report_run(outcome: Any, as_json: bool) -> int:
     trials = outcome.trials
     # An interrupted run is never a verdict, even if what finished was all valid.
-    code = outcome.exit_code() if outcome.complete else EXIT_INTERRUPTED
+    code = outcome.exit_code() if outcome.complete else interrupted_code()
+    if outcome.complete and trials.empty and outcome.skipped_arms:
+        code = EXIT_BAD_ARGUMENTS  # nothing could run here: an unusable environment, not "unknown only"
     counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
     report_html = outcome.run.path / "report.html"
     if as_json:
@@ -115,7 +125,7 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
 
     result = replay_trial(trial_file, out)
     if result.replayed is None:
-        _fail("replay was interrupted", 130)
+        _fail("replay was interrupted", interrupted_code())
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:
@@ -318,23 +328,25 @@ def list_(what: str, as_json: bool) -> None:
 
 
 def _interrupt_once() -> None:
-    """Let the first Ctrl-C interrupt (KeyboardInterrupt) and ignore the next ones.
+    """Let the first Ctrl-C, SIGTERM or SIGHUP interrupt (KeyboardInterrupt) and ignore the next ones.
 
-    The first one stops the run after the trial in flight is cleaned up;
-    a second one landing inside that cleanup would otherwise leave a
-    workload, the receiver or an image directory behind.
+    The first one stops the run after the trial in flight is cleaned up and
+    stores the partial run; a second one landing inside that cleanup would
+    otherwise leave a workload, the receiver or an image directory behind.
+    SIGTERM and SIGHUP are what CI runners, schedulers and ``timeout`` send
+    on cancel: they get the same cleanup as Ctrl-C, and the exit code says
+    which signal it was (143, 129).
     """
     import signal
 
-    presses = [0]
-
     def handler(signum: int, frame: Any) -> None:
-        presses[0] += 1
-        if presses[0] == 1:
+        if not _INTERRUPTED_BY[0]:
+            _INTERRUPTED_BY[0] = signum
             raise KeyboardInterrupt
         console.print("[yellow]interrupted: cleaning up and saving the partial run, please wait[/]")
 
-    signal.signal(signal.SIGINT, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -345,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         # DESIGN.md reserves for "unknown only"; bad arguments exit 254.
         rv = cli.main(args=argv, prog_name="cutbench", standalone_mode=False)
     except click.exceptions.Abort:
-        _fail("interrupted", 130)
+        _fail("interrupted", interrupted_code())
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_BAD_ARGUMENTS)
@@ -354,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     except CutbenchError as exc:
         _fail(str(exc), EXIT_INTERNAL)
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted", interrupted_code())
     except Exception as exc:  # an internal error: keep the traceback for bug reports
         import traceback
 

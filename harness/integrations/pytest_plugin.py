@@ -42,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Largest invalid recovery rate that passes, 0..1 (default 0, or the marker's).")
     group.addoption("--cutbench-out", default=None, metavar="DIR",
                     help="Results root for gate runs (default: a 'cutbench' directory under pytest's base temp).")
+    group.addoption("--cutbench-allow-skip", action="store_true", default=False,
+                    help="Skip (instead of fail) a gate arm or trial that cannot run here (no CRIU, no GPU, ...). "
+                         "Without it a gate that tested nothing fails.")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,6 +101,13 @@ def _arm_params(patterns: list[str], base: Path | None, backends: list[str], ove
     return out
 
 
+def _cannot_run(config: pytest.Config, reason: str) -> None:
+    """An arm or trial that cannot run here fails the gate (it tested nothing) unless skipping is allowed."""
+    if config.getoption("--cutbench-allow-skip"):
+        pytest.skip(reason)
+    pytest.fail(f"{reason}\n(a gate must not pass without testing; pass --cutbench-allow-skip to skip instead)", pytrace=False)
+
+
 def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[str], overrides: list[str], max_rate: float) -> Any:
     from cutbench.harness.integrations import gate
     from cutbench.errors import Unavailable
@@ -106,7 +116,7 @@ def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[
     try:
         outcome = gate.run_arm(scenario, arm, _results_root(config))
     except Unavailable as exc:
-        pytest.skip(f"cutbench: {arm_label} cannot run here: {exc}")
+        _cannot_run(config, f"cutbench: {arm_label} cannot run here: {exc}")
     if not outcome.complete:
         # The runner turned Ctrl-C into a stored partial run; pytest must still stop the session.
         raise KeyboardInterrupt
@@ -240,7 +250,8 @@ def cutbench_trial(request: pytest.FixtureRequest) -> Any:
 
     Keyword arguments are those of :func:`cutbench.harness.integrations.gate.run_trial`; it returns
     a :class:`cutbench.harness.integrations.gate.TrialOutcome` (``.outcome``, ``.findings``,
-    ``.valid``, ``.replay_command``). An unavailable backend skips the test.
+    ``.valid``, ``.replay_command``). An unavailable backend fails the test (skips it with
+    ``--cutbench-allow-skip``).
     """
     from cutbench.harness.integrations import gate
     from cutbench.errors import Unavailable
@@ -249,7 +260,7 @@ def cutbench_trial(request: pytest.FixtureRequest) -> Any:
         try:
             result = gate.run_trial(_results_root(request.config), plan, **kwargs)
         except Unavailable as exc:
-            pytest.skip(f"cutbench: {exc}")
+            _cannot_run(request.config, f"cutbench: {exc}")
         request.node.user_properties.extend([
             ("cutbench_trial", f"{result.trial_id} {result.outcome}"),
             ("cutbench_replay", result.replay_command),

@@ -152,7 +152,12 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         lines.append(f"- sweep axis `{axis}`: {', '.join(map(str, values))}")
     if trials.empty:
-        lines += ["", "No trial finished."]
+        skipped = meta.get("skipped_arms", [])
+        if skipped and status == "complete":
+            lines += ["", f"**Nothing was tested**: every one of the {len(skipped)} arms was skipped, so no trial ran:", ""]
+            lines += [f"- {s['arm']}: {s['reason']}" for s in skipped]
+        else:
+            lines += ["", "No trial finished."]
         return "\n".join(lines) + "\n"
     v = run_verdict(trials)
     lines += ["", f"**{v.text}** — invalid recovery rate {pct(v.rate)} (95% CI {pct(v.low)}–{pct(v.high)}); "

@@ -61,9 +61,11 @@ MOMENTS = {
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("moment, presses", [(m, 1) for m in MOMENTS] + [("criu_dump", 3)])
-def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int):
-    """``presses`` > 1: an impatient user presses Ctrl-C again while the harness cleans up."""
+@pytest.mark.parametrize("moment, presses, sig", [(m, 1, signal.SIGINT) for m in MOMENTS] + [("criu_dump", 3, signal.SIGINT)]
+                         + [("criu_dump", 1, signal.SIGTERM), ("criu_restore_after_the_restored_task_exists", 1, signal.SIGHUP)])
+def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int, sig: int):
+    """``presses`` > 1: an impatient user presses Ctrl-C again while the harness cleans up. SIGTERM and
+    SIGHUP (a CI runner's cancel, ``timeout``) get the same cleanup and exit 128 + the signal."""
     tmp = tmp_path / "tmp"  # the run's work directory lands here (TMPDIR), so its processes are recognisable
     tmp.mkdir()
     out = tmp_path / "results"
@@ -79,7 +81,7 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
         while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id):
             time.sleep(0.002)
         assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         for _ in range(presses - 1):
             time.sleep(0.03)
             os.killpg(proc.pid, signal.SIGINT)
@@ -89,7 +91,7 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
-    assert proc.returncode == 130, stderr[-3000:]
+    assert proc.returncode == 128 + sig, stderr[-3000:]
     time.sleep(0.2)  # let the kernel finish tearing down what was killed
     run_dir = next(p for p in out.iterdir() if p.name != "latest")
     run_id = run_dir.name
@@ -102,7 +104,7 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
 
     # The partial run reads back: marked partial, tables, trial files and summary agree.
     result = json.loads(stdout)
-    assert result["complete"] is False and result["exit_code"] == 130
+    assert result["complete"] is False and result["exit_code"] == 128 + sig
     run = RunDir.open(run_dir)
     meta = run.meta()
     trials = run.table("trials")

@@ -59,3 +59,17 @@ def _write_run(root: Path, name: str, meta: dict, trials: pd.DataFrame) -> Path:
     run.write_meta({**meta, "run_id": run.run_id, "run_dir": str(run.path)})
     run.write_table("trials", trials)
     return run.path
+
+
+def test_a_run_whose_every_arm_is_skipped_says_why_and_exits_254(tmp_path, monkeypatch):
+    """Nothing could run here (the CRIU CUDA plugin is not configured): not "unknown only" but an unusable environment."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("CUTBENCH_CRIU_PLUGIN_DIR", raising=False)
+    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(tmp_path),
+                           "--set", 'pipeline.backends=["criu-cuda-plugin"]', "--set", "pipeline.skip_unavailable=true"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
+    said = proc.stdout + proc.stderr
+    assert "Nothing was tested" in said and "CUTBENCH_CRIU_PLUGIN_DIR" in said

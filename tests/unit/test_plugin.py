@@ -89,3 +89,25 @@ def test_scenario_variants_make_one_item_per_variant_and_arm(pytester: pytest.Py
     lines = [line for line in result.stdout.lines if "::" in line]
     assert lines == ["two.toml::failing:small:criu/at_least_once/leave_running+100ms",
                      "two.toml::failing:big:criu/at_least_once/leave_running+100ms"], result.stdout.str()
+
+
+def test_a_gate_that_cannot_run_fails_unless_skipping_is_allowed(pytester: pytest.Pytester, monkeypatch):
+    """An arm whose backend is unusable here tested nothing: the gate fails; --cutbench-allow-skip skips it."""
+    monkeypatch.delenv("CUTBENCH_CRIU_PLUGIN_DIR", raising=False)
+    (pytester.path / "one.toml").write_text(FAILING)
+    pytester.makepyfile(test_gate="""
+        import pytest
+
+        @pytest.mark.cutbench(scenario="one.toml", backend="criu-cuda-plugin")
+        def test_gate(cutbench_run):
+            cutbench_run.check()
+
+        def test_trial(cutbench_trial):
+            cutbench_trial("3/publish", backend="criu-cuda-plugin")
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, errors=1)  # the gate arm fails in its fixture: an error, a failing session
+    assert result.ret != 0
+    assert "cannot run here" in result.stdout.str() and "--cutbench-allow-skip" in result.stdout.str()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-allow-skip")
+    result.assert_outcomes(skipped=2)
