@@ -213,6 +213,11 @@ def make_cursor(kind: str, path: str | os.PathLike[str]) -> ExternalCursor | Mem
     return ExternalCursor(path) if kind == "external" else MemoryCursor()
 
 
+# The largest op count a workload accepts: a trial is a real process per op
+# range, so larger numbers would only exhaust time and memory in planning.
+MAX_OPS = 1_000_000
+
+
 def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     """Raise ValueError naming parameter ``name``, its bad ``value`` and the allowed values."""
     validate.check_choice(f"parameter {name}", value, allowed, error=ValueError)
@@ -249,7 +254,7 @@ class BaseWorkload:
     @classmethod
     def validate_params(cls, p: dict[str, Any]) -> None:
         """Raise ValueError naming the first unusable parameter."""
-        check_range("ops", p["ops"], 1)
+        check_range("ops", p["ops"], 1, MAX_OPS)
         check_range("work_ms", p["work_ms"], 0)
         check_range("op_interval_ms", p["op_interval_ms"], 0)
         for name, allowed in cls.choices.items():

@@ -15,7 +15,8 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
-from cutbench.workloads.common import GOLDEN, MASK, MIX1, MIX2, MULT, host_ints, load_state_into, save_state_file, sums
+from cutbench.workloads.common import (GOLDEN, MASK, MAX_OPS, MIX1, MIX2, MULT, check_range, host_ints, load_state_into,
+                                       save_state_file, sums)
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
 
@@ -105,6 +106,14 @@ class Counter:
         # that many bytes; verified at the end and folded into the checksum.
         "ballast_mib": 0,
     }
+
+    @classmethod
+    def validate_params(cls, p: dict[str, Any]) -> None:
+        """Raise ValueError naming the first parameter out of its range."""
+        check_range("ops", p["ops"], 1, MAX_OPS)
+        check_range("state_size", p["state_size"], 1, 1 << 30)
+        check_range("op_interval_ms", p["op_interval_ms"], 0, 3_600_000)
+        check_range("ballast_mib", p["ballast_mib"], 0, 1 << 20)
 
     def __init__(self, rt: Any, params: dict[str, Any]):
         self.rt = rt

@@ -9,12 +9,13 @@ lives in :mod:`cutbench.harness.generator.search` and uses :func:`cut_from_posit
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import zlib
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import Cut, CutPlan
-from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.harness.model.scenario import LIMITS, Arm, Scenario
 from cutbench.harness.model.trial import TrialSpec, spec_for
 from cutbench.workloads import api as workload_api
 
@@ -78,8 +79,14 @@ def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
     """
     allowed = positions(scenario)
     mode_choices = modes(scenario)
+    sizes = range(1, min(scenario.cuts_per_trial, len(allowed)) + 1)
+    count = sum(math.comb(len(allowed), k) * len(mode_choices) ** k for k in sizes)
+    if count > LIMITS["plan.exhaustive_plans"]:
+        raise InvalidArgument(f"plan: the exhaustive source would enumerate {count:,} plans per arm (more than "
+                              f"{LIMITS['plan.exhaustive_plans']:,}): narrow plan.ops or plan.phases, lower "
+                              "plan.cuts_per_trial, or use plan.source = \"random\"")
     out = []
-    for size in range(1, min(scenario.cuts_per_trial, len(allowed)) + 1):
+    for size in sizes:
         for combo in itertools.combinations(allowed, size):
             for shape in itertools.product(mode_choices, repeat=size):
                 if any(m == "async" for m, _ in shape[:-1]):

@@ -160,25 +160,31 @@ def signals(result: TrialResult) -> dict[str, float]:
     }
 
 
-def cell(plan: CutPlan) -> str:
-    """The coverage cell of a plan within its arm: the phase of its first cut and its mode."""
-    first = plan.cuts[0]
-    return f"{first.phase}/{first.mode}"
+def cells(plan: CutPlan) -> list[str]:
+    """The coverage cells a plan visits within its arm: each cut's phase and mode."""
+    return [f"{c.phase}/{c.mode}" for c in plan.cuts]
 
 
 def explicit_plans(scenario: Scenario, sarm: SearchArm) -> list[CutPlan]:
-    """One single-cut plan per phase (first op of the range, precise, first listed values): tried first.
+    """Plans that together cut once at every phase (precise, first listed values): tried first.
 
     Swarm-style coverage: every phase of this arm (fault × receiver mode) is
-    tried before generated plans, so a failure confined to one phase costs at
-    most as many trials as there are phases.
+    tried before generated plans. A plan holds up to ``plan.cuts_per_trial``
+    of these cuts, each at the next op of the range (positions increase), so
+    a failure confined to one phase costs at most ``phases / cuts_per_trial``
+    trials (rounded up).
     """
-    seen: dict[str, CutPlan] = {}
-    for op, phase in scheduler.positions(scenario):
-        if phase not in seen:
-            seen[phase] = CutPlan((scheduler.cut_from_position(sarm.arm, op, phase, crash_after_ms=sarm.crash_after_ms[0],
-                                                               split_window_ms=sarm.split_window_ms[0]),))
-    return list(seen.values())[: max(1, scenario.trials - 1)]
+    lo, hi = scenario.plan_ops
+    phases = list(dict.fromkeys(phase for _, phase in scheduler.positions(scenario)))
+    per_plan = max(1, min(scenario.cuts_per_trial, hi - lo + 1))
+    plans = []
+    for start in range(0, len(phases), per_plan):
+        group = phases[start:start + per_plan]
+        plans.append(CutPlan(tuple(
+            scheduler.cut_from_position(sarm.arm, lo + m, phase, crash_after_ms=sarm.crash_after_ms[0],
+                                        split_window_ms=sarm.split_window_ms[0])
+            for m, phase in enumerate(group))))
+    return plans[: max(1, scenario.trials - 1)]
 
 
 def profile_settings(profile: str, max_examples: int, database_dir: Path | None = None) -> settings:
@@ -218,18 +224,18 @@ class ArmSearch:
     reproduced: bool | None = None  # did the final replay of the minimal plan fail again?
     flaky: str = ""
     trial_ids: list[str] = field(default_factory=list)
-    coverage: dict[str, int] = field(default_factory=dict)  # cell (phase/mode of the first cut) -> trials
+    coverage: dict[str, int] = field(default_factory=dict)  # cell (phase/mode of a cut) -> trials that cut there
     signal_history: list[dict[str, Any]] = field(default_factory=list)  # per trial: id, cell, outcome, signals
 
     def note(self, result: TrialResult) -> dict[str, float]:
         """Account for one finished trial of this arm; return its signals."""
         self.trials += 1
         self.trial_ids.append(result.spec.trial_id)
-        plan = result.spec.cut_plan()
-        where = cell(plan)
-        self.coverage[where] = self.coverage.get(where, 0) + 1
+        where = cells(result.spec.cut_plan())
+        for c in where:
+            self.coverage[c] = self.coverage.get(c, 0) + 1
         sig = signals(result)
-        self.signal_history.append({"trial": result.spec.trial_id, "cell": where, "outcome": result.verdict.outcome, **sig})
+        self.signal_history.append({"trial": result.spec.trial_id, "cells": where, "outcome": result.verdict.outcome, **sig})
         if result.verdict.outcome == "invalid":
             self.failures += 1
             if self.first_failure is None:
@@ -255,7 +261,8 @@ def search_arm(scenario: Scenario, sarm: SearchArm, run_plan: Callable[[CutPlan]
     def example(plan: CutPlan) -> None:
         result = run_plan(plan)
         sig = found.note(result)
-        event(f"cell {cell(plan)}")
+        for c in cells(plan):
+            event(f"cell {c}")
         for name, value in sig.items():
             target(value, label=name)  # several labelled targets: Hypothesis climbs each
             if value and name != "findings":

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, InvalidArgument, Unavailable
 
@@ -28,8 +29,14 @@ def interrupted_code() -> int:
     return 128 + _INTERRUPTED_BY[0] if _INTERRUPTED_BY[0] else EXIT_INTERRUPTED
 
 
+def say(text: str, style: str | None = None) -> None:
+    """Print ``text`` to the terminal as it is: never read as rich markup (user values and error
+    messages contain square brackets: ``[plan]``, ``--set plan.source=[/x]``)."""
+    console.print(text, style=style, markup=False, highlight=False)
+
+
 def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(Text.assemble(("error: ", "bold red"), message), highlight=False)
     sys.exit(code)
 
 
@@ -60,9 +67,9 @@ def _progress_printer(as_json: bool):
             if done == total:
                 state["progress"].stop()
         else:
-            console.print(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
-                          f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
-                          f"({len(result.verdict.findings)} findings) {result.record.error[:120]}", highlight=False)
+            say(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
+                f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
+                f"({len(result.verdict.findings)} findings) {result.record.error[:120]}")
 
     def stop() -> None:
         if state["progress"] is not None:
@@ -86,9 +93,9 @@ def _report_run(outcome: Any, as_json: bool) -> int:
                                "report": str(report_html) if report_html.exists() else None}))
     else:
         console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
-        console.print(f"results: {outcome.run.path}" + ("" if outcome.complete else "  [yellow](partial)[/]"))
+        console.print(Text.assemble(f"results: {outcome.run.path}", ("" if outcome.complete else "  (partial)", "yellow")))
         if report_html.exists():
-            console.print(f"report: {report_html}", highlight=False)
+            say(f"report: {report_html}")
     return code
 
 
@@ -130,8 +137,9 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
         click.echo(json.dumps(result.to_dict()))
     else:
         d = result.to_dict()
-        console.print(f"stored {d['stored']} {d['stored_findings']}, replayed {d['replayed']} {d['replayed_findings']}: "
-                      + ("[green]verdict reproduced[/]" if result.reproduced else "[red]verdict differs[/]"), highlight=False)
+        console.print(Text.assemble(f"stored {d['stored']} {d['stored_findings']}, replayed {d['replayed']} {d['replayed_findings']}: ",
+                                    ("verdict reproduced", "green") if result.reproduced else ("verdict differs", "red")),
+                      highlight=False)
     sys.exit(result.exit_code)
 
 
@@ -148,9 +156,9 @@ def analyze(run_dir: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"trials": len(result.rows), "differences": diffs}))
     else:
-        console.print(f"{len(result.rows)} trials re-analysed, {len(diffs)} verdicts differ")
+        say(f"{len(result.rows)} trials re-analysed, {len(diffs)} verdicts differ")
         for d in diffs:
-            console.print(f"  {d['trial_id']}: stored {d['stored']}, recomputed {d['recomputed']}")
+            say(f"  {d['trial_id']}: stored {d['stored']}, recomputed {d['recomputed']}")
     sys.exit(1 if diffs else 0)
 
 
@@ -208,8 +216,8 @@ def report(run_dir: str, as_json: bool) -> None:
         click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
                                "invalid_rate": None if v.rate != v.rate else v.rate, "rate_low": v.low, "rate_high": v.high}))
     else:
-        console.print(f"{v.text}: report {files.report}", highlight=False)
-        console.print(f"summary {files.summary}; plots in {files.report.parent / 'plots'}", highlight=False)
+        say(f"{v.text}: report {files.report}")
+        say(f"summary {files.summary}; plots in {files.report.parent / 'plots'}")
 
 
 @cli.command()
@@ -275,9 +283,9 @@ def criu_install(prefix: str | None, download_only: str | None, from_dir: str | 
         click.echo(json.dumps({"downloaded_to": download_only} if result is None else
                               {"version": result.version, "source": result.source, "argv": list(result.argv)}))
     elif result is None:
-        console.print(f"downloaded CRIU packages into {download_only}")
+        say(f"downloaded CRIU packages into {download_only}")
     else:
-        console.print(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}", highlight=False)
+        say(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}")
 
 
 @cli.group()
@@ -343,7 +351,7 @@ def _interrupt_once() -> None:
         if not _INTERRUPTED_BY[0]:
             _INTERRUPTED_BY[0] = signum
             raise KeyboardInterrupt
-        console.print("[yellow]interrupted: cleaning up and saving the partial run, please wait[/]")
+        say("interrupted: cleaning up and saving the partial run, please wait", "yellow")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)

@@ -23,10 +23,22 @@ from cutbench.harness.model.certificate import CERTIFY_MODES
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
 from cutbench.files import read_document
 from cutbench.registry import CHECKPOINTERS
-from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_type
+from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
+# Upper bounds of the numeric fields (documented in scenarios/README.md): beyond
+# them a run would exhaust memory or time in planning before its first trial.
+LIMITS: dict[str, int | float] = {
+    "plan.ops": 1_000_000,
+    "plan.trials": 1_000_000,
+    "plan.cuts_per_trial": 8,
+    "plan.exhaustive_plans": 1_000_000,
+    "run.watchdog_s": 86_400,
+    "run.trial_timeout_s": 86_400,
+    "run.stage_timeout_s": 86_400,
+    "pipeline.ms": 3_600_000,
+}
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
 ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
 
@@ -167,9 +179,9 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
     if (
         len(plan_ops) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in plan_ops)
-        or not 1 <= plan_ops[0] <= plan_ops[1]
+        or not 1 <= plan_ops[0] <= plan_ops[1] <= LIMITS["plan.ops"]
     ):
-        raise InvalidArgument(f"plan.ops = {plan_ops!r}: expected [first, last] with 1 <= first <= last")
+        raise InvalidArgument(f"plan.ops = {plan_ops!r}: expected [first, last] with 1 <= first <= last <= {LIMITS['plan.ops']:,}")
     ops_total = params.get("ops")
     if isinstance(ops_total, int) and plan_ops[1] > ops_total:
         raise InvalidArgument(f"plan.ops = {plan_ops!r}: last op exceeds workload.params.ops = {ops_total}")
@@ -191,9 +203,9 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         modes=tuple(check_choices("receiver.modes", _get(rc, "receiver", "modes", list, ["at_least_once"]), RECEIVER_MODES)),
         backends=tuple(check_choices("pipeline.backends", _get(pl, "pipeline", "backends", list, ["criu"]), CHECKPOINTERS.names())),
         faults=tuple(check_choices("pipeline.faults", _get(pl, "pipeline", "faults", list, ["kill"]), FAULTS)),
-        crash_after_ms=check_numbers("pipeline.crash_after_ms", _get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0])),
-        split_window_ms=check_numbers("pipeline.split_window_ms", _get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0])),
-        rank_skew_ms=check_numbers("pipeline.rank_skew_ms", _get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0])),
+        crash_after_ms=_ms("pipeline.crash_after_ms", _get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0])),
+        split_window_ms=_ms("pipeline.split_window_ms", _get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0])),
+        rank_skew_ms=_ms("pipeline.rank_skew_ms", _get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0])),
         restore_targets=tuple(check_choices("pipeline.restore_targets", _get(pl, "pipeline", "restore_targets", list, ["same"]), RESTORE_TARGETS)),
         certify=tuple(check_choices("pipeline.certify", _as_list(_get(pl, "pipeline", "certify", (list, str), ["off"])), CERTIFY_MODES)),
         keep_images=_get(pl, "pipeline", "keep_images", bool, False),
@@ -202,15 +214,15 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         plan_source=check_choice("plan.source", _get(pn, "plan", "source", str, "exhaustive"), PLAN_SOURCES),
         plan_ops=(plan_ops[0], plan_ops[1]),
         plan_phases=tuple(phases),
-        trials=check_positive("plan.trials", _get(pn, "plan", "trials", int, 10)),
+        trials=_bounded("plan.trials", _get(pn, "plan", "trials", int, 10)),
         seed=_get(pn, "plan", "seed", int, 0),
-        cuts_per_trial=check_positive("plan.cuts_per_trial", _get(pn, "plan", "cuts_per_trial", int, 1)),
+        cuts_per_trial=_bounded("plan.cuts_per_trial", _get(pn, "plan", "cuts_per_trial", int, 1)),
         cut_mode=check_choice("plan.cut_mode", _get(pn, "plan", "cut_mode", str, "precise"), ("precise", "async", "mixed")),
-        async_offset_ms=check_numbers("plan.async_offset_ms", _get(pn, "plan", "async_offset_ms", (list, int, float), [0.0])),
+        async_offset_ms=_ms("plan.async_offset_ms", _get(pn, "plan", "async_offset_ms", (list, int, float), [0.0])),
         profile=check_choice("plan.profile", _get(pn, "plan", "profile", str, "ci"), PROFILES),
-        watchdog_s=float(check_positive("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
-        trial_timeout_s=float(check_positive("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
-        stage_timeout_s=float(check_positive("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
+        watchdog_s=float(_bounded("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
+        trial_timeout_s=float(_bounded("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
+        stage_timeout_s=float(_bounded("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
         source_path=source_path,
         variants=variants,
     )
@@ -362,3 +374,17 @@ def _capabilities(backend: str) -> Any:
 def _as_list(value: Any) -> list[Any]:
     """A scalar field that may also be a list of values (``certify = "audit"`` or ``["audit", "enforce"]``)."""
     return value if isinstance(value, list) else [value]
+
+
+def _bounded(where: str, value: Any) -> Any:
+    """``value`` if it is > 0 and at most the field's :data:`LIMITS` entry."""
+    check_positive(where, value)
+    return check_range(where, value, high=LIMITS[where])
+
+
+def _ms(where: str, value: Any) -> tuple[float, ...]:
+    """A number or list of numbers of milliseconds, each in 0..``LIMITS["pipeline.ms"]`` (an hour)."""
+    values = check_numbers(where, value)
+    for v in values:
+        check_range(where, v, 0, LIMITS["pipeline.ms"])
+    return values

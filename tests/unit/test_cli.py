@@ -19,6 +19,15 @@ QUICK = str(REPO / "scenarios" / "quick.toml")
 @pytest.mark.parametrize("args, says", [
     (["run", "no-such-scenario.toml"], "does not exist"),
     (["run", QUICK, "--set", "plan.source=sometimes"], "plan.source = 'sometimes': allowed exhaustive, random, hypothesis"),
+    # Square brackets in values and messages are text, never terminal markup.
+    (["run", QUICK, "--set", "plan.source=[/x]"], "plan.source = '[/x]': allowed"),
+    (["run", QUICK, "--set", "plan.bogus=1"], "allowed in [plan]: source"),
+    # Numbers without bounds would exhaust memory or time before the first trial.
+    (["run", QUICK, "--set", "plan.ops=[1,1000000000000]"], "<= 1,000,000"),
+    (["run", QUICK, "--set", "workload.params.ops=1000000000000"], "parameter ops = 1000000000000: must be in 1..1000000"),
+    (["run", QUICK, "--set", "run.watchdog_s=1e12"], "run.watchdog_s = 1000000000000.0: must be <= 86400"),
+    (["run", QUICK, "--set", "plan.cuts_per_trial=8", "--set", "plan.ops=[1,8]", "--set", "workload.params.ops=8"],
+     "would enumerate 1,689,096,333 plans per arm"),
     (["sweep", QUICK, "--axis", "name=other", "--dry-run"], "--axis name: cannot be swept"),
     (["sweep", QUICK, "--axis", "state_size", "--dry-run"], "expected FIELD=V1,V2"),
     (["sweep", QUICK, "--axis", "workload.params.bogus=1,2", "--dry-run"], "has no parameter 'bogus'"),
