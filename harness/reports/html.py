@@ -36,7 +36,7 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-seri
 main{max-width:1180px;margin:0 auto;padding:0 20px 40px}
 h1{font-size:22px;margin:22px 0 6px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .banner{padding:16px 20px;color:#fff;font-size:18px}.banner small{display:block;font-size:14px;opacity:.92;margin-top:4px}
-.banner.invalid{background:#b3261e}.banner.valid{background:#1e7b34}.banner.unknown,.banner.empty{background:#9a6700}
+.banner.invalid{background:#b3261e}.banner.valid{background:#1e7b34}.banner.unknown,.banner.empty{background:#9a6700}.banner.partial{background:#4a4f57}
 .partial{display:inline-block;background:#fff3;border:1px solid #fff8;border-radius:4px;padding:0 6px;margin-left:8px;font-size:13px}
 table{border-collapse:collapse;margin:8px 0 14px;background:#fff;font-size:13px}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}th{background:#f0f0f0}
@@ -256,7 +256,7 @@ def _pick_timelines(trials: pd.DataFrame) -> list[str]:
 
 
 def _banner(meta: dict[str, Any], trials: pd.DataFrame) -> str:
-    v = summary.run_verdict(trials)
+    v = summary.run_verdict(trials, meta)
     partial = '<span class="partial">partial run: interrupted</span>' if meta.get("status") == "partial" else ""
     counts = ", ".join(f"{k} {n}" for k, n in v.counts.items())
     detail = (f"invalid recovery rate {summary.pct(v.rate)} (95% CI {summary.pct(v.low)}–{summary.pct(v.high)}) "
@@ -330,10 +330,12 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         out.append(_html_table(table, "rates-by-arm"))
         with_cut = trials[trials["cut_phase"].notna()]
         if not with_cut.empty:
-            out.append('<h2 id="by-phase">By cut phase and fault</h2>')
-            phase_table = summary.compact_rates(summary.rates(with_cut, ["cut_phase", "fault"]))
+            # Receiver modes are never pooled: 100% at_least_once and 0% idempotent is not "50%".
+            out.append('<h2 id="by-phase">By cut phase, fault and receiver mode</h2>')
+            keys = ["cut_phase", "fault", "receiver_mode"]
+            phase_table = summary.compact_rates(summary.rates(with_cut, keys))
             order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"], with_cut.get("workload", ())))}
-            phase_table = phase_table.sort_values(["cut_phase", "fault"], key=lambda s: s.map(order) if s.name == "cut_phase" else s)
+            phase_table = phase_table.sort_values(keys, key=lambda s: s.map(order) if s.name == "cut_phase" else s)
             out.append(_html_table(phase_table, "rates-by-phase"))
         totals = summary.finding_totals(trials)
         out.append('<h2 id="findings">Findings</h2>')

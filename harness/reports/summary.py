@@ -24,12 +24,13 @@ from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
 class RunVerdict:
     """The headline of a run: a label, the invalid recovery rate with its Wilson 95% bounds, outcome counts."""
 
-    label: str  # "invalid" | "valid" | "unknown" | "empty"
+    label: str  # "invalid" | "valid" | "partial" | "unknown" | "empty"
     text: str
     rate: float
     low: float
     high: float
     counts: dict[str, int]
+    not_run: tuple[str, ...] = ()  # arms of an interrupted run with no finished trial
 
     @property
     def with_verdict(self) -> int:
@@ -37,8 +38,13 @@ class RunVerdict:
         return self.counts["valid"] + self.counts["invalid"]
 
 
-def run_verdict(trials: pd.DataFrame) -> RunVerdict:
-    """The run's verdict from its trials table (``outcome`` column)."""
+def run_verdict(trials: pd.DataFrame, meta: dict[str, Any] | None = None) -> RunVerdict:
+    """The run's verdict from its trials table (``outcome`` column) and, when given, its ``run.toml``.
+
+    An interrupted run (``status = "partial"``) is never shown as all valid:
+    without an invalid trial its label is ``partial`` and it names the
+    planned arms that have no finished trial.
+    """
     counts = {k: 0 for k in OUTCOMES}
     if not trials.empty:
         for key, n in trials["outcome"].value_counts().items():
@@ -54,7 +60,17 @@ def run_verdict(trials: pd.DataFrame) -> RunVerdict:
         label, text = "unknown", "no verdict (unknown only)"
     else:
         label, text = "valid", "every cut refused cleanly"
-    return RunVerdict(label, text, rate, lo, hi, counts)
+    not_run: tuple[str, ...] = ()
+    if meta is not None and meta.get("status") == "partial":
+        ran = set(trials["arm"]) if not trials.empty and "arm" in trials else set()
+        not_run = tuple(a for a in meta.get("arms_planned", []) if a not in ran)
+        if label != "invalid":
+            label = "partial"
+            text = (f"partial run (interrupted): {len(trials)} of {meta.get('n_trials_planned', '?')} planned trials, "
+                    f"{'no invalid recovery among them' if counts['valid'] else 'no verdict'}")
+            if not_run:
+                text += f"; arms not run: {', '.join(not_run)}"
+    return RunVerdict(label, text, rate, lo, hi, counts, not_run)
 
 
 def group_columns(trials: pd.DataFrame) -> list[str]:
@@ -159,7 +175,7 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
         else:
             lines += ["", "No trial finished."]
         return "\n".join(lines) + "\n"
-    v = run_verdict(trials)
+    v = run_verdict(trials, meta)
     lines += ["", f"**{v.text}** — invalid recovery rate {pct(v.rate)} (95% CI {pct(v.low)}–{pct(v.high)}); "
               + ", ".join(f"{k} {v.counts[k]}" for k in OUTCOMES), ""]
     by = group_columns(trials)

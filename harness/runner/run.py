@@ -135,7 +135,8 @@ def run_hypothesis(
     arms, skipped = check_backends(scenario)
     sarms = search_arms(scenario, arms)
     outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
-                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials)
+                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials,
+                      extra_meta={"arms_planned": [s.arm.label() for s in sarms]})
     search = outcome.run.meta().get("search")
     if search:
         summary = outcome.run.path / "summary.md"
@@ -180,6 +181,9 @@ def execute(
     started = time.time()
     if isinstance(specs, list):
         planned = len(specs)
+        arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in specs))
+    else:
+        arms_planned = list((extra_meta or {}).get("arms_planned", []))
     meta = {
         "run_id": run.run_id,
         "run_dir": str(run.path),
@@ -190,6 +194,7 @@ def execute(
         "environment": environment.collect(),
         "skipped_arms": skipped or [],
         "n_trials_planned": planned,
+        "arms_planned": arms_planned,
         **(extra_meta or {}),
     }
     run.write_meta(meta)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from cutbench.harness.reports.summary import run_verdict
 from cutbench.harness.store.analysis import reanalyze
 from cutbench.harness.store.rundir import RunDir
 from tests.conftest import REPO
@@ -113,5 +114,10 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
     assert set(trials["outcome"]) <= {"valid", "invalid", "refused", "unknown"}
     assert "interrupted" in (run_dir / "summary.md").read_text()
     assert "partial run: interrupted" in (run_dir / "report.html").read_text()
+    # Never shown green: without an invalid trial the verdict is "partial", naming the arms that never ran.
+    verdict = run_verdict(trials, meta)
+    assert verdict.label in ("partial", "invalid") and "all recoveries valid" not in (run_dir / "summary.md").read_text()
+    if verdict.label == "partial":
+        assert verdict.not_run and 'data-verdict="partial"' in (run_dir / "report.html").read_text()
     assert not reanalyze(run).differences
     assert (out / "latest").resolve() == run_dir
