@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from cutbench.errors import InvalidArgument
 from cutbench.harness.checker import oracle
 from cutbench.harness.store.rundir import RunDir
 from cutbench.workloads import api as workload_api
@@ -56,10 +57,23 @@ def trial_effects(effects: pd.DataFrame, trial_id: str) -> pd.DataFrame:
 
 
 def reanalyze(run: RunDir) -> Reanalysis:
-    """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side."""
+    """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side.
+
+    The run directory is checked first: the trials table and the trial
+    records must describe the same trials (:class:`InvalidArgument` names
+    what disagrees), so a damaged run never re-analyses as "0 verdicts differ".
+    """
     effects = run.table("effects")
+    run.table("timeline")  # not needed for verdicts, but a damaged run is reported, not re-analysed as fine
+    records = run.trial_records()
+    table = run.table("trials")
+    listed = set(table["trial_id"]) if not table.empty else set()
+    recorded = {r["spec"]["trial_id"] for r in records}
+    if listed != recorded:
+        raise InvalidArgument(f"{run.path}: trials.parquet lists {len(listed)} trials and trials/ holds {len(recorded)} "
+                              f"records; they differ in {', '.join(sorted(listed ^ recorded)[:5])}")
     rows = []
-    for stored in run.trial_records():
+    for stored in records:
         spec, record = stored["spec"], stored["record"]
         try:
             reference = workload_api.load(spec["workload"]).reference(spec["params"])

@@ -29,6 +29,13 @@ from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 
 TABLES = ("trials", "timeline", "effects", "certificates")
+# Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
+REQUIRED_TABLES = ("trials", "timeline", "effects")
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "trials": ("trial_id", "arm", "outcome", "status", "receiver_mode", "fault"),
+    "timeline": ("trial_id", "stage", "t_start", "t_end"),
+    "effects": ("trial_id", "op_id", "decision"),
+}
 
 
 def new_run_id(name: str) -> str:
@@ -61,7 +68,9 @@ class RunDir:
         p = Path(path).resolve()
         if not (p / "run.toml").is_file():
             raise InvalidArgument(f"{path}: not a cutbench run directory (no run.toml)")
-        return cls(p)
+        run = cls(p)
+        run.meta()  # a damaged run.toml is named here, before any command reads the run
+        return run
 
     # -- writing ---------------------------------------------------------
     def write_meta(self, meta: dict[str, Any]) -> None:
@@ -104,19 +113,50 @@ class RunDir:
 
     # -- reading ---------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        """``run.toml`` as a dict."""
+        """``run.toml`` as a dict; :class:`InvalidArgument` naming the file when it is not readable TOML."""
         import tomllib
 
-        return tomllib.loads((self.path / "run.toml").read_text())
+        return read_document(self.path / "run.toml", tomllib.loads, what="run file", fmt="TOML",
+                             errors=(tomllib.TOMLDecodeError, UnicodeDecodeError))
 
     def table(self, name: str) -> pd.DataFrame:
-        """A stored table (empty frame when the run has none)."""
+        """A stored table; empty when the run stored none (a run with no trial).
+
+        A damaged run directory raises :class:`InvalidArgument` naming the
+        file and what is wrong: a table missing although ``run.toml`` counts
+        trials, one that is not readable Parquet, or one without the columns
+        every run writes.
+        """
         path = self.path / f"{name}.parquet"
-        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+        if not path.exists():
+            if name in REQUIRED_TABLES and self.meta().get("n_trials"):
+                raise InvalidArgument(f"{path}: missing, although run.toml counts {self.meta()['n_trials']} trials "
+                                      "(a damaged run directory)")
+            return pd.DataFrame()
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
+            raise InvalidArgument(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
+        missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if not frame.empty and c not in frame]
+        if missing:
+            raise InvalidArgument(f"{path}: lacks column(s) {', '.join(missing)} (a damaged run directory)")
+        return frame
 
     def trial_records(self) -> list[dict[str, Any]]:
-        """Every ``trials/*.json``, in trial order."""
-        return [json.loads(p.read_text()) for p in sorted((self.path / "trials").glob("*.json"))]
+        """Every ``trials/*.json``, in trial order; :class:`InvalidArgument` naming a damaged or foreign one."""
+        files = sorted((self.path / "trials").glob("*.json"))
+        meta = self.meta()
+        expected, run_id = meta.get("n_trials"), meta.get("run_id", self.run_id)  # a copied run keeps its run_id
+        if expected is not None and len(files) != expected:
+            raise InvalidArgument(f"{self.path / 'trials'}: holds {len(files)} trial files, run.toml counts {expected} "
+                                  "(a damaged run directory)")
+        records = []
+        for p in files:
+            data = read_trial_file(p)
+            if data.get("run_id") not in (None, run_id):
+                raise InvalidArgument(f"{p}: belongs to run {data.get('run_id')!r}, not {run_id!r}")
+            records.append(data)
+        return records
 
 
 def read_trial_file(path: str | Path) -> dict[str, Any]:
