@@ -159,6 +159,12 @@ def _check_value(field: str, kind: str, value: Any) -> None:
         if "\x00" in value:
             # PostgreSQL text cannot hold NUL; refuse it for both stores alike.
             raise ProtocolError("bad_argument", f"{field} must not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # Valid JSON ("\ud800") but not storable text: refused here, before it could fail the
+            # group commit that other connections' writes share.
+            raise ProtocolError("bad_argument", f"{field} must be valid Unicode text (no lone surrogates)") from None
     elif kind == "mode":
         if value not in MODES:
             raise ProtocolError("bad_argument", f"mode must be one of {', '.join(MODES)}, got {value!r}")

@@ -215,3 +215,18 @@ def test_client_validates_arguments_at_the_boundary() -> None:
         c.abort("t")
     with pytest.raises(InvalidArgument):
         c.wait_ack(5)
+
+
+def test_unstorable_text_is_refused_at_validation_and_affects_no_other_connection(receiver) -> None:
+    """A lone surrogate is valid JSON but no store can hold it: an error reply for that request only."""
+    good = ReceiverClient(receiver.address)
+    good.open_trial("iso", "at_least_once")
+    sock = _raw(receiver.address)
+    bad = [{"v": 1, "type": "publish", "id": 1, "trial": "iso", "op_id": 1, "attempt": 1, "epoch": 0, "digest": "\ud800"},
+           {"v": 1, "type": "open_trial", "id": 2, "trial": "x\udfff", "mode": "idempotent"}]
+    sock.sendall(b"".join(struct.pack(">I", len(b)) + b for b in (json.dumps(m).encode() for m in bad)))
+    replies = sorted(_read_frames(sock, 2), key=lambda r: r.get("id", -1))
+    assert [r.get("code") for r in replies] == ["bad_argument", "bad_argument"]
+    assert "lone surrogates" in replies[0]["message"]
+    assert good.publish("iso", 2, 0, "d")["decision"] == "applied"
+    assert list(good.export("iso")["op_id"]) == [2]
