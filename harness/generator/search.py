@@ -72,8 +72,8 @@ def search_arms(scenario: Scenario, arms: list[Arm] | None = None) -> list[Searc
     """The scenario's arms with the crash-delay and split-window axes folded into per-cut choices.
 
     ``arms`` (default ``scenario.arms()``) may be a runnable subset. Each
-    returned arm carries the largest values as its own, so its label reads
-    e.g. ``criu/at_least_once/leave_running+300ms``.
+    returned arm carries the values its cuts draw from, so its label reads
+    e.g. ``criu/at_least_once/leave_running+0|150ms``.
     """
     groups: dict[Arm, list[Arm]] = {}
     for arm in scenario.arms() if arms is None else arms:
@@ -82,7 +82,8 @@ def search_arms(scenario: Scenario, arms: list[Arm] | None = None) -> list[Searc
     for members in groups.values():
         crash = tuple(dict.fromkeys(a.crash_after_ms for a in members))
         split = tuple(dict.fromkeys(a.split_window_ms for a in members))
-        bound = replace(members[0], crash_after_ms=max(crash), split_window_ms=max(split))
+        bound = replace(members[0], crash_after_ms=max(crash), split_window_ms=max(split),
+                        crash_choices=crash if len(crash) > 1 else (), split_choices=split if len(split) > 1 else ())
         out.append(SearchArm(bound, crash, split))
     return out
 

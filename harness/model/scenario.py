@@ -65,13 +65,18 @@ class Arm:
     rank_skew_ms: float = 0.0
     restore_target: str = "same"
     certify: str = "off"  # recovery-cut certificates: off, audit (record) or enforce (refuse ineligible cuts)
+    # The hypothesis source draws each cut's crash delay and split window from these (empty: the single value above).
+    crash_choices: tuple[float, ...] = ()
+    split_choices: tuple[float, ...] = ()
 
     def label(self) -> str:
         """A short label such as ``criu/idempotent/kill``."""
         s = f"{self.backend}/{self.receiver_mode}/{self.fault}"
         if self.fault == "leave_running":
-            s += f"+{self.crash_after_ms:g}ms"
-        if self.split_window_ms:
+            s += "+" + "|".join(f"{c:g}" for c in (self.crash_choices or (self.crash_after_ms,))) + "ms"
+        if self.split_choices and any(self.split_choices):
+            s += "/split" + "|".join(f"{c:g}" for c in self.split_choices) + "ms"
+        elif self.split_window_ms:
             s += f"/split{self.split_window_ms:g}ms"
         if self.rank_skew_ms:
             s += f"/skew{self.rank_skew_ms:g}ms"
