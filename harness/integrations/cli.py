@@ -19,6 +19,7 @@ from cutbench.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, In
 
 console = Console(stderr=True, soft_wrap=True)
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: a partial run, stored and marked partial
+EXIT_NOT_REPRODUCED = 3  # `cutbench replay`: the rerun's verdict differs from the stored one
 # The signal that interrupted the run (SIGINT, SIGTERM or SIGHUP): the exit code is 128 + its number,
 # as a shell reports a process a signal stopped (130, 143, 129).
 _INTERRUPTED_BY = [0]
@@ -79,6 +80,20 @@ def _progress_printer(as_json: bool):
     return callback
 
 
+def _figures(trials: Any) -> dict[str, Any]:
+    """What a CI job reads from ``run --json``: the run's invalid recovery rate with its interval, and per arm."""
+    from cutbench.harness.reports.summary import rates, run_verdict
+
+    v = run_verdict(trials)
+    nan = v.rate != v.rate
+    out: dict[str, Any] = {"invalid_rate": None if nan else v.rate, "rate_low": v.low, "rate_high": v.high}
+    if not trials.empty:
+        table = rates(trials, ["arm"])
+        out["arms"] = [{k: (None if isinstance(val, float) and val != val else val) for k, val in row.items()}
+                       for row in table.to_dict("records")]
+    return out
+
+
 def _report_run(outcome: Any, as_json: bool) -> int:
     trials = outcome.trials
     # An interrupted run is never a verdict, even if what finished was all valid.
@@ -90,7 +105,8 @@ def _report_run(outcome: Any, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete, "outcomes": counts,
                                "exit_code": code, "skipped_arms": outcome.skipped_arms,
-                               "report": str(report_html) if report_html.exists() else None}))
+                               "report": str(report_html) if report_html.exists() else None,
+                               **_figures(trials)}))
     else:
         console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
         console.print(Text.assemble(f"results: {outcome.run.path}", ("" if outcome.complete else "  (partial)", "yellow")))
@@ -126,7 +142,9 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
     """Rerun exactly the trial stored in TRIAL_FILE and say whether its verdict reproduced.
 
     Reproduced means the same outcome and the same kinds of finding (counts
-    may differ where timing decides them). Exits with the rerun's exit code.
+    may differ where timing decides them). Exits 0 when the verdict
+    reproduced and 3 when it did not; the replay is a run of its own under
+    --out (``results/latest`` keeps pointing at the run you were reading).
     """
     from cutbench.harness.runner.replay import replay as replay_trial
 
@@ -140,7 +158,8 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
         console.print(Text.assemble(f"stored {d['stored']} {d['stored_findings']}, replayed {d['replayed']} {d['replayed_findings']}: ",
                                     ("verdict reproduced", "green") if result.reproduced else ("verdict differs", "red")),
                       highlight=False)
-    sys.exit(result.exit_code)
+        say(f"replay run: {result.run.path}")
+    sys.exit(0 if result.reproduced else EXIT_NOT_REPRODUCED)
 
 
 @cli.command()

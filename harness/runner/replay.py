@@ -52,6 +52,6 @@ def replay(trial_file: str | Path, results_root: str | Path, *, workdir: str | P
     spec = TrialSpec.from_dict(stored["spec"])
     scen = Scenario(name=f"replay-{spec.trial_id}", workload=spec.workload, array=spec.array, params=spec.params,
                     store="sqlite", backends=(spec.backend,), modes=(spec.receiver_mode,), source_path=str(trial_file))
-    outcome = execute(scen, [spec], results_root, workdir=workdir, name=f"replay-{spec.trial_id}")
+    outcome = execute(scen, [spec], results_root, workdir=workdir, name=f"replay-{spec.trial_id}", mark_latest=False)
     new = outcome.run.trial_records()
     return Replay(spec.trial_id, stored["verdict"], new[0]["verdict"] if new else None, outcome.run, outcome.exit_code())

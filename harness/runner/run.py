@@ -168,6 +168,7 @@ def execute(
     name: str | None = None,
     extra_meta: dict[str, Any] | None = None,
     planned: int | None = None,
+    mark_latest: bool = True,
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
@@ -221,11 +222,12 @@ def execute(
     except KeyboardInterrupt:
         complete = False
     finally:
-        frame = store_run(run, results, meta, complete=complete, started=started)
+        frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, skipped or [])
 
 
-def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, complete: bool, started: float) -> pd.DataFrame:
+def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, complete: bool, started: float,
+              mark_latest: bool = True) -> pd.DataFrame:
     """Write the tables, the summary and the final ``run.toml``; return the trials frame."""
     trials = pd.DataFrame([trial_row(r) for r in results])
     timeline = pd.DataFrame([row for r in results for row in r.timeline])
@@ -243,7 +245,8 @@ def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, 
     except Exception as exc:  # the tables are stored: `cutbench report RUN` can retry; never lose a run to a plot
         run.write_text("summary.md", summary.render(meta, trials))
         run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
-    run.mark_latest()
+    if mark_latest:  # a replay is a side run: results/latest keeps pointing at the run being read
+        run.mark_latest()
     return trials
 
 

@@ -19,6 +19,9 @@ def test_run_json_names_the_report(mixed_run: Path):
     assert out["report"] == str(mixed_run / "report.html") and Path(out["report"]).is_file()
     trials = RunDir.open(mixed_run).table("trials")
     assert out["outcomes"] == trials["outcome"].value_counts().to_dict()
+    # The figures a CI job wants: the rate with its interval, overall and per arm.
+    assert 0 < out["invalid_rate"] <= 1 and 0 <= out["rate_low"] <= out["invalid_rate"] <= out["rate_high"] <= 1
+    assert {a["arm"] for a in out["arms"]} == set(trials["arm"]) and all("invalid_rate" in a for a in out["arms"])
 
 
 @pytest.mark.criu
