@@ -312,10 +312,12 @@ def receiver() -> None:
     """The transactional receiver service."""
 
 
-@receiver.command("serve", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+# --help goes to the service's own parser, which lists the real options.
+@receiver.command("serve", add_help_option=False,
+                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def receiver_serve(ctx: click.Context) -> None:
-    """Run the receiver service in the foreground (see ``cutbench receiver serve --help``)."""
+    """Run the receiver service in the foreground (``cutbench receiver serve --help`` lists its options)."""
     from cutbench.receivers import server
 
     try:
@@ -335,8 +337,17 @@ def list_(what: str, as_json: bool) -> None:
     if what == "workloads":
         from cutbench.workloads import api
 
-        items = [{"name": name, "target": target} for name, target in sorted(api.available().items())]
-        lines = [f"{i['name']}\t{i['target']}" for i in items]
+        for name, target in sorted(api.available().items()):
+            try:
+                cls = api.load(name)
+                doc = (cls.__doc__ or "").strip()
+                if not doc or "see module docstring" in doc:  # the module says what the workload is
+                    doc = (sys.modules[cls.__module__].__doc__ or doc).strip()
+                doc = " ".join(doc.split("\n\n")[0].split())  # its first paragraph, on one line
+            except api.WorkloadError as exc:
+                doc = f"(cannot load: {exc})"
+            items.append({"name": name, "target": target, "description": doc})
+        lines = [f"{i['name']}\t{i['description']}\t{i['target']}" for i in items]
     elif what == "backends":
         from cutbench.harness import nemesis
 
@@ -349,8 +360,18 @@ def list_(what: str, as_json: bool) -> None:
                           "target": nemesis.CHECKPOINTERS.target(name)})
         lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
     else:
-        items = [{"path": str(path)} for path in sorted(Path("scenarios").glob("*.toml"))]
-        lines = [i["path"] for i in items]
+        import cutbench
+
+        # ./scenarios first (a project's own), then those of the cutbench checkout in use.
+        roots = [Path("scenarios")] + ([cutbench.source_checkout() / "scenarios"] if cutbench.source_checkout() else [])
+        seen: set[Path] = set()
+        for root in roots:
+            for path in sorted(root.glob("*.toml")):
+                if path.resolve() not in seen:
+                    seen.add(path.resolve())
+                    items.append({"path": str(path)})
+        lines = [i["path"] for i in items] or ["no scenario files under ./scenarios; the examples are in the cutbench "
+                                               "source repository's scenarios/ (scenarios/README.md documents the format)"]
     click.echo(json.dumps(items) if as_json else "\n".join(lines))
 
 

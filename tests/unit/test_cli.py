@@ -82,3 +82,19 @@ def test_a_run_whose_every_arm_is_skipped_says_why_and_exits_254(tmp_path, monke
     assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
     said = proc.stdout + proc.stderr
     assert "Nothing was tested" in said and "CUTBENCH_CRIU_PLUGIN_DIR" in said
+
+
+def test_list_workloads_describes_each_and_receiver_serve_help_lists_its_options():
+    workloads = json.loads(cli("list", "workloads", "--json").stdout)
+    assert all(w["description"] and "see module docstring" not in w["description"] for w in workloads)
+    proc = cli("receiver", "serve", "--help")
+    assert proc.returncode == 0 and "--store" in proc.stdout and "--listen" in proc.stdout
+
+
+def test_list_scenarios_from_elsewhere_finds_the_checkouts_scenarios(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "cutbench", "list", "scenarios"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0 and "quick.toml" in proc.stdout
