@@ -81,6 +81,9 @@ class Evidence:
     # Ops a rolled-back process prepared after the cut (fenced), aborted before the restore.
     aborted: tuple[int, ...] = ()
     restore_decided: bool = False  # False: the certificate was made before any restore decision (fault none)
+    # Suspend/resume in place (fault none): the process never leaves memory, so what the
+    # image does not hold is still live in it, not lost.
+    in_place: bool = False
     quiesced: bool | None = None  # a quiesce adapter's acknowledgement (None: the workload has none)
 
 
@@ -125,7 +128,7 @@ def certify(ev: Evidence) -> Certificate:
     reasons: list[str] = []
     covers = set(ev.covers)
     used = [d for d in ev.workload_domains if d != EXTERNAL]
-    unknown = tuple(sorted(d for d in used if d not in covers))
+    unknown = () if ev.in_place else tuple(sorted(d for d in used if d not in covers))
     if unknown:
         reasons.append(f"no checkpoint holds {', '.join(unknown)}")
     image_stage = next(reversed(ev.positions), "") if ev.positions else ""
@@ -135,6 +138,9 @@ def certify(ev: Evidence) -> Certificate:
     for d in used:
         if d in unknown:
             domains[d] = "unknown"
+            continue
+        if ev.in_place and d not in covers:
+            domains[d] = "live"  # never left the running process
             continue
         if not ev.positions:  # decided before any capture (a precheck): nothing was taken
             domains[d] = "not captured"

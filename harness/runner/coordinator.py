@@ -142,6 +142,7 @@ class CutCertifier:
             checkpoint=index, phases=coordinator.phases, workload_domains=coordinator.workload_domains,
             covers=coordinator.covers, receiver_mode=coordinator.mode,
             reconnects=cut.fault == "leave_running",  # CRIU restores a closed connection then
+            in_place=cut.fault == "none",
         )
         self.certificate: Certificate | None = None
 

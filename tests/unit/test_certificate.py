@@ -130,3 +130,10 @@ def test_a_precheck_names_only_what_no_checkpoint_holds():
     cert = certify(evidence(positions={}, workload_domains=("cpu", "disk", "receiver")))
     assert not cert.eligible and cert.reason == "no checkpoint holds disk"
     assert cert.domains["cpu"] == "not captured"
+
+
+def test_suspend_resume_in_place_keeps_what_the_image_does_not_hold():
+    cert = certify(evidence(workload_domains=("cpu", "cuda", "receiver"), covers=("cuda",), in_place=True,
+                            positions={"cuda_lock": Position(2, "record")}, restore_decided=False))
+    assert cert.eligible and cert.unknown == () and cert.domains["cpu"] == "live"
+    assert cert.domains["cuda"] == "checkpointed@2/record"
