@@ -366,6 +366,9 @@ def serve(store_url: str, listen: str, *, token: str | None = None, allow_remote
         raise InvalidArgument(f"max_frame must be an int in 64..2**30, got {max_frame!r}")
     if token is not None and not token:
         raise InvalidArgument("token must not be empty")
+    if token is not None and len(token) > P.MAX_TEXT:
+        # A client's hello carries the token as protocol text: a longer one could never authenticate.
+        raise InvalidArgument(f"--token is {len(token)} characters; the protocol carries at most {P.MAX_TEXT}")
     asyncio.run(_serve(store_url, listen, token, ready_file, max_frame))
 
 

@@ -83,6 +83,7 @@ def test_cli_serves_a_unix_socket_and_stops_cleanly_on_sigterm(tmp_path: Path) -
         (["--listen", "0.0.0.0:0", "--allow-remote"], "token"),
         (["--listen", "example.org:0", "--allow-remote"], "token"),
         (["--listen", "nonsense"], "HOST:PORT"),
+        (["--listen", "127.0.0.1:0", "--token", "t" * 300], "the protocol carries at most 256"),
         (["--store", "mysql://x", "--listen", "127.0.0.1:0"], "sqlite:PATH"),
     ],
 )
