@@ -39,7 +39,7 @@ def test_failing_gate_exits_nonzero_and_prints_the_replay_command(criu, pytester
 
     # The printed command reproduces the failure.
     replay = cli("replay", str(trial_file), "--out", str(tmp_path / "replayed"), "--json")
-    assert replay.returncode == 1, replay.stderr[-2000:]
+    assert replay.returncode == 0, replay.stderr[-2000:]  # 0: the verdict reproduced
     assert json.loads(replay.stdout)["replayed"] == "invalid"
 
 
