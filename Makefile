@@ -33,6 +33,8 @@ chromium:
 # Exit 1 means "invalid recoveries found": the expected result of the demo.
 demo: criu
 	$(CUTBENCH) run $(DEMO_SCENARIO) || [ $$? -eq 1 ]
+	@echo "demo done: the invalid recoveries above are what it is meant to show (a restore that repeats effects an"
+	@echo "at_least_once receiver already applied). Open results/latest/report.html; cutbench replay reruns any trial."
 
 test: criu postgres chromium
 	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 $(BIN)/pytest -q -ra

@@ -51,20 +51,20 @@ def _progress_printer(as_json: bool):
     """A progress callback: a rich bar on a terminal, one line per trial otherwise."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    state: dict[str, Any] = {"findings": 0, "progress": None, "task": None}
+    state: dict[str, Any] = {"invalid": 0, "progress": None, "task": None}
 
     def callback(result: Any, done: int, total: int) -> None:
-        state["findings"] += len(result.verdict.findings)
+        state["invalid"] += result.verdict.outcome == "invalid"
         if as_json:
             return
         if console.is_terminal:
             if state["progress"] is None:
                 state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
-                                             TextColumn("findings {task.fields[findings]}"), TimeRemainingColumn(),
-                                             console=console, transient=True)
+                                             TextColumn("invalid trials {task.fields[invalid]}"), TextColumn("ETA"),
+                                             TimeRemainingColumn(), console=console, transient=True)
                 state["progress"].start()
-                state["task"] = state["progress"].add_task("run", total=total, findings=0)
-            state["progress"].update(state["task"], completed=done, findings=state["findings"])
+                state["task"] = state["progress"].add_task("run", total=total, invalid=0)
+            state["progress"].update(state["task"], completed=done, invalid=state["invalid"])
             if done == total:
                 state["progress"].stop()
         else:
@@ -108,7 +108,13 @@ def _report_run(outcome: Any, as_json: bool) -> int:
                                "report": str(report_html) if report_html.exists() else None,
                                **_figures(trials)}))
     else:
-        console.print((outcome.run.path / "summary.md").read_text(), highlight=False, markup=False)
+        text = (outcome.run.path / "summary.md").read_text()
+        if console.is_terminal:  # tables and the verdict rendered; piped output stays plain Markdown
+            from rich.markdown import Markdown
+
+            console.print(Markdown(text))
+        else:
+            console.print(text, highlight=False, markup=False)
         console.print(Text.assemble(f"results: {outcome.run.path}", ("" if outcome.complete else "  (partial)", "yellow")))
         if report_html.exists():
             say(f"report: {report_html}")

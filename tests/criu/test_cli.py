@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cutbench.harness.store.rundir import RunDir
+from tests.conftest import REPO
 from tests.fixtures.run_fixtures import cli, mixed_run, mixed_scenario  # noqa: F401
 from tests.unit.test_cli import _write_run
 
@@ -66,3 +67,17 @@ def test_compare_lines_up_plans_and_flags_regressions(mixed_run: Path, tmp_path:
     unrelated = _write_run(tmp_path, "unrelated", a.meta(), other)
     proc = cli("compare", str(mixed_run), str(unrelated))
     assert proc.returncode == 254 and "share no plan" in proc.stderr
+
+
+@pytest.mark.criu
+def test_a_terminal_gets_the_summary_rendered_and_a_pipe_gets_plain_markdown(criu, tmp_path: Path):
+    """On a terminal (FORCE_COLOR stands in for one) no raw Markdown (`**`, `|:--`) reaches the screen."""
+    import os
+
+    args = ("run", str(REPO / "scenarios" / "quick.toml"), "--out", str(tmp_path), "--set", "plan.phases=['publish']",
+            "--set", "receiver.modes=['at_least_once']", "--set", "pipeline.faults=['kill']")
+    piped = cli(*args)
+    assert piped.returncode == 0 and "|:--" in piped.stderr and "**all recoveries valid**" in piped.stderr
+    tty = cli(*args, env={**os.environ, "FORCE_COLOR": "1"})
+    assert tty.returncode == 0 and "all recoveries valid" in tty.stderr
+    assert "|:--" not in tty.stderr and "**" not in tty.stderr
