@@ -74,6 +74,18 @@ def import_target(target: str, what: str) -> Any:
         raise Unavailable(f"{what}: cannot import {target!r}: {exc}") from exc
 
 
+def backend_capabilities(name: str) -> Any:
+    """The ``capabilities`` backend ``name`` declares on its class (its module is imported, no instance built).
+
+    Raises :class:`InvalidArgument` for an unknown name or a backend that
+    declares none, :class:`Unavailable` when its module cannot be imported.
+    """
+    caps = getattr(CHECKPOINTERS.load(name), "capabilities", None)
+    if caps is None:
+        raise InvalidArgument(f"backend {name!r} declares no capabilities (a Capabilities instance on the class)")
+    return caps
+
+
 # The built-in checkpoint backends. Adding one: a module under
 # harness/nemesis/backends/ and one line here (or, outside this repository,
 # an entry point in the group below). See docs/backends.md.

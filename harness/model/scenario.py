@@ -22,7 +22,7 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.model.certificate import CERTIFY_MODES
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
 from cutbench.files import read_document
-from cutbench.registry import CHECKPOINTERS
+from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
@@ -136,7 +136,7 @@ class Scenario:
         """
         out = []
         for backend, mode, fault in itertools.product(self.backends, self.modes, self.faults):
-            caps = _capabilities(backend)
+            caps = backend_capabilities(backend)
             crashes = self.crash_after_ms if fault == "leave_running" else (0.0,)
             splits = self.split_window_ms if caps.split_window else (0.0,)
             cuda = caps.drives_cuda
@@ -366,14 +366,6 @@ def _workload_phases(name: str) -> tuple[str, ...]:
     from cutbench.workloads import api
 
     return tuple(api.load(name).phases)
-
-
-def _capabilities(backend: str) -> Any:
-    """The backend's declared capabilities (read from its class through the registry)."""
-    caps = getattr(CHECKPOINTERS.load(backend), "capabilities", None)
-    if caps is None:
-        raise InvalidArgument(f"pipeline.backends: backend {backend!r} declares no capabilities")
-    return caps
 
 
 def _as_list(value: Any) -> list[Any]:

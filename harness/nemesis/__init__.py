@@ -15,8 +15,9 @@ cannot run.
 
 from __future__ import annotations
 
-from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext, capabilities
+from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext
 from cutbench.registry import CHECKPOINTERS
+from cutbench.registry import backend_capabilities as capabilities
 
 
 def get(name: str) -> Checkpointer:

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import FAULTS, Cut
-from cutbench.registry import CHECKPOINTERS
 from cutbench.procs import Child
 from cutbench.harness.model.timeline import Timeline
 
@@ -81,18 +80,6 @@ class Capabilities:
         unknown = sorted(set(self.faults) - set(FAULTS))
         if unknown:
             raise InvalidArgument(f"capabilities.faults contains {unknown}: allowed {', '.join(FAULTS)}")
-
-
-def capabilities(name: str) -> Capabilities:
-    """The declared :class:`Capabilities` of registered backend ``name`` (imports its module, builds no instance).
-
-    Raises :class:`~cutbench.errors.InvalidArgument` for an unknown name or a
-    backend that declares none.
-    """
-    caps = getattr(CHECKPOINTERS.load(name), "capabilities", None)
-    if not isinstance(caps, Capabilities):
-        raise InvalidArgument(f"backend {name!r} declares no capabilities (a Capabilities instance on the class)")
-    return caps
 
 
 class Certifier(Protocol):

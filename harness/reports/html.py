@@ -280,14 +280,11 @@ def _certificates(trials: pd.DataFrame) -> list[str]:
     m = certificate_matrix(trials)
     if not m["certified"]:
         return []
-    grid = pd.DataFrame([{"certificate": name, **{o: m[f"{name}_{o}"] for o in ("valid", "invalid", "refused", "unknown")}}
-                         for name in ("eligible", "ineligible")])
-    s, o = m["soundness"], m["over_refusal"]
-    return ['<h2 id="certificates">Recovery-cut certificates</h2>', _html_table(grid, "certificate-matrix"),
-            f'<p>Soundness: invalid among eligible {_e(summary.pct(s[0]))} (95% CI {_e(summary.pct(s[1]))}–{_e(summary.pct(s[2]))}, '
-            f'must be 0). Over-refusal: ineligible among valid {_e(summary.pct(o[0]))}. <code>enforce</code>: '
-            f'{m["enforce_accepted_invalid"]} invalid among {m["enforce_accepted"]} accepted restores. Each trial\'s certificates: '
-            '<code>trials/&lt;id&gt;.json</code> and <code>certificates.parquet</code>.</p>']
+    items = "".join(f"<li>{_e(s).replace('`', '')}</li>" for s in summary.certificate_sentences(m))
+    return ['<h2 id="certificates">Recovery-cut certificates</h2>',
+            _html_table(pd.DataFrame(summary.certificate_grid(m)), "certificate-matrix"),
+            f"<ul>{items}</ul><p>Each trial's certificates: <code>trials/&lt;id&gt;.json</code> and "
+            "<code>certificates.parquet</code>.</p>"]
 
 
 def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes]) -> str:

@@ -192,6 +192,20 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def certificate_grid(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """The confusion matrix of :func:`~cutbench.harness.checker.stats.certificate_matrix` as rows (claim × verdict)."""
+    return [{"certificate": name, **{o: m[f"{name}_{o}"] for o in ("valid", "invalid", "refused", "unknown")}}
+            for name in ("eligible", "ineligible")]
+
+
+def certificate_sentences(m: dict[str, Any]) -> list[str]:
+    """Soundness, over-refusal and the enforced restores, one sentence each (Markdown code spans)."""
+    s, o = m["soundness"], m["over_refusal"]
+    return [f"soundness: invalid among eligible {pct(s[0])} (95% CI {pct(s[1])}–{pct(s[2])}); must be 0",
+            f"over-refusal: ineligible among valid {pct(o[0])} (95% CI {pct(o[1])}–{pct(o[2])}) (restored under `audit` only)",
+            f"`enforce`: {m['enforce_accepted_invalid']} invalid among {m['enforce_accepted']} accepted restores"]
+
+
 def render_certificates(trials: pd.DataFrame) -> list[str]:
     """The ``summary.md`` lines on recovery-cut certificates and effect fences (none when the run had neither)."""
     lines: list[str] = []
@@ -199,12 +213,9 @@ def render_certificates(trials: pd.DataFrame) -> list[str]:
     if m["certified"]:
         lines += ["## Recovery-cut certificates", "",
                   "| certificate \\ verdict | valid | invalid | refused | unknown |", "|:--|--:|--:|--:|--:|"]
-        for name in ("eligible", "ineligible"):
-            lines.append(f"| {name} | " + " | ".join(str(m[f"{name}_{o}"]) for o in ("valid", "invalid", "refused", "unknown")) + " |")
-        s, o = m["soundness"], m["over_refusal"]
-        lines += ["", f"- soundness: invalid among eligible {pct(s[0])} (95% CI {pct(s[1])}–{pct(s[2])}); must be 0",
-                  f"- over-refusal: ineligible among valid {pct(o[0])} (95% CI {pct(o[1])}–{pct(o[2])}) (restored under `audit` only)",
-                  f"- `enforce`: {m['enforce_accepted_invalid']} invalid among {m['enforce_accepted']} accepted restores", ""]
+        for row in certificate_grid(m):
+            lines.append("| " + " | ".join(str(v) for v in row.values()) + " |")
+        lines += [""] + [f"- {s}" for s in certificate_sentences(m)] + [""]
     if "release_latency_median_s" in trials and trials["release_latency_median_s"].notna().any():
         fenced = trials[trials["release_latency_median_s"].notna()]
         lines += ["## Effect fences", "",

@@ -75,7 +75,7 @@ class TrialCoordinator:
         if through > self.fence:
             self.client.fence(self.trial, through)
             self.fence = through
-        for op in self._open_prepared(upto=self.fence):
+        for op in _open_prepared(self._rows(), upto=self.fence):
             self._commit(op)
 
     def finish(self) -> None:
@@ -83,29 +83,21 @@ class TrialCoordinator:
         if self.mode == "fenced":
             self.advance_fence(max(self.fence, self.control.get("sent_effect")))
 
-    def abort_rolled_back(self) -> tuple[int, ...]:
-        """Fenced: abort what the current incarnation prepared (it is about to be rolled back); return the ops."""
-        if self.mode != "fenced":
-            return ()
-        ops = tuple(self._open_prepared(upto=None, epoch=self.control.get("incarnation")))
-        if ops:
-            self.client.abort(self.trial, from_epoch=self.control.get("incarnation"))
-        return ops
+    def restore_view(self, certifying: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Before a restore, from one read of the receiver: the ops a fenced receiver had open from the
+        current (rolled-back) incarnation, now aborted, and (when certifying) the ops visible."""
+        rows = self._rows() if self.mode == "fenced" or certifying else None
+        aborted: tuple[int, ...] = ()
+        if self.mode == "fenced":
+            epoch = self.control.get("incarnation")
+            aborted = tuple(_open_prepared(rows, upto=None, epoch=epoch))
+            if aborted:
+                self.client.abort(self.trial, from_epoch=epoch)
+        visible = _visible(rows) if certifying else ()
+        return aborted, visible
 
     def _rows(self) -> Any:
         return self.client.export(self.trial)
-
-    def _open_prepared(self, upto: int | None, epoch: int | None = None) -> list[int]:
-        rows = self._rows()
-        if rows.empty:
-            return []
-        done = set(rows.loc[rows["decision"] == "committed", "op_id"])
-        open_ = rows[(rows["decision"] == "prepared") & ~rows["op_id"].isin(done)]
-        if upto is not None:
-            open_ = open_[open_["op_id"] <= upto]
-        if epoch is not None:
-            open_ = open_[open_["epoch"] >= epoch]
-        return sorted(int(op) for op in set(open_["op_id"]))
 
     def _commit(self, op: int) -> None:
         deadline = time.monotonic() + COMMIT_WAIT_S
@@ -118,11 +110,6 @@ class TrialCoordinator:
                 raise RuntimeError(f"fenced commit of op {op} refused: {ack.get('reason')}")
             time.sleep(0.01)
 
-    def visible_ops(self) -> tuple[int, ...]:
-        """Ops whose effect is visible at the receiver now."""
-        rows = self._rows()
-        return tuple(sorted(int(op) for op in set(rows.loc[rows["decision"].isin(VISIBLE), "op_id"]))) if not rows.empty else ()
-
     def release_latencies(self, effects: Any) -> list[float]:
         """Seconds from each committed effect's arrival (prepare) to its commit."""
         if effects is None or effects.empty or not self.commit_times:
@@ -130,6 +117,24 @@ class TrialCoordinator:
         rows = effects[effects["decision"] == "committed"]
         return [max(0.0, self.commit_times[int(r.op_id)] - float(r.received_at))
                 for r in rows.itertuples() if int(r.op_id) in self.commit_times]
+
+
+def _open_prepared(rows: Any, upto: int | None, epoch: int | None = None) -> list[int]:
+    """Ops of the receiver ``rows`` with a prepared delivery not yet committed (up to ``upto``, of ``epoch`` or later)."""
+    if rows.empty:
+        return []
+    done = set(rows.loc[rows["decision"] == "committed", "op_id"])
+    open_ = rows[(rows["decision"] == "prepared") & ~rows["op_id"].isin(done)]
+    if upto is not None:
+        open_ = open_[open_["op_id"] <= upto]
+    if epoch is not None:
+        open_ = open_[open_["epoch"] >= epoch]
+    return sorted(int(op) for op in set(open_["op_id"]))
+
+
+def _visible(rows: Any) -> tuple[int, ...]:
+    """Ops whose effect the receiver ``rows`` show as visible (applied or committed)."""
+    return tuple(sorted(int(op) for op in set(rows.loc[rows["decision"].isin(VISIBLE), "op_id"]))) if not rows.empty else ()
 
 
 class CutCertifier:
@@ -196,10 +201,9 @@ class CutCertifier:
 
     def before_restore(self) -> str | None:
         """After the fault: abort what the rolled-back process prepared, gather the receiver's view, decide."""
-        self.evidence.aborted = self.co.abort_rolled_back()
+        self.evidence.aborted, self.evidence.visible = self.co.restore_view(self.certifying)
         if not self.certifying:
             return None
-        self.evidence.visible = self.co.visible_ops()
         self.evidence.restore_decided = True
         cert = certify(self.evidence)
         self._record(cert, decided=True)

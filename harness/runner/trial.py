@@ -167,7 +167,7 @@ class TrialRunner:
             progress_op=progress_op,
             progress_phase=progress_phase,
             # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
-            workload_domains=sorted(workload_api.declared_domains(self.cls, spec.params) | set((report or {}).get("domains", ()))),
+            workload_domains=sorted(set(domains) | set((report or {}).get("domains", ()))),
             covered_domains=sorted(backend.capabilities.covers),
             duration_s=time.monotonic() - started,
             facts=state.facts,

@@ -13,7 +13,7 @@ from typing import Any
 from cutbench.errors import CutbenchError
 from cutbench.harness.model.scenario import Arm
 from cutbench.harness.model.trial import TrialResult
-from cutbench.registry import CHECKPOINTERS
+from cutbench.registry import CHECKPOINTERS, backend_capabilities
 
 
 def trial_row(result: TrialResult) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def stage_columns() -> tuple[str, ...]:
     out: dict[str, None] = {}
     for name in CHECKPOINTERS.names():
         try:
-            stages = CHECKPOINTERS.load(name).capabilities.stages
+            stages = backend_capabilities(name).stages
         except (CutbenchError, AttributeError):  # a broken plug-in gets no columns, and fails where it is used
             continue
         out.update(dict.fromkeys(stages))
