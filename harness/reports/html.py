@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from matplotlib.colors import to_rgb
 
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
@@ -33,12 +34,13 @@ MAX_TRIAL_ROWS = 2000  # rows of the all-trials table
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
-main{max-width:1180px;margin:0 auto;padding:0 20px 40px}
+main{max-width:1180px;margin:0 auto;padding:0 20px 40px;overflow-wrap:break-word}
 h1{font-size:22px;margin:22px 0 6px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .banner{padding:16px 20px;color:#fff;font-size:18px}.banner small{display:block;font-size:14px;opacity:.92;margin-top:4px}
 .banner.invalid{background:#b3261e}.banner.valid{background:#1e7b34}.banner.unknown,.banner.empty{background:#9a6700}.banner.partial{background:#4a4f57}
 .partial{display:inline-block;background:#fff3;border:1px solid #fff8;border-radius:4px;padding:0 6px;margin-left:8px;font-size:13px}
-table{border-collapse:collapse;margin:8px 0 14px;background:#fff;font-size:13px}
+.table-wrap{max-width:100%;overflow-x:auto;margin:8px 0 14px}
+table{border-collapse:collapse;background:#fff;font-size:13px}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}th{background:#f0f0f0}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.o-invalid td.outcome{color:#b3261e;font-weight:600}tr.o-unknown td.outcome{color:#9a6700;font-weight:600}
@@ -48,14 +50,16 @@ figure img{max-width:100%;height:auto;display:block}figcaption{color:#555;font-s
 code{background:#f0f0f0;padding:1px 4px;border-radius:3px;font-size:12px}
 details{margin:6px 0;background:#fff;border:1px solid #e3e3e3;padding:6px 10px}summary{cursor:pointer}
 .muted{color:#666}.kv td:first-child{font-weight:600}
-svg.timeline text{font:11px system-ui,sans-serif}
+svg.timeline{max-width:100%;height:auto;display:block}svg.timeline text{font:11px system-ui,sans-serif}
+table.sticky-first td:first-child,table.sticky-first th:first-child{position:sticky;left:0;z-index:1;box-shadow:inset -1px 0 #bbb}
+table.sticky-first td:first-child{background:#fff}
 """
 
-# Colours of the per-trial timeline.
-_STAGE_COLOURS = {"spawn": "#c7c7c7", "reach_cut": "#dadada", "run_to_end": "#d0e4f5", "run_until_crash": "#ffd59e"}
-_PIPELINE_COLOUR = "#4e79a7"
-_FAILED_COLOUR = "#e15759"
+# Colours of the per-trial timeline: stages take theirs from plots.stage_colours (shared with the stage-time plot).
+_FAILED_COLOUR = "#e15759"  # the outline of a failed or refused stage
 _EFFECT_COLOURS = {"first": "#2e9d4a", "again": "#d62728", "suppressed": "#9e9e9e", "other": "#1f77b4"}
+_EFFECT_NAMES = {"first": "first application", "again": "applied again", "suppressed": "suppressed", "other": "other delivery"}
+_CHAR_PX = 6.5  # width of one character of the timeline's 11 px text (DejaVu Sans averages 6.2), so labels do not overrun
 
 _CHECK_JS = """
 window.addEventListener("load", function () {
@@ -128,9 +132,24 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = None, row_class: str | None = None) -> str:
+def _breakable(text: str, after: str) -> str:
+    """``text`` escaped, with a line-break opportunity after each character of ``after`` (long names
+    such as ``criu_restore_s`` or ``criu/at_least_once/kill`` otherwise force their column wide)."""
+    out = _e(text)
+    for ch in after:
+        out = out.replace(ch, ch + "<wbr>")
+    return out
+
+
+def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = None, row_class: str | None = None,
+                wrap_cells: tuple[str, ...] = (), klass: str = "") -> str:
+    """A table of ``frame`` inside its own horizontally scrolling box, so a wide table never widens the page.
+
+    Cells of the ``wrap_cells`` columns may break after ``/`` and ``+``;
+    ``klass`` is the ``<table>``'s CSS class.
+    """
     cols = [c for c in (columns or list(frame.columns)) if c in frame.columns]
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    head = "".join(f"<th>{_breakable(c, '_')}</th>" for c in cols)
     body = []
     for rec in frame.to_dict("records"):
         cls = f' class="o-{_e(rec.get(row_class))}"' if row_class else ""
@@ -138,15 +157,19 @@ def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = 
         for c in cols:
             v = rec.get(c)
             num = isinstance(v, (int, float)) and not isinstance(v, bool)
-            klass = "num" if num else ("outcome" if c == "outcome" else "")
-            cells.append(f'<td class="{klass}">{_e(_fmt(v))}</td>' if klass else f"<td>{_e(_fmt(v))}</td>")
+            cell_class = "num" if num else ("outcome" if c == "outcome" else "")
+            text = _breakable(_fmt(v), "/+") if c in wrap_cells else _e(_fmt(v))
+            cells.append(f'<td class="{cell_class}">{text}</td>' if cell_class else f"<td>{text}</td>")
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    return f'<table id="{_e(table_id)}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    table_class = f' class="{_e(klass)}"' if klass else ""
+    return (f'<div class="table-wrap"><table id="{_e(table_id)}"{table_class}><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def _kv_table(pairs: list[tuple[str, Any]], table_id: str) -> str:
     rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in pairs if v not in (None, "", {}))
-    return f'<table id="{_e(table_id)}" class="kv"><thead><tr><th>field</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
+    return (f'<div class="table-wrap"><table id="{_e(table_id)}" class="kv"><thead><tr><th>field</th><th>value</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table></div>")
 
 
 def _environment_pairs(meta: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -199,27 +222,69 @@ def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | No
     return [(lo + hi) / 2 for lo, hi in windows]
 
 
-def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame) -> str:
+def _ink(fill: str) -> str:
+    """Text colour readable on ``fill``: dark on pale fills, white on strong ones."""
+    r, g, b = to_rgb(fill)
+    return "#222" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "#fff"
+
+
+def _legend(items: list[tuple[str, str, str, str]], x0: float, y0: float, width: float) -> tuple[str, float]:
+    """SVG legend entries laid out left to right, wrapping at ``width``; returns the markup and the height it takes.
+
+    Each item is ``(attributes of its <g>, swatch, colour, name)``; swatch
+    ``fill`` is a filled square, ``outline`` an empty one, ``tick`` a delivery tick.
+    """
+    parts, x, y = ['<g class="legend">'], x0, y0
+    for attrs, kind, colour, label in items:
+        step = 16 + _CHAR_PX * len(label) + 14
+        if x + step > width and x > x0:
+            x, y = x0, y + 18
+        if kind == "tick":
+            mark = f'<line x1="{x + 6:.1f}" x2="{x + 6:.1f}" y1="{y}" y2="{y + 12}" stroke="{colour}" stroke-width="3"/>'
+        elif kind == "outline":
+            mark = f'<rect x="{x + 1:.1f}" y="{y + 1}" width="10" height="10" fill="#fff" stroke="{colour}" stroke-width="2.5"/>'
+        else:
+            mark = f'<rect x="{x:.1f}" y="{y}" width="12" height="12" fill="{colour}" stroke="#999" stroke-width="0.5"/>'
+        parts.append(f'<g {attrs}>{mark}<text x="{x + 16:.1f}" y="{y + 10}">{_e(label)}</text></g>')
+        x += step
+    parts.append("</g>")
+    return "".join(parts), y - y0 + 18
+
+
+def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame, colours: dict[str, str] | None = None) -> str:
     """An inline SVG of one trial: stage bars on a time axis and, below, every receiver delivery placed
-    by its arrival sequence number (green: first application of an op, red: applied again, grey: suppressed)."""
+    by its arrival sequence number (green: first application of an op, red: applied again, grey: suppressed).
+
+    Every stage has its own colour (``colours``, stage name to colour, keeps
+    the report's timelines alike; stages it lacks get the next free ones of
+    :func:`cutbench.harness.reports.plots.stage_colours`), a hover title, a
+    label when the bar is wide enough, and an entry in the legend under the
+    axis that names every stage and delivery kind drawn. A failed or refused
+    stage is outlined red.
+    """
     width, left, right = 1060, 130, 20
     stages = stages.sort_values("t_start")
+    colours = plots.stage_colours([*(colours or {}), *stages["stage"]])
     end = max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3)
     scale = (width - left - right) / end
     y_stage, bar_h, y_fx = 24, 18, 62
-    parts = [f'<svg class="timeline" id="tl-{_e(trial_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="112" '
-             f'viewBox="0 0 {width} 112" role="img" aria-label="timeline of trial {_e(trial_id)}">']
-    parts.append(f'<text x="4" y="{y_stage + 13}">stages</text><text x="4" y="{y_fx + 13}">deliveries</text>')
+    marks = [f'<text x="4" y="{y_stage + 13}">stages</text><text x="4" y="{y_fx + 13}">deliveries</text>']
+    failed = False
     for r in stages.itertuples():
         x = left + float(r.t_start) * scale
         w = max(1.5, float(r.duration_s) * scale)
-        colour = _FAILED_COLOUR if r.result in ("failed", "refused") else _STAGE_COLOURS.get(r.stage, _PIPELINE_COLOUR)
+        colour = colours[r.stage]
+        bad = r.result in ("failed", "refused")
+        failed = failed or bad
+        outline = f'stroke="{_FAILED_COLOUR}" stroke-width="2.5"' if bad else 'stroke="#fff"'
         tip = f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms {r.result} {r.detail or ''} {r.error or ''}".strip()
-        parts.append(f'<rect class="stage" x="{x:.1f}" y="{y_stage}" width="{w:.1f}" height="{bar_h}" fill="{colour}" stroke="#fff">'
-                     f"<title>{_e(tip)}</title></rect>")
-        if w > 7 * len(str(r.stage)):
-            parts.append(f'<text x="{x + 3:.1f}" y="{y_stage + 13}" fill="{"#fff" if colour in (_PIPELINE_COLOUR, _FAILED_COLOUR) else "#222"}">{_e(r.stage)}</text>')
+        marks.append(f'<rect class="stage{" failed" if bad else ""}" data-stage="{_e(r.stage)}" x="{x:.1f}" y="{y_stage}" '
+                     f'width="{w:.1f}" height="{bar_h}" fill="{colour}" {outline}><title>{_e(tip)}</title></rect>')
+        if w > _CHAR_PX * len(str(r.stage)) + 6:
+            # The label lets the pointer through, so hovering it still shows the bar's title.
+            marks.append(f'<text x="{x + 3:.1f}" y="{y_stage + 13}" fill="{_ink(colour)}" pointer-events="none">{_e(r.stage)}</text>')
     seen: set[int] = set()
+    kinds: list[str] = []
     if not effects.empty:
         effects = effects.sort_values("arrival_seq")
         for fx, t in zip(effects.itertuples(), effect_times(stages, effects)):
@@ -231,17 +296,29 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
                 seen.add(op)
             else:
                 kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
+            kinds += [kind] if kind not in kinds else []
             x = left + t * scale
             tip = f"op {op} attempt {fx.attempt} epoch {fx.epoch} {fx.kind}: {fx.decision} (arrival {fx.arrival_seq})"
-            parts.append(f'<line class="effect {kind}" x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx}" y2="{y_fx + bar_h}" '
+            marks.append(f'<line class="effect {kind}" x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx}" y2="{y_fx + bar_h}" '
                          f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
     for k in range(6):
         t = end * k / 5
         x = left + t * scale
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx + bar_h + 6}" y2="{y_fx + bar_h + 10}" stroke="#888"/>'
+        marks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx + bar_h + 6}" y2="{y_fx + bar_h + 10}" stroke="#888"/>'
                      f'<text x="{x:.1f}" y="{y_fx + bar_h + 22}" text-anchor="middle" fill="#555">{t:.2f}s</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+
+    # Stages in the order this trial met them, then the failure outline and the delivery kinds drawn.
+    items = [(f'class="legend-item stage" data-stage="{_e(name)}"', "fill", colours[name], name) for name in dict.fromkeys(stages["stage"])]
+    if failed:
+        items.append(('class="legend-item failed"', "outline", _FAILED_COLOUR, "failed or refused"))
+    items += [(f'class="legend-item effect" data-kind="{kind}"', "tick", _EFFECT_COLOURS[kind], _EFFECT_NAMES[kind])
+              for kind in _EFFECT_COLOURS if kind in kinds]
+    y_legend = y_fx + bar_h + 36
+    legend, legend_h = _legend(items, left, y_legend, width - right)
+    height = int(y_legend + legend_h + 4)
+    head = (f'<svg class="timeline" id="tl-{_e(trial_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of trial {_e(trial_id)}">')
+    return "".join([head, *marks, f'<text x="4" y="{y_legend + 10}">legend</text>', legend, "</svg>"])
 
 
 def _pick_timelines(trials: pd.DataFrame) -> list[str]:
@@ -351,9 +428,12 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
 
     if not trials.empty:
         out.append('<h2 id="timelines">Per-trial timelines</h2>')
-        out.append('<p class="muted">Stages (blue: checkpoint pipeline, red: failed or refused stage) and receiver deliveries '
-                   "(green: first application of an op, red: the same op applied again, grey: suppressed), placed by the "
-                   "receiver's arrival order. Hover for details. Failing trials first, then the first trial of each arm.</p>")
+        out.append('<p class="muted">Stages as bars, each stage in its own colour (the legend under each timeline names them; '
+                   "a red outline: the stage failed or refused), and receiver deliveries (green: first application of an op, "
+                   "red: the same op applied again, grey: suppressed), placed by the receiver's arrival order. Hover a bar or "
+                   "tick for details. Failing trials first, then the first trial of each arm.</p>")
+        # One colour per stage across every timeline (and the stage-time plot).
+        colours = plots.stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"]) if not timeline.empty else {}
         ids = _pick_timelines(trials)
         by_id = trials.set_index("trial_id")
         for n, tid in enumerate(ids):
@@ -364,7 +444,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
                 continue
             opened = " open" if n < 3 else ""
             out.append(f"<details{opened}><summary><b>{_e(tid)}</b> {_e(row['arm'])} — {_e(row['plan'])} → "
-                       f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>{trial_timeline_svg(tid, st, fx)}</details>")
+                       f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"
+                       f"{trial_timeline_svg(tid, st, fx, colours)}</details>")
 
         out.append('<h2 id="trials">All trials</h2>')
         cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",
@@ -376,7 +457,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         shown = trials.head(MAX_TRIAL_ROWS)
         if len(trials) > MAX_TRIAL_ROWS:
             out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
-        out.append(_html_table(shown, "all-trials", cols, row_class="outcome"))
+        # The trial ID stays in view while the rest of a wide table scrolls.
+        out.append(_html_table(shown, "all-trials", cols, row_class="outcome", wrap_cells=("arm",), klass="sticky-first"))
 
     out.append('<h2 id="environment">Environment</h2>' + _kv_table(_environment_pairs(meta), "environment-table"))
     out.append(f"</main><script>{_CHECK_JS}</script></body></html>")

@@ -1,7 +1,8 @@
 """The run's plots, as PNG bytes (matplotlib, Agg backend).
 
-Each function takes stored tables and returns the PNG of one figure; none
-writes to disk (the report hands the bytes to :class:`cutbench.harness.store.rundir.RunDir`).
+Each function takes stored tables and returns the PNG of one figure
+(:func:`restore_time_figure` also hands back its open figure, whose axes
+can be read as data); none writes to disk (the report hands the bytes to :class:`cutbench.harness.store.rundir.RunDir`).
 A plot without data still comes back, as a figure that says what is missing,
 so every report has the same set of images.
 """
@@ -9,7 +10,7 @@ so every report has the same set of images.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import matplotlib
 
@@ -27,6 +28,57 @@ from cutbench.workloads.control import PHASES  # noqa: E402
 HARNESS_STAGES = frozenset({"spawn", "reach_cut", "run_to_end"})
 DPI = 100
 
+# The harness's own stages keep pale fixed colours so the checkpoint pipeline stands out against them.
+HARNESS_COLOURS = {"spawn": "#bdbdbd", "reach_cut": "#e0e0e0", "run_to_end": "#cfe2f3", "run_until_crash": "#ffd59e"}
+# Restore times whose image sizes differ by less than this fraction of the largest are shown as one size:
+# a scatter over a few kilobytes of difference would read as a size trend that is not there.
+ONE_SIZE_SPREAD = 0.05
+
+
+def _stage_palette() -> list[str]:
+    """Matplotlib's qualitative colours, strong before pale, without greys (harness stages) and reds
+    (a failed stage, a duplicate delivery), so a pipeline stage never looks like either."""
+    cmaps = matplotlib.colormaps
+    candidates = list(cmaps["tab20"].colors[0::2]) + list(cmaps["tab20"].colors[1::2])
+    candidates += list(cmaps["tab20b"].colors) + list(cmaps["tab20c"].colors)
+    palette: list[str] = []
+    for rgb in candidates:
+        hue, sat, _val = matplotlib.colors.rgb_to_hsv(rgb)
+        if sat < 0.15 or hue < 0.03 or hue > 0.97:
+            continue
+        hexed = matplotlib.colors.to_hex(rgb)
+        if hexed not in palette:
+            palette.append(hexed)
+    return palette
+
+
+_PALETTE = _stage_palette()
+
+
+def stage_colours(stages: Iterable[str]) -> dict[str, str]:
+    """A distinct hex colour for every stage name in ``stages``: the harness's stages their fixed
+    :data:`HARNESS_COLOURS`, the others the next unused colour of the palette in order of first appearance.
+
+    The assignment depends only on that order, so the report's timelines and
+    the stage-time plot, given the same stage list, agree on every colour.
+    """
+    names = list(dict.fromkeys(str(s) for s in stages))
+    taken = {n: HARNESS_COLOURS[n] for n in names if n in HARNESS_COLOURS}
+    others = [n for n in names if n not in taken]
+    free = [c for c in _PALETTE if c not in taken.values()]
+    k = 0
+    while len(free) < len(others):
+        # More stages than the palette holds: hues a golden-ratio step apart (reds still skipped), one colour per stage.
+        hue = (0.07 + k * 0.618034) % 1.0
+        k += 1
+        hexed = matplotlib.colors.to_hex(matplotlib.colors.hsv_to_rgb((hue, 0.55, 0.85)))
+        if 0.03 < hue < 0.97 and hexed not in free and hexed not in taken.values():
+            free.append(hexed)
+    colours = dict(taken)
+    for name, colour in zip(others, free):
+        colours[name] = colour
+    return {n: colours[n] for n in names}
+
 
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
@@ -35,12 +87,16 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _empty(title: str, message: str) -> bytes:
+def _empty_figure(title: str, message: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7, 2.2))
     ax.set_title(title)
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, color="#555")
     ax.set_axis_off()
-    return _png(fig)
+    return fig
+
+
+def _empty(title: str, message: str) -> bytes:
+    return _png(_empty_figure(title, message))
 
 
 def phase_order(phases: list[str] | pd.Series, workloads: list[str] | pd.Series = ()) -> list[str]:
@@ -161,10 +217,11 @@ def stage_breakdown(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
     means = means[[s for s in stages if s in means.columns]]
     fig, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * len(means)))
     left = np.zeros(len(means))
-    colors = matplotlib.colormaps["tab20"]
-    for k, stage in enumerate(means.columns):
+    # The same colours as the report's per-trial timelines (which meet the stages in the same order).
+    colours = stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"])
+    for stage in means.columns:
         values = means[stage].to_numpy(float)
-        ax.barh(range(len(means)), values, left=left, label=stage, color=colors(k % 20))
+        ax.barh(range(len(means)), values, left=left, label=stage, color=colours[stage])
         left += values
     ax.set_yticks(range(len(means)), list(means.index))
     ax.invert_yaxis()
@@ -175,28 +232,59 @@ def stage_breakdown(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
-def restore_time_vs_bytes(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
-    """Restore time (every ``*restore*`` stage of a trial, summed) against checkpoint image bytes, per backend."""
+def restore_time_figure(trials: pd.DataFrame, timeline: pd.DataFrame) -> plt.Figure:
+    """The open matplotlib figure of :func:`restore_time_vs_bytes` (the caller closes it).
+
+    Restore time (every ``*restore*`` stage of a trial, summed) against image
+    size, one scatter series per backend. When every image has about the same
+    size (within :data:`ONE_SIZE_SPREAD`; one trial included) there is no size
+    axis to speak of: the restore times are drawn as a strip per backend with
+    its median, and the axis label says the size.
+    """
     title = "Restore time against image size"
     if trials.empty or timeline.empty or "image_bytes" not in trials:
-        return _empty(title, "no restore was timed")
+        return _empty_figure(title, "no restore was timed")
     restore = timeline[timeline["stage"].str.contains("restore") & (timeline["result"] == "ok")]
     seconds = restore.groupby("trial_id")["duration_s"].sum()
-    data = trials.assign(restore_s=trials["trial_id"].map(seconds))
-    data = data[data["restore_s"].notna() & pd.to_numeric(data["image_bytes"], errors="coerce").gt(0)]
+    data = trials.assign(restore_s=trials["trial_id"].map(seconds), image_mb=pd.to_numeric(trials["image_bytes"], errors="coerce") / 1e6)
+    data = data[data["restore_s"].notna() & data["image_mb"].gt(0)]
     if data.empty:
-        return _empty(title, "no trial restored from an image with a known size")
+        return _empty_figure(title, "no trial restored from an image with a known size")
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for backend, g in data.groupby("backend", sort=True):
-        ax.scatter(pd.to_numeric(g["image_bytes"]) / 1e6, g["restore_s"], label=str(backend), alpha=0.75, s=22)
-    ax.set_xlabel("image size (MB)")
+    low, high = float(data["image_mb"].min()), float(data["image_mb"].max())
+    if high - low <= ONE_SIZE_SPREAD * high:
+        groups = list(data.groupby("backend", sort=True))
+        for i, (backend, g) in enumerate(groups):
+            y = g["restore_s"].to_numpy(float)
+            # Spread side by side (deterministically) so equal times do not hide one another.
+            x = i + (np.linspace(-0.18, 0.18, len(y)) if len(y) > 1 else np.zeros(1))
+            dots = ax.scatter(x, y, alpha=0.75, s=22, zorder=3)
+            ax.hlines(float(np.median(y)), i - 0.28, i + 0.28, colors=dots.get_facecolor()[:1], linewidth=2)
+            if len(y) == 1:
+                ax.annotate(f"{y[0]:.3f} s", (x[0], y[0]), xytext=(8, 0), textcoords="offset points", va="center", fontsize=9)
+        ax.set_xticks(range(len(groups)), [str(b) for b, _g in groups])
+        ax.set_xlim(-0.6, len(groups) - 0.4)
+        size = f"{low:.1f} MB" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f} MB"
+        n = len(data)
+        ax.set_xlabel(f"backend (every image {size}; {n} restore{'s' if n != 1 else ''}, line: median)")
+        ax.grid(axis="y", alpha=0.3)
+    else:
+        for backend, g in data.groupby("backend", sort=True):
+            ax.scatter(g["image_mb"], g["restore_s"], label=str(backend), alpha=0.75, s=22)
+        ax.set_xlabel("image size (MB)")
+        ax.set_xlim(0, 1.1 * high)
+        ax.grid(alpha=0.3)
+        ax.legend(title="backend", frameon=False)
     ax.set_ylabel("restore time (s)")
-    ax.set_xlim(0, 1.1 * pd.to_numeric(data["image_bytes"]).max() / 1e6)
-    ax.set_ylim(0, 1.1 * data["restore_s"].max())
-    ax.grid(alpha=0.3)
-    ax.legend(title="backend", frameon=False)
+    # A floor on the extent: restores timed at 0 s must not collapse the axis.
+    ax.set_ylim(0, max(1.1 * float(data["restore_s"].max()), 1e-3))
     ax.set_title(title)
-    return _png(fig)
+    return fig
+
+
+def restore_time_vs_bytes(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
+    """PNG of restore time against checkpoint image size, per backend (see :func:`restore_time_figure`)."""
+    return _png(restore_time_figure(trials, timeline))
 
 
 # name -> (caption, function of (trials, timeline)); the report shows them in this order.

@@ -9,6 +9,7 @@ screenshot of the page is left in the test artefacts.
 from __future__ import annotations
 
 import base64
+import html as htmllib
 import json
 import os
 import re
@@ -86,6 +87,57 @@ def test_report_renders_every_plot_and_table_in_chromium(mixed_run: Path):
     # The verdict banner is the first thing on the page: red, since this run has invalid trials.
     r, g, b = pixels[20, 640, :3]
     assert r > 0.5 and g < 0.3 and b < 0.3, (r, g, b)
+
+
+# Measures the page once it has loaded: its width against the viewport's, the all-trials table's box, and
+# whether the table's first column stays in view when the box is scrolled to its far right.
+LAYOUT_JS = """<script>window.addEventListener("load", function () {
+  var de = document.documentElement, view = de.clientWidth;
+  var table = document.getElementById("all-trials"), box = table.parentElement, edge = box.getBoundingClientRect();
+  var m = {page: de.scrollWidth, view: view, box_right: edge.right, box_scroll: box.scrollWidth, box_client: box.clientWidth};
+  // For the failure message: what sticks out of the viewport, or whose text runs out of its own box.
+  m.overflowing = Array.prototype.filter.call(document.querySelectorAll("body *"), function (e) {
+    if (e.closest(".table-wrap") && e !== box) { return false; }
+    var spills = e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX === "visible";
+    return e.getBoundingClientRect().right > view + 0.5 || spills;
+  }).slice(0, 8).map(function (e) { return e.tagName + (e.id ? "#" + e.id : "") + " " + (e.textContent || "").slice(0, 40); });
+  box.scrollLeft = box.scrollWidth;
+  m.first_cell_left = table.tBodies[0].rows[0].cells[0].getBoundingClientRect().left - edge.left;
+  document.body.setAttribute("data-layout", JSON.stringify(m));
+});</script>"""
+
+
+def measured_layout(page: str, tmp_path: Path, width: int) -> dict:
+    """The page's layout as Chromium measures it in a window ``width`` px wide (see :data:`LAYOUT_JS`)."""
+    probe = tmp_path / f"layout-{width}.html"
+    probe.write_text(page.replace("</body>", LAYOUT_JS + "</body>"))
+    proc = run_chromium(probe, "--dump-dom", f"--window-size={width},900")
+    match = re.search(r'data-layout="([^"]*)"', proc.stdout)
+    assert match, f"the layout probe did not run (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(htmllib.unescape(match.group(1)))
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_report_is_no_wider_than_the_window(mixed_run: Path, tmp_path: Path, width: int):
+    m = measured_layout((mixed_run / "report.html").read_text(), tmp_path, width)
+    assert m["page"] <= m["view"], f"page {m['page']} px wide in a {m['view']} px viewport; overflowing: {m['overflowing']}"
+    assert m["box_right"] <= m["view"]
+    if width == 1400:
+        # At 1400 px the whole all-trials table is in view, its long names wrapped rather than scrolled.
+        assert m["box_scroll"] <= m["box_client"], m
+
+
+def test_a_table_too_wide_for_the_window_scrolls_in_its_own_box(mixed_run: Path, tmp_path: Path):
+    run = RunDir.open(mixed_run)
+    trials = run.table("trials")
+    # An error text without a break opportunity (a long path) cannot wrap: only scrolling can show it.
+    trials.loc[trials.index[0], "error"] = "/" + "x" * 600 + "/criu.log"
+    page = report.render_html({**run.meta(), "run_dir": str(mixed_run)}, trials, run.table("timeline"), run.table("effects"), {})
+    m = measured_layout(page, tmp_path, 1400)
+    assert m["page"] <= m["view"], f"page {m['page']} px wide in a {m['view']} px viewport; overflowing: {m['overflowing']}"
+    assert m["box_scroll"] > m["box_client"]
+    # Scrolled to the far right, the trial ID column is still in view.
+    assert abs(m["first_cell_left"]) < 1.0, m
 
 
 def test_self_check_reports_a_broken_image(mixed_run_copy: Path, tmp_path: Path):
