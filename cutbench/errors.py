@@ -36,12 +36,28 @@ class StageRefused(CutbenchError):
 
 
 class StageFailed(CutbenchError):
-    """A checkpoint stage failed so that no verdict is possible (trial outcome ``unknown``)."""
+    """A stage the checkpoint tool owns failed and took the application with it.
+
+    The process died, was left unusable, or its checkpoint could not be
+    brought back: the trial's status is ``lost`` and the oracle reports
+    ``process_lost`` (invalid: for a scheduler that preempted the job, this is
+    lost work). Raise :class:`StageRefused` instead when the tool declined and
+    the application went on, and :class:`HarnessFault` when the harness
+    itself could not carry the stage out.
+    """
 
     def __init__(self, stage: str, reason: str):
         super().__init__(f"{stage} failed: {reason}")
         self.stage = stage
         self.reason = reason
+
+
+class HarnessFault(StageFailed):
+    """The harness could not carry a stage out (its own bookkeeping or a precondition it owns).
+
+    Cleaned up like :class:`StageFailed`, but no verdict is possible: the
+    trial is ``unknown``, never counted for or against the tool.
+    """
 
 
 # CLI exit codes (DESIGN.md, Results).

@@ -53,6 +53,14 @@ step_multi() { run_scenario multi-gpu; }
 step_run() { run_scenario "${SCENARIO:?set SCENARIO=name of scenarios/NAME.toml}"; }
 step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:+--sizes $SPEED_SIZES} 2>&1 | tail -30; }
 step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
+# The tool-failure reproducers (benchmarks/repro/): driver API and NVIDIA's utility, CRIU, no harness.
+step_repro() {
+  for s in leave_running_restore cuda_call_in_split_window host_callback_lock; do
+    timeout 300 $PY benchmarks/repro/$s.py --out "$RES/repro" ${REPRO_ARGS:-} 2>&1 | tail -60
+  done
+  nvidia-smi --query-gpu=driver_version,name --format=csv > "$RES/repro/environment.txt" 2>&1
+  $PY -m cutbench doctor >> "$RES/repro/environment.txt" 2>&1 || true
+}
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).

@@ -131,6 +131,10 @@ class ControlFile:
         """Let a workload parked at arm sequence ``seq`` continue."""
         self.set("release_seq", seq)
 
+    def hold(self, seq: int) -> None:
+        """Keep (or put back) a workload parked at arm sequence ``seq`` until :meth:`release`."""
+        self.set("release_seq", min(self.get("release_seq"), seq - 1))
+
     def close(self) -> None:
         """Unmap the file."""
         self._map.close()

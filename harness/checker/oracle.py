@@ -8,9 +8,9 @@ finding is unit-testable without CRIU or a GPU.
 
 Outcomes (as Jepsen's ``:valid?``): ``valid``; ``invalid`` (one finding or
 more); ``refused`` (a stage declined cleanly and the workload went on);
-``unknown`` (the harness or tool failed; never counted as valid).
+``unknown`` (the harness itself could not judge; never counted as valid).
 
-The six findings, each defined precisely in its function's docstring:
+The findings, each defined precisely in its function's docstring:
 
 ==================== =====================================================
 ``duplicate``        :func:`find_duplicates`
@@ -19,6 +19,8 @@ The six findings, each defined precisely in its function's docstring:
 ``pointer_changed``  :func:`find_pointer_changes`
 ``deadlock``         :func:`find_deadlock`
 ``unsafe_acceptance`` :func:`find_unsafe_acceptance`
+``process_lost``     :func:`find_process_lost`
+``certificate_unsound`` :func:`find_certificate_unsound`
 ==================== =====================================================
 """
 
@@ -204,6 +206,23 @@ def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
     return [Finding("unsafe_acceptance", None, f"restored without covering {', '.join(uncovered)}")]
 
 
+def find_process_lost(trial: TrialRecord) -> list[Finding]:
+    """``process_lost``: a stage the checkpoint tool owns destroyed the application or its checkpoint.
+
+    Fires when the runner's status is ``lost``: a backend stage failed and
+    the application did not survive it — the process died during the dump or
+    a CUDA call, was left LOCKED or CHECKPOINTED, or the checkpoint it
+    reported as taken could not be restored. Distinct from ``refused`` (the
+    tool declined and the application went on) and from ``unknown`` (the
+    harness could not judge). ``failed_stage`` and ``error`` say which stage
+    and in the tool's own words; the op is where the workload stood.
+    """
+    if trial.status != "lost":
+        return []
+    stage = trial.failed_stage or "a checkpoint stage"
+    return [Finding("process_lost", trial.progress_op or None, f"{stage}: {trial.error}")]
+
+
 def find_certificate_unsound(trial: TrialRecord, findings: list[Finding]) -> list[Finding]:
     """``certificate_unsound``: a restore the certificate called eligible, in a trial the other findings make invalid.
 
@@ -230,6 +249,7 @@ FINDERS: tuple[tuple[str, Finder], ...] = (
     ("mixed_epoch", lambda rec, effects, ref: find_mixed_epoch(effects, rec.report, ref)),
     ("pointer_changed", lambda rec, effects, ref: find_pointer_changes(rec.report)),
     ("unsafe_acceptance", lambda rec, effects, ref: find_unsafe_acceptance(rec)),
+    ("process_lost", lambda rec, effects, ref: find_process_lost(rec)),
 )
 
 
@@ -238,7 +258,7 @@ def judge(trial: TrialRecord | dict[str, Any], effects: pd.DataFrame | None, ref
     """The verdict for one trial.
 
     ``trial`` is a :class:`TrialRecord` (or its stored dict form): ``status``
-    (runner: ``completed``, ``deadlock``, ``refused`` or ``unknown``),
+    (runner: ``completed``, ``deadlock``, ``refused``, ``lost`` or ``unknown``),
     ``report``, ``marker_op``, ``restores``, ``cut_outcomes``,
     ``workload_domains`` and ``covered_domains``; ``progress_op``,
     ``progress_phase`` and ``error`` feed details. ``effects`` are the

@@ -26,14 +26,18 @@ FINDING_KINDS: tuple[str, ...] = (
     "deadlock",
     "unsafe_acceptance",
     "certificate_unsound",
+    "process_lost",
 )
 # Three vocabularies, one per step, each with its own meaning (DESIGN.md "Oracle"):
 # - a cut's outcome, from the nemesis pipeline: what happened to that cut;
-CUT_OUTCOMES: tuple[str, ...] = ("restored", "resumed", "refused", "failed")
+#   ``failed``: a stage of the tool failed and took the application with it;
+#   ``error``: the harness could not carry a stage out;
+CUT_OUTCOMES: tuple[str, ...] = ("restored", "resumed", "refused", "failed", "error")
 # - the trial's status, from the runner: whether the trial ran to its end
 #   (``completed``), hung (``deadlock``), was declined by a stage with the
-#   workload running on (``refused``), or could not be carried out (``unknown``);
-TRIAL_STATUSES: tuple[str, ...] = ("completed", "deadlock", "refused", "unknown")
+#   workload running on (``refused``), lost the application in a stage the
+#   tool owns (``lost``), or could not be carried out by the harness (``unknown``);
+TRIAL_STATUSES: tuple[str, ...] = ("completed", "deadlock", "refused", "lost", "unknown")
 # - the verdict's outcome, from the checker: whether the recovery was correct.
 #   ``refused`` and ``unknown`` pass through from the status unless a finding
 #   makes the trial ``invalid``.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
-from cutbench.errors import StageFailed, StageRefused
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
 
 
@@ -23,7 +23,9 @@ class CutOutcome:
     """What happened to one cut.
 
     ``status``: ``restored`` (fault then restore), ``resumed`` (fault ``none``),
-    ``refused`` (a stage declined; the workload went on) or ``failed``.
+    ``refused`` (a stage declined; the workload went on), ``failed`` (a stage
+    of the tool failed and took the application with it) or ``error`` (the
+    harness could not carry a stage out).
     """
 
     status: str
@@ -62,7 +64,7 @@ def execute_cut(
             return CutOutcome("refused", exc.stage, exc.reason)
         except StageFailed as exc:
             release()
-            return CutOutcome("failed", exc.stage, exc.reason)
+            return _failed(exc)
 
         if certifier is not None:
             certifier.checkpointed()
@@ -71,7 +73,7 @@ def execute_cut(
             try:
                 backend.resume_in_place(target, ctx)
             except (StageFailed, StageRefused) as exc:
-                return CutOutcome("failed", exc.stage, exc.reason)
+                return _failed(exc)
             return CutOutcome("resumed")
 
         if cut.fault == "leave_running":
@@ -100,7 +102,7 @@ def execute_cut(
             release()
             return CutOutcome("refused", exc.stage, exc.reason)
         except StageFailed as exc:
-            return CutOutcome("failed", exc.stage, exc.reason)
+            return _failed(exc)
         target.replaced_by(pid)
         release()
         return CutOutcome("restored")
@@ -108,3 +110,8 @@ def execute_cut(
         backend.cleanup(ctx)
         if not keep_images:
             remove_tree(ctx.images_dir)
+
+
+def _failed(exc: StageFailed) -> CutOutcome:
+    """The outcome of a failed stage: the tool's (``failed``) or the harness's own (``error``)."""
+    return CutOutcome("error" if isinstance(exc, HarnessFault) else "failed", exc.stage, exc.reason)

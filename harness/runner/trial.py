@@ -171,7 +171,7 @@ class TrialRunner:
             covered_domains=sorted(backend.capabilities.covers),
             duration_s=time.monotonic() - started,
             facts=state.facts,
-            log_tail=self._log_tail() if state.status in ("unknown", "deadlock") else "",
+            log_tail=self._log_tail() if state.status in ("unknown", "deadlock", "lost") else "",
             certificates=self.coordinator.certificates,
             cut_evidence=state.evidence,
         )
@@ -225,9 +225,12 @@ class TrialRunner:
                 # The certificate declined the restore: the crashed workload stays down; a safe refusal.
                 state.status, state.error, state.failed_stage, state.down = "refused", outcome.error, outcome.stage, True
                 return
-            if outcome.status in ("refused", "failed"):
-                state.status = "refused" if outcome.status == "refused" else "unknown"
+            if outcome.status in ("refused", "failed", "error"):
+                # refused: the workload goes on to its end; failed: the tool took the
+                # application with it (``lost``); error: the harness's own (``unknown``).
+                state.status = {"refused": "refused", "failed": "lost", "error": "unknown"}[outcome.status]
                 state.error, state.failed_stage = outcome.error, outcome.stage
+                state.down = state.down or outcome.status == "failed"
                 if arming.next_seq is not None:  # the plan stops here: do not leave the next cut armed
                     control.release(arming.next_seq)
                 return
@@ -418,7 +421,12 @@ class _NextCut:
             self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
 
     def before_resume(self) -> None:
-        """After the fault, before the restored process runs: a new incarnation, then the next cut."""
+        """After the fault, before the restored process runs: hold it, a new incarnation, then the next cut."""
+        if self.seq is not None:
+            # After ``leave_running`` the original was released, so the copy would
+            # leave its park as soon as CRIU restores it: on the GPU, a CUDA call
+            # before the CUDA restore kills it (benchmarks/repro/). It waits for release().
+            self.control.hold(self.seq)
         self.control.set("incarnation", self.control.get("incarnation") + 1)
         self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
 

@@ -10,11 +10,13 @@ covered by the ``gpu``-marked tests against the real driver.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from cutbench.harness.nemesis.backends.app import AppCheckpointer
+from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
 from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 from cutbench.harness.runner.run import check_backends
@@ -77,6 +79,27 @@ def test_leave_running_resumes_the_original_on_the_gpu_before_the_crash(criu, tm
     assert r.verdict.counts()["duplicate"] >= 1
 
 
+class WatchesTheCopy(CriuCheckpointer):
+    """CRIU, plus a look at the restored copy before the pipeline releases it."""
+
+    def restore(self, ctx):
+        pid = super().restore(ctx)
+        before = ctx.control.get("progress_count")
+        time.sleep(0.3)  # the GPU pipeline's CUDA restore and unlock happen here
+        ctx.facts["copy_moved_before_release"] = ctx.control.get("progress_count") - before
+        return pid
+
+
+@pytest.mark.parametrize("phase", ["launch", "commit"])
+def test_after_leave_running_the_restored_copy_stays_parked_until_released(criu, tmp_path, phase):
+    """The original was released to run until the crash; its copy must not leave the park before the
+    restore is complete (on the GPU a CUDA call before the CUDA restore kills it: benchmarks/repro/)."""
+    [r] = run_trials(scenario("criu", "leave_running", phase=phase), tmp_path, backends={"criu": WatchesTheCopy()})
+    assert r.record.restores == 1 and r.record.status == "completed", r.record.error
+    assert r.record.facts["copy_moved_before_release"] == 0
+    assert r.record.report["host_op"] == 6
+
+
 def test_fault_none_suspends_and_resumes_in_place(criu, tmp_path):
     sim = SimDriver()
     [r] = run_trials(scenario("cuda+criu", "none", split=20), tmp_path,
@@ -95,12 +118,18 @@ def test_lock_timeout_is_refused_and_the_workload_finishes(criu, tmp_path):
     assert "criu_dump" not in stages(r)
 
 
-@pytest.mark.parametrize("failing", ["checkpoint", "unlock"])
-def test_a_later_failing_stage_is_unknown_and_leaves_nothing_locked(criu, tmp_path, failing):
+@pytest.mark.parametrize("failing,outcome", [("checkpoint", "refused"), ("unlock", "invalid")])
+def test_a_later_failing_stage_is_refused_or_lost_and_leaves_nothing_locked(criu, tmp_path, failing, outcome):
+    """A checkpoint the harness undid (the process RUNNING again) is a refusal and the workload finishes;
+    an unlock of the restored copy that fails loses the application: ``process_lost``."""
     sim = SimDriver(fail=failing)
     [r] = run_trials(scenario("cuda+criu", "kill"), tmp_path, backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
-    assert r.verdict.outcome == "unknown"
+    assert r.verdict.outcome == outcome, (r.record.error, r.verdict)
     assert r.record.failed_stage == f"cuda_{failing}" and "CUDA_ERROR_UNKNOWN" in r.record.error
+    if failing == "checkpoint":
+        assert r.record.status == "refused" and r.record.report["host_op"] == 6  # it went on to the end
+    else:
+        assert r.record.status == "lost" and [f.kind for f in r.verdict.findings] == ["process_lost"]
     assert set(sim.states.values()) <= {"running"}, sim.states
     assert not [cmd for _, cmd in workload_processes() if str(tmp_path) in cmd], "a workload was left behind"
     no_leftovers()

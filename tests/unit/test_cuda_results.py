@@ -41,7 +41,16 @@ def test_lock_failure_that_disturbed_a_process_is_a_failure(states):
     assert isinstance(out, StageFailed)
 
 
-@pytest.mark.parametrize("stage", ["cuda_checkpoint", "cuda_restore", "cuda_unlock"])
-def test_any_later_stage_failing_is_a_failure_naming_the_stage(stage):
+@pytest.mark.parametrize("stage", ["cuda_restore", "cuda_unlock"])
+def test_a_failing_restore_of_the_image_is_a_failure_naming_the_stage(stage):
+    """Restoring the image is the tool's job: its failure loses the application, whatever the state after."""
     out = classify(stage, CudaCallError("x", 7, 401), ["running"])
     assert isinstance(out, StageFailed) and out.stage == stage and "CUDA_ERROR_ILLEGAL_STATE" in out.reason
+
+
+@pytest.mark.parametrize("stage", ["cuda_checkpoint", "cuda_restore_original", "cuda_unlock_original"])
+def test_a_failure_undone_with_every_process_running_again_is_a_refusal(stage):
+    """On the way to the image, or resuming the original after a leave_running dump: the application went on."""
+    out = classify(stage, CudaCallError("x", 7, 999), ["running"])
+    assert isinstance(out, StageRefused) and out.stage == stage and "brought back RUNNING" in out.reason
+    assert isinstance(classify(stage, CudaCallError("x", 7, 999), ["checkpointed"]), StageFailed)

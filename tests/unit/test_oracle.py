@@ -205,6 +205,37 @@ def test_unknown_status_is_unknown_even_with_suspicious_effects():
     assert (v.outcome, v.reason) == ("unknown", "criu restore exit 1")
 
 
+# What the GPU runs recorded (results/reference/repro/, docs/DESIGN.md "Tool failure modes"),
+# in the shapes the runner stores them.
+DUMP_KILLED = ("criu_dump", "criu dump exit 1: Error (compel/src/lib/infect.c:417): Unable to detach from 1977: "
+               "No such process | Error (criu/cr-dump.c:1975): Dumping FAILED. (workload did not survive)")
+LOCK_TIMED_OUT = ("cuda_lock", "cuCheckpointProcessLock(pid 4410) -> CUDA_ERROR_NOT_READY: timed out waiting for "
+                  "in-flight work to finish (lock timeout) (process left RUNNING)")
+
+
+def test_a_dump_that_killed_the_process_is_process_lost_and_invalid():
+    stage, error = DUMP_KILLED
+    rec = record(status="lost", failed_stage=stage, error=error, report=None, restores=0, progress_op=3, marker_op=2,
+                 cut_outcomes=[{"status": "failed", "stage": stage, "error": error}])
+    v = judge(rec, clean_effects(2), REF)
+    assert v.outcome == "invalid" and [f.kind for f in v.findings] == ["process_lost"]
+    assert v.findings[0].op == 3 and v.findings[0].detail.startswith("criu_dump: criu dump exit 1")
+    assert v.counts()["process_lost"] == 1
+
+
+def test_a_lock_that_timed_out_with_the_process_running_is_refused_not_lost():
+    stage, error = LOCK_TIMED_OUT
+    rec = record(status="refused", failed_stage=stage, error=error, restores=0,
+                 cut_outcomes=[{"status": "refused", "stage": stage, "error": error}])
+    v = judge(rec, clean_effects(), REF)
+    assert (v.outcome, v.findings, v.reason) == ("refused", (), error)
+
+
+def test_a_harness_exception_is_unknown_never_lost():
+    v = judge(record(status="unknown", error="harness: KeyError: 'progress_op'", report=None), clean_effects(2), REF)
+    assert (v.outcome, v.findings) == ("unknown", ())
+
+
 def test_findings_outrank_a_refusal_and_the_verdict_is_plain_data():
     e = pd.concat([clean_effects(), effects((2, 2, 1, "applied"))], ignore_index=True)
     v = judge(record(status="refused", error="split window refused"), e, REF)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
-from cutbench.errors import StageFailed, StageRefused
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child, spawn
 
 POLL_S = 0.001
@@ -52,7 +52,7 @@ class AppCheckpointer:
         """Stage ``app_save``: request a save at the next op boundary and wait for it."""
         control = ctx.control
         if control is None:
-            raise StageFailed("app_save", "no control channel to the workload")
+            raise HarnessFault("app_save", "no control channel to the workload")
         if ctx.cut.restore_target != "same":
             raise StageRefused("app_save", "the app backend restores on the same device only")
         self._command = _command_of(target.pid)
@@ -86,7 +86,7 @@ class AppCheckpointer:
         """Stage ``app_restore``: start the workload again with ``--resume``; returns once it loaded the state."""
         control = ctx.control
         if self._command is None or control is None:
-            raise StageFailed("app_restore", "no saved command line to restart")
+            raise HarnessFault("app_restore", "no saved command line to restart")
         argv, cwd = self._command
         loads = control.get("load_count")
         deadline = time.monotonic() + ctx.stage_timeout_s
@@ -117,7 +117,7 @@ def _command_of(pid: int) -> tuple[list[str], str]:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError as exc:
-        raise StageFailed("app_save", f"cannot read the workload's command line: {exc}") from exc
+        raise HarnessFault("app_save", f"cannot read the workload's command line: {exc}") from exc
     if "--resume" in argv:
         argv = argv[: argv.index("--resume")]
     return argv, cwd

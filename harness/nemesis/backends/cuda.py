@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.nemesis import quiesce
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.errors import StageFailed, StageRefused
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
 
 # A lock waits for in-flight device work; a kernel that never finishes makes it
@@ -91,14 +91,19 @@ class CudaCallError(Exception):
 
 
 def classify(stage: str, error: CudaCallError, states_after: Sequence[str]) -> StageRefused | StageFailed:
-    """The stage outcome of a failed call: refused only for a lock that left every process RUNNING.
+    """The stage outcome of a failed call: refused when the application went on, else failed.
 
     ``states_after`` are the processes' states once the harness brought back
-    what it could; anything but all-running means the workload was disturbed
-    and no verdict is possible.
+    what it could. A failure on the way *to* the image (lock, checkpoint) or
+    while resuming the original after a ``leave_running`` dump, after which
+    every process is RUNNING again, is the tool declining: the workload goes
+    on (``refused``). Anything else — a process gone, left LOCKED or
+    CHECKPOINTED, or a restore of the image that failed — lost the
+    application (``failed``: the trial is ``lost``, finding ``process_lost``).
     """
-    if stage == "cuda_lock" and states_after and all(s == "running" for s in states_after):
-        return StageRefused(stage, f"{error} (process left RUNNING)")
+    went_on = states_after and all(s == "running" for s in states_after)
+    if went_on and (stage in ("cuda_lock", "cuda_checkpoint") or stage.endswith("_original")):
+        return StageRefused(stage, f"{error} (process {'left' if stage == 'cuda_lock' else 'brought back'} RUNNING)")
     return StageFailed(stage, f"{error}; states after recovery: {', '.join(states_after) or 'none'}")
 
 
@@ -296,7 +301,7 @@ class CudaStages:
                 except CudaCallError:
                     continue  # not a CUDA process
                 if state != "running":
-                    raise StageFailed("cuda_discover", f"pid {pid} is {state.upper()} before the cut")
+                    raise HarnessFault("cuda_discover", f"pid {pid} is {state.upper()} before the cut")
                 pids.append(pid)
             if not pids:
                 raise StageRefused("cuda_lock", f"no CUDA process in the workload's tree {tree}: nothing to checkpoint")
@@ -436,7 +441,7 @@ class CudaStages:
                 extra["detail"] += f": {exc}"
         if error is not None:
             states = self.bring_back()
-            raise classify(stage.removesuffix("_original"), error, states)
+            raise classify(stage, error, states)
 
     def bring_back(self, pids: Sequence[int] | None = None) -> list[str]:
         """Best effort: restore every CHECKPOINTED process and unlock every LOCKED one; return the states after.
@@ -533,7 +538,7 @@ class CudaCheckpointer:
         """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes, then let drained work restart."""
         procs = self.stages.procs
         if procs is None:
-            raise StageFailed("cuda_restore", "no checkpointed processes to resume")
+            raise HarnessFault("cuda_restore", "no checkpointed processes to resume")
         pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)
         self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=pid)
         self._end_quiesce(ctx)
@@ -560,7 +565,7 @@ class CudaCheckpointer:
 
     def restore(self, ctx: CutContext) -> int:
         """Not reachable: this backend only supports fault ``none`` (see ``faults``)."""
-        raise StageFailed("cuda_restore", "the cuda backend has no CPU image; use cuda+criu for kill/leave_running")
+        raise HarnessFault("cuda_restore", "the cuda backend has no CPU image; use cuda+criu for kill/leave_running")
 
     def _end_quiesce(self, ctx: CutContext) -> None:
         if self._quiesced:

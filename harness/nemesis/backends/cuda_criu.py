@@ -26,7 +26,7 @@ import time
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
 from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer, DriverApi, RemapRefused, process_tree
-from cutbench.errors import StageFailed, StageRefused
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
 
 GHOST_LIMIT = "512M"
@@ -89,7 +89,7 @@ class CudaCriuCheckpointer(CudaCheckpointer):
         try:
             procs = self.stages.procs
             if procs is None:
-                raise StageFailed("cuda_restore", "no record of the checkpointed CUDA processes")
+                raise HarnessFault("cuda_restore", "no record of the checkpointed CUDA processes")
             restored = [p for p in procs.pids if p in set(process_tree(pid))]
             if restored != procs.pids:
                 raise StageFailed("cuda_restore", f"restored tree {process_tree(pid)} lacks CUDA pids {procs.pids}")

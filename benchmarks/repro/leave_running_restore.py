@@ -1,0 +1,113 @@
+"""Cause 1: after a ``leave_running`` cut, the CUDA restore of the CRIU-restored copy fails.
+
+The harness saw ``cuCheckpointProcessRestore`` on the restored copy fail with
+``CUDA_ERROR_NOT_INITIALIZED`` after a ``leave_running`` cut parked right
+after a kernel launch (``launch``), while the same cut with ``kill`` restores.
+This drives the same sequence without the harness, varying one thing at a
+time, through the driver API and NVIDIA's utility:
+
+    lock → checkpoint → criu dump [--leave-running]
+      (leave_running: restore + unlock the original, release it, let it finish or kill it)
+    → criu restore (the copy) → restore → unlock → release → the copy finishes?
+
+A case is ``restored`` when the copy's CUDA restore succeeds and it finishes
+with the right state, ``lost`` when the checkpoint could not be brought back.
+
+    python benchmarks/repro/leave_running_restore.py [--out DIR] [--witness driver utility] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from witness import Case, Child, become_subreaper, witnesses, write  # noqa: E402
+
+# (name, fault, park phase, what the original does after release, seconds to wait before the CRIU restore)
+CASES = (
+    ("kill at launch (control)", "kill", "launch", None, 0.0),
+    ("leave_running at launch, original finishes", "leave_running", "launch", "finish", 0.0),
+    ("leave_running at launch, original killed while running", "leave_running", "launch", "kill", 0.0),
+    ("leave_running at launch, original finishes, 3 s settle", "leave_running", "launch", "finish", 3.0),
+    ("leave_running at device_done, original finishes", "leave_running", "device_done", "finish", 0.0),
+    ("leave_running at device_done, original killed while running", "leave_running", "device_done", "kill", 0.0),
+)
+
+
+def run_case(w, name: str, fault: str, phase: str, fate: str | None, settle: float) -> Case:
+    """One sequence; returns the case with every step's result and its verdict."""
+    case = Case(name, w.name)
+    # "finish": a short run that ends within the crash delay; "kill": a long one still running at the crash.
+    ops, host_ms = (4, 0.0) if fate != "kill" else (40, 50.0)
+    child = Child(ops, f"2/{phase}", host_ms)
+    try:
+        if not case.step("parked", child.wait_parked()):
+            case.verdict = "harness"  # the child never reached its park: nothing was tested
+            return case
+        if case.step("lock", w.lock(child.pid)) != "ok" or case.step("checkpoint", w.checkpoint(child.pid)) != "ok":
+            case.verdict = "refused"
+            return case
+        dumped = case.step("criu dump", child.dump(leave_running=fault == "leave_running"))
+        if dumped != "ok":
+            case.verdict = "lost" if not child.alive() else "refused"
+            return case
+        if fault == "leave_running":
+            case.step("restore original", w.restore(child.pid))
+            case.step("unlock original", w.unlock(child.pid))
+            child.go()
+            if fate == "kill":
+                time.sleep(0.1)
+                case.step("original alive at crash", child.alive())
+                child.kill()
+            status = case.step("original exit", child.reap())
+            case.step("original finished correctly", child.correct() if status == 0 else False)
+        else:
+            case.step("original exit (killed by dump)", child.reap())
+        child.hold()
+        (child.dir / "result").unlink(missing_ok=True)
+        if settle:
+            time.sleep(settle)
+        res, pid = child.restore()
+        case.step("criu restore", res, pid=pid)
+        if pid is None:
+            case.verdict = "lost"
+            return case
+        case.step("state of the copy", w.state(pid))
+        restored = case.step("restore copy", w.restore(pid))
+        if restored != "ok":
+            case.step("state after", w.state(pid))
+            case.step("copy alive", child.alive(pid))
+            child.kill(pid)
+            child.reap(pid)
+            case.verdict = "lost"
+            return case
+        case.step("unlock copy", w.unlock(pid))
+        child.go()
+        status = case.step("copy exit", child.reap(pid))
+        ok = case.step("copy finished correctly", status == 0 and child.correct(), copy_result=child.result())
+        case.verdict = "restored" if ok else "lost"
+        if not ok:
+            case.step("child log", child.log_tail())
+        return case
+    finally:
+        child.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--witness", nargs="+", default=["driver", "utility"])
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    become_subreaper()
+    cases = [run_case(w, *spec) for w in witnesses(args.witness) for spec in CASES for _ in range(args.repeat)]
+    write(args.out, "leave_running_restore", cases)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The nemesis pipeline's classification of a failing stage, whose failure it is.
+
+A real process is cut by a small backend whose stage ends the way a tool's
+does (declines, loses the application, or the harness cannot carry it out);
+the pipeline's outcome is what the runner turns into ``refused``, ``lost``
+or ``unknown``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.harness.model.plan import Cut
+from cutbench.harness.model.timeline import Timeline
+from cutbench.harness.nemesis.base import Capabilities, CutContext
+from cutbench.harness.nemesis.pipeline import execute_cut
+from cutbench.procs import spawn
+
+
+class EndsWith:
+    """A backend whose checkpoint stage ends with ``error`` (it never takes an image)."""
+
+    name = "ends-with"
+    capabilities = Capabilities(stages=("stage",), covers=frozenset({"cpu"}))
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def unavailable_reason(self) -> None:
+        return None
+
+    def checkpoint(self, target, ctx) -> None:
+        with ctx.timeline.stage("stage", ctx.cut_index):
+            raise self.error
+
+    def restore(self, ctx) -> int:
+        raise AssertionError("never reached")
+
+    def resume_in_place(self, target, ctx) -> None:
+        raise AssertionError("never reached")
+
+    def cleanup(self, ctx) -> None:
+        pass
+
+
+@pytest.mark.parametrize("error,status", [
+    (StageRefused("stage", "declined, the process went on"), "refused"),
+    (StageFailed("stage", "the process died"), "failed"),
+    (HarnessFault("stage", "no record of the processes"), "error"),
+])
+def test_a_failing_stage_is_the_tools_refusal_the_tools_loss_or_the_harness_own(tmp_path: Path, error, status):
+    child = spawn([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
+    released = []
+    try:
+        ctx = CutContext(images_dir=tmp_path / "images", timeline=Timeline("t0"), cut_index=0,
+                         cut=Cut(op=1, phase="admit", fault="kill"))
+        out = execute_cut(EndsWith(error), child, ctx, release=lambda: released.append(1), before_resume=lambda: None)
+        assert (out.status, out.stage, out.error) == (status, "stage", error.reason)
+        assert released == [1]  # whatever the outcome, a parked workload is let go
+        assert not (tmp_path / "images").exists()
+    finally:
+        child.kill()
