@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from cutbench.errors import CutbenchError
 from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
+from cutbench.workloads.xp import DEVICE_BACKENDS, unusable_reason
 
 ENTRY_POINT_GROUP = "cutbench.workloads"
 
@@ -46,8 +47,12 @@ BUILTIN: dict[str, str] = {
     "echo_peer_noseq": "cutbench.workloads.echo_peer:EchoPeerNoSeq",
 }
 
-# Array backends a workload runs on unless it says otherwise (``arrays``).
+# Array backends a workload runs on unless it says otherwise (``arrays``). PyTorch
+# is opt-in: a body written for CuPy's module (``xp.cuda``, raw kernels) does not
+# run on the array API namespace a torch workload gets.
 ARRAYS: tuple[str, ...] = ("numpy", "cupy")
+# Every name a workload's ``arrays`` may hold.
+ARRAY_LIBRARIES: tuple[str, ...] = ("numpy", "cupy", "torch")
 
 
 @runtime_checkable
@@ -87,7 +92,8 @@ class Workload(Protocol):
     def reference(cls, params: dict[str, Any]) -> Reference: ...
 
     # Optional members (see docs/workload-api.md):
-    #   arrays: ClassVar[tuple[str, ...]]   array backends it runs on; ("cupy",) = GPU-only
+    #   arrays: ClassVar[tuple[str, ...]]   array backends it runs on (of "numpy", "cupy", "torch");
+    #                                       without "numpy" it is GPU-only
     #   validate_params(cls, params)        classmethod; raise WorkloadError naming the bad value
     #   domains_for(cls, params)            classmethod; domains some parameter values add
     #   save_state(self, path: str) -> None / load_state(self, path: str) -> int
@@ -126,6 +132,10 @@ def load(name: str) -> type:
     unknown_phases = [p for p in cls.phases if not isinstance(p, str)]
     if unknown_phases or not cls.phases:
         raise WorkloadError(f"workload {target!r}: phases must be a non-empty tuple of names")
+    arrays = getattr(cls, "arrays", ARRAYS)
+    if isinstance(arrays, str) or not arrays or any(a not in ARRAY_LIBRARIES for a in arrays):
+        raise WorkloadError(f"workload {target!r}: arrays = {arrays!r}; must be a non-empty tuple of "
+                            f"{', '.join(map(repr, ARRAY_LIBRARIES))}")
     return cls
 
 
@@ -162,24 +172,60 @@ def declared_domains(cls: type, params: dict[str, Any]) -> frozenset[str]:
     return frozenset(cls.domains) | (frozenset(extra(params)) if callable(extra) else frozenset())
 
 
+def declared_arrays(cls: type) -> tuple[str, ...]:
+    """The array backends ``cls`` runs on: its ``arrays``, or :data:`ARRAYS` when it declares none."""
+    return tuple(getattr(cls, "arrays", ARRAYS))
+
+
+def resolve_array(cls: type, array: str) -> str:
+    """The backend ``cls`` runs on when the scenario asks for ``array``.
+
+    Any name but "auto" is returned as it is. "auto" never loads PyTorch for a
+    workload that runs on anything else (importing it costs seconds and
+    hundreds of MiB in every checkpoint image): CuPy when ``cls`` runs on it
+    and it is usable here, else NumPy when ``cls`` runs on it, else the first
+    of its device backends that is usable here, else its first device backend
+    (:func:`unavailable_reason` then says why it cannot run).
+    """
+    if array != "auto":
+        return array
+    arrays = declared_arrays(cls)
+    if "cupy" in arrays and unusable_reason("cupy") is None:
+        return "cupy"
+    if "numpy" in arrays:
+        return "numpy"
+    devices = [a for a in arrays if a in DEVICE_BACKENDS]
+    return next((a for a in devices if a != "cupy" and unusable_reason(a) is None), devices[0])
+
+
+# What to install when a device backend is missing.
+_INSTALL = {
+    "cupy": "install the 'gpu' extra on a machine with an NVIDIA GPU",
+    "torch": "install the 'torch' extra, a CUDA build of PyTorch, on a machine with an NVIDIA GPU",
+}
+
+
 def unavailable_reason(cls: type, array: str) -> str | None:
     """Why ``cls`` cannot run here on array backend ``array`` (with the fix), or None when it can.
 
-    A workload whose ``arrays`` lacks "numpy" needs CuPy and a CUDA device.
+    ``array`` is a scenario's ``workload.array`` ("auto" is resolved by
+    :func:`resolve_array`). The reason names a backend ``cls`` does not run
+    on, or the missing library or GPU: "cupy" needs CuPy and a CUDA device,
+    "torch" PyTorch with a CUDA device.
     """
-    arrays = tuple(getattr(cls, "arrays", ARRAYS))
-    wanted = "cupy" if array == "auto" and "numpy" not in arrays else array
-    if wanted != "auto" and wanted not in arrays:
+    arrays = declared_arrays(cls)
+    wanted = resolve_array(cls, array)
+    if wanted not in arrays:
         return f"workload {cls.name!r} runs on {', '.join(arrays)}, not {wanted!r}"
-    if wanted == "cupy":
-        from cutbench.workloads.xp import get_xp
+    if wanted not in DEVICE_BACKENDS:
+        return None
+    # "auto" with no usable device backend: every declared one's reason.
+    tried = [a for a in arrays if a in DEVICE_BACKENDS] if array == "auto" else [wanted]
+    reasons = [(a, unusable_reason(a)) for a in tried]
+    if any(why is None for _, why in reasons):
+        return None
+    return f"workload {cls.name!r} needs a GPU: " + "; ".join(f"{why} ({_INSTALL[a]})" for a, why in reasons)
 
-        try:
-            get_xp("cupy")
-        except ValueError as exc:
-            return f"workload {cls.name!r} needs a GPU: {exc} (install the 'gpu' extra on a machine with an NVIDIA GPU)"
-    return None
 
-
-__all__ = ["ARRAYS", "PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "declared_domains",
-           "load", "resolve_params", "unavailable_reason"]
+__all__ = ["ARRAYS", "PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "declared_arrays",
+           "declared_domains", "load", "resolve_array", "resolve_params", "unavailable_reason"]

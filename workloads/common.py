@@ -3,8 +3,8 @@ a replay reference, state files for the ``app`` baseline, and an input cursor
 kept outside the process.
 
 Everything numeric is unsigned 64-bit integer arithmetic, which wraps
-identically on CuPy and NumPy, so a reference computed with NumPy on the
-host reproduces a GPU run bit for bit.
+identically on CuPy, PyTorch and NumPy, so a reference computed with NumPy on
+the host reproduces a GPU run bit for bit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
-from cutbench.workloads.xp import is_device, synchronize, to_host
+from cutbench.workloads.xp import backend_name, is_device, synchronize, to_host, word, word_dtype
 from cutbench import validate
 from cutbench.files import atomic_open, atomic_write
 
@@ -49,27 +49,30 @@ def digest(*items: Any) -> str:
 
 
 def sums(xp: ModuleType, a: Any) -> Any:
-    """Two wrapping uint64 sums of ``a`` computed where ``a`` lives: plain and position-weighted.
+    """Two wrapping 64-bit word sums of ``a`` computed where ``a`` lives: plain and position-weighted.
 
-    Returns a 2-element array on ``a``'s device; together they change when any
+    Returns a 2-element word array on ``a``'s device (read it with
+    ``xp.host_words`` on any backend); together they change when any
     element changes (the weights ``2i+1`` are odd, so no single change cancels).
     """
-    u = xp.uint64
-    flat = a.reshape(-1)
-    weights = xp.arange(flat.size, dtype=u)
-    weights *= u(2)
-    weights += u(1)
+    u = word_dtype(xp)
+    # Array API spellings (functions, ``shape``) and xp's words, so the same
+    # code runs on torch's compat namespace.
+    flat = xp.reshape(a, (-1,))
+    weights = xp.arange(flat.shape[0], dtype=u)
+    weights *= word(xp, 2)
+    weights += word(xp, 1)
     weights *= flat
-    return xp.stack([flat.sum(dtype=u), weights.sum(dtype=u)])
+    return xp.stack([xp.sum(flat, dtype=u), xp.sum(weights, dtype=u)])
 
 
 def host_ints(a: Any) -> list[int]:
-    """``a`` copied to the host as a list of Python ints (synchronises on CuPy)."""
+    """``a`` copied to the host as a list of Python ints (synchronises on a device)."""
     return [int(v) for v in to_host(a).reshape(-1)]
 
 
 def device_domains(xp: ModuleType) -> list[str]:
-    """The extra state domain an array module adds: ``["cuda"]`` on CuPy, none on NumPy."""
+    """The extra state domain an array module adds: ``["cuda"]`` on CuPy and torch, none on NumPy."""
     return ["cuda"] if is_device(xp) else []
 
 
@@ -123,7 +126,7 @@ class ReplayReference:
 
 
 def save_state_file(path: str, header: dict[str, Any], arrays: dict[str, Any]) -> None:
-    """Write ``header`` (JSON-able) and ``arrays`` (NumPy or CuPy) to ``path`` atomically.
+    """Write ``header`` (JSON-able) and ``arrays`` (NumPy, CuPy or torch) to ``path`` atomically.
 
     The file is opened and closed here: no file stays open across a cut.
     """
@@ -304,7 +307,7 @@ class BaseWorkload:
         out: dict[str, Any] = {
             "host_op": self.committed,
             "checksum": checksum,
-            "device": self.xp.__name__,
+            "device": backend_name(self.xp),
             "domains": device_domains(self.xp) + sorted(self.domains_for(self.p)),
         }
         if domain_ops is not None:

@@ -1,10 +1,13 @@
 """``counter``: the smallest workload that can be wrong in every interesting way.
 
-State is a vector of uint64 on the device (NumPy on machines without a GPU).
-Op *i* applies ``state = state * MULT + mix(seed, i)`` elementwise, publishes
-the digest of the new state as its effect, waits for the ack and commits a
-local marker. Integer arithmetic wraps mod 2**64 identically on CuPy and
-NumPy, so the reference below reproduces every digest bit for bit.
+State is a vector of 64-bit words on the device (NumPy on machines without a
+GPU; ``xp.word_dtype`` says why torch holds them as int64). Op *i* applies
+``state = state * MULT + mix(seed, i)`` elementwise, publishes the digest of
+the new state as its effect, waits for the ack and commits a local marker.
+Integer arithmetic wraps mod 2**64 identically on CuPy, PyTorch and NumPy, so
+the reference below reproduces every digest bit for bit. The body keeps to the
+array API standard (plus the helpers of ``xp``), so it also runs on
+``array = "torch"``.
 """
 
 from __future__ import annotations
@@ -15,23 +18,26 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any, ClassVar
 
-from cutbench.workloads.common import (GOLDEN, MASK, MAX_OPS, MIX1, MIX2, MULT, check_range, host_ints, load_state_into,
+import array_api_compat
+
+from cutbench.workloads.api import ARRAYS
+from cutbench.workloads.common import (GOLDEN, MASK, MAX_OPS, MIX1, MIX2, MULT, check_range, load_state_into,
                                        save_state_file, sums)
 from cutbench.workloads.control import PHASES
-from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize, to_host
+from cutbench.workloads.xp import (backend_name, device_uuid, host_words, is_device, pointer, release_cached_memory,
+                                   shift_right, synchronize, word, word_dtype)
 
 
 def mix(xp: ModuleType, n: int, seed: int, op: int) -> Any:
     """The deterministic increment of op ``op``: splitmix64 over ``arange(n)`` offset by (seed, op)."""
-    u = xp.uint64
     base = (seed * GOLDEN + op * MIX1) & MASK
-    x = xp.arange(n, dtype=u)
-    x += u(base)
-    x ^= x >> u(30)
-    x *= u(MIX1)
-    x ^= x >> u(27)
-    x *= u(MIX2)
-    x ^= x >> u(31)
+    x = xp.arange(n, dtype=word_dtype(xp))
+    x += word(xp, base)
+    x ^= shift_right(xp, x, 30)
+    x *= word(xp, MIX1)
+    x ^= shift_right(xp, x, 27)
+    x *= word(xp, MIX2)
+    x ^= shift_right(xp, x, 31)
     return x
 
 
@@ -54,15 +60,15 @@ def initial_state(xp: ModuleType, n: int, seed: int) -> Any:
 
 
 def apply_op(xp: ModuleType, state: Any, seed: int, op: int) -> None:
-    """Apply op ``op`` to ``state`` in place (enqueues device work on CuPy)."""
-    state *= xp.uint64(MULT)
-    state += mix(xp, state.size, seed, op)
+    """Apply op ``op`` to ``state`` in place (enqueues device work on a GPU)."""
+    state *= word(xp, MULT)
+    state += mix(xp, array_api_compat.size(state), seed, op)
 
 
 def digest(xp: ModuleType, state: Any) -> str:
     """A short digest of ``state``: two wrapping sums reduced on the device, hashed on the host."""
-    s1, s2 = host_ints(sums(xp, state))
-    return hashlib.blake2b(f"{state.size}:{s1}:{s2}".encode(), digest_size=16).hexdigest()
+    s1, s2 = host_words(sums(xp, state))
+    return hashlib.blake2b(f"{array_api_compat.size(state)}:{s1}:{s2}".encode(), digest_size=16).hexdigest()
 
 
 class CounterReference:
@@ -97,6 +103,7 @@ class Counter:
     name: ClassVar[str] = "counter"
     domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     phases: ClassVar[tuple[str, ...]] = PHASES
+    arrays: ClassVar[tuple[str, ...]] = ("numpy", "cupy", "torch")
     defaults: ClassVar[dict[str, Any]] = {
         "ops": 8,
         "seed": 0,
@@ -106,6 +113,13 @@ class Counter:
         # that many bytes; verified at the end and folded into the checksum.
         "ballast_mib": 0,
     }
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass changes the op's steps, and may do so with CuPy's or
+        # NumPy's own methods (``state.copy()``): it runs on torch only if it says so.
+        super().__init_subclass__(**kwargs)
+        if "arrays" not in cls.__dict__:
+            cls.arrays = ARRAYS
 
     @classmethod
     def validate_params(cls, p: dict[str, Any]) -> None:
@@ -130,12 +144,12 @@ class Counter:
         self.ballast = ballast(self.xp, self.p["ballast_mib"], self.p["seed"])
         # A device-side pointer table: the buffer's own address stored in device
         # memory, checked against the live address at the end (GPU runs only).
-        self.ptr_table = self.xp.asarray([pointer(self.state)], dtype=self.xp.uint64) if is_device(self.xp) else None
+        self.ptr_table = self.xp.asarray([pointer(self.state)], dtype=word_dtype(self.xp)) if is_device(self.xp) else None
         synchronize(self.xp)
         if is_device(self.xp):
             # Give the temporaries of the set-up back to the driver: the device
             # state a checkpoint moves is then the buffers (and the context).
-            self.xp.get_default_memory_pool().free_all_blocks()
+            release_cached_memory(self.xp)
         self.pointers_initial = {"state": pointer(self.state)}
         self.gpu_uuid_initial = device_uuid(self.xp)
 
@@ -200,7 +214,7 @@ class Counter:
         """Whether the ballast still holds exactly what :func:`ballast` wrote."""
         if self.ballast is None:
             return True
-        return bool((self.ballast == ballast(self.xp, self.p["ballast_mib"], self.p["seed"])).all())
+        return bool(self.xp.all(self.ballast == ballast(self.xp, self.p["ballast_mib"], self.p["seed"])))
 
     def report(self) -> dict[str, Any]:
         """Host counters, the device state digest and the buffer addresses."""
@@ -211,10 +225,10 @@ class Counter:
             "checksum": self.state_digest() + ("" if self.ballast_ok() else BALLAST_CORRUPT),
             "pointers_initial": self.pointers_initial,
             "pointers_final": {"state": pointer(self.state)},
-            "device": self.xp.__name__,
+            "device": backend_name(self.xp),
         }
         if self.ptr_table is not None:
-            out["pointer_table_ok"] = int(to_host(self.ptr_table)[0]) == pointer(self.state)
+            out["pointer_table_ok"] = host_words(self.ptr_table)[0] == pointer(self.state)
             out["domains"] = ["cuda"]
             out["gpu_uuid_initial"] = self.gpu_uuid_initial
             out["gpu_uuid"] = device_uuid(self.xp)

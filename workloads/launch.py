@@ -11,8 +11,8 @@ import sys
 
 from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
-from cutbench.workloads.runtime import Runtime, TrackedReceiver, WorkloadConfig, format_exception
-from cutbench.workloads.xp import get_xp, is_device
+from cutbench.workloads.runtime import Runtime, TrackedReceiver, WorkloadConfig, format_exception, write_log
+from cutbench.workloads.xp import ArrayBackendUnavailable, get_xp, is_device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     control = ControlFile(config.control_path)
     control.set("pid", os.getpid())
     cls = api.load(config.workload)
-    rt = Runtime(config=config, control=control, xp=get_xp(config.array_backend), phases=tuple(cls.phases))
+    try:
+        # "auto" by the workload's own ``arrays``: a torch-only workload gets torch.
+        xp = get_xp(api.resolve_array(cls, config.array_backend))
+    except ArrayBackendUnavailable as exc:  # the harness checks first; a direct launch may not
+        write_log(config.log_path, control.get("incarnation"), f"failed: {exc}")
+        return 1
+    rt = Runtime(config=config, control=control, xp=xp, phases=tuple(cls.phases))
     control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:

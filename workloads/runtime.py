@@ -56,7 +56,12 @@ class WorkloadConfig:
 
 @dataclass
 class Runtime:
-    """What a running workload sees: control channel, array module, receiver, files."""
+    """What a running workload sees: control channel, array namespace, receiver, files.
+
+    ``xp`` is what ``cutbench.workloads.xp.get_xp`` returns for the trial's
+    array backend: the ``numpy`` or ``cupy`` module, or ``array_api_compat.torch``
+    (CUDA tensors) for ``"torch"``.
+    """
 
     config: WorkloadConfig
     control: ControlFile
@@ -175,8 +180,7 @@ class Runtime:
 
     def log(self, message: str) -> None:
         """Append one line to the workload log (opened and closed per line, see module doc)."""
-        with open(self.config.log_path, "a") as fh:
-            fh.write(f"{time.time():.6f} pid={os.getpid()} epoch={self.epoch} {message}\n")
+        write_log(self.config.log_path, self.epoch, message)
 
     def commit_marker(self, op: int) -> None:
         """Durably record that ``op`` is committed (write, fsync, atomic rename)."""
@@ -189,6 +193,12 @@ class Runtime:
         body.setdefault("epoch", self.epoch)
         atomic_write(self.config.report_path, json.dumps(body, sort_keys=True))
         self.control.set("done", 1)
+
+
+def write_log(path: str | os.PathLike[str], epoch: int, message: str) -> None:
+    """Append one line, stamped with the time, this pid and ``epoch``, to the log at ``path`` (opened and closed here)."""
+    with open(path, "a") as fh:
+        fh.write(f"{time.time():.6f} pid={os.getpid()} epoch={epoch} {message}\n")
 
 
 def write_marker(path: str | os.PathLike[str], op: int) -> None:

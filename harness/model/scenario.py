@@ -20,6 +20,7 @@ import tomli_w
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.certificate import CERTIFY_MODES
+from cutbench.workloads.xp import ARRAY_BACKENDS
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
 from cutbench.files import read_document
 from cutbench.registry import CHECKPOINTERS, backend_capabilities
@@ -40,7 +41,7 @@ LIMITS: dict[str, int | float] = {
     "pipeline.ms": 3_600_000,
 }
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
-ARRAYS: tuple[str, ...] = ("auto", "numpy", "cupy")
+ARRAYS: tuple[str, ...] = ARRAY_BACKENDS  # the workloads' runtime decides which array libraries exist
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "": ("name", "description", "include", "workload", "receiver", "pipeline", "plan", "run", "variants"),
