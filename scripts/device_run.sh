@@ -55,7 +55,7 @@ step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:
 step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
 # The tool-failure reproducers (benchmarks/repro/): driver API and NVIDIA's utility, CRIU, no harness.
 step_repro() {
-  for s in leave_running_restore cuda_call_in_split_window host_callback_lock; do
+  for s in ${REPRO:-leave_running_restore cuda_call_in_split_window host_callback_lock}; do
     timeout 300 $PY benchmarks/repro/$s.py --out "$RES/repro" ${REPRO_ARGS:-} 2>&1 | tail -60
   done
   nvidia-smi --query-gpu=driver_version,name --format=csv > "$RES/repro/environment.txt" 2>&1

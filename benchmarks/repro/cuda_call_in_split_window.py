@@ -56,7 +56,9 @@ def run_case(w, name: str, phase: str, release: bool, host_ms: float, fault: str
             case.step("alive 2 s into the blocked call", child.alive())
             case.step("restore original", w.restore(child.pid))
             case.step("unlock original", w.unlock(child.pid))
-            ok = case.step("finished correctly", child.reap() == 0 and child.correct())
+            status = case.step("exit status", child.reap())
+            case.step("child log", child.log_tail())
+            ok = case.step("finished correctly", status == 0 and child.correct())
             case.verdict = "survived" if ok else "lost"
             return case
         dumped = case.step("criu dump", child.dump(leave_running=fault != "kill"))
