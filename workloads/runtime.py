@@ -183,7 +183,7 @@ class Runtime:
         write_log(self.config.log_path, self.epoch, message)
 
     def commit_marker(self, op: int) -> None:
-        """Durably record that ``op`` is committed (write, fsync, atomic rename)."""
+        """Durably record that ``op`` is committed (see :func:`write_marker`)."""
         write_marker(self.config.marker_path, op)
 
     def write_report(self, report: dict[str, Any]) -> None:
@@ -201,9 +201,32 @@ def write_log(path: str | os.PathLike[str], epoch: int, message: str) -> None:
         fh.write(f"{time.time():.6f} pid={os.getpid()} epoch={epoch} {message}\n")
 
 
+# The marker is one fixed-width record rewritten in place. Why not write-then-rename:
+# a process dumped inside the write holds the temporary file open, and after
+# ``leave_running`` the original renames it away, so CRIU cannot restore the copy
+# ("can't open file"). In place, the only path ever open is the marker itself.
+MARKER_WIDTH = 20
+
+
 def write_marker(path: str | os.PathLike[str], op: int) -> None:
-    """Durably replace the op number in marker file ``path`` (write, fsync, atomic rename; no file stays open)."""
-    atomic_write(path, str(op), durable=True)
+    """Durably record op number ``op`` in marker file ``path``: one fixed-width ``pwrite`` at offset 0, then fsync.
+
+    A write of 20 bytes at offset 0 is never seen half done by a later
+    reader, and a process killed around it leaves the old or the new number.
+    """
+    record = f"{op:>{MARKER_WIDTH}d}"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        # First write: created whole (a file that grows after a dump cannot be restored).
+        # The harness creates the commit marker before the workload starts.
+        atomic_write(path, record, durable=True)
+        return
+    try:
+        os.pwrite(fd, record.encode(), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_marker(path: str | os.PathLike[str]) -> int:

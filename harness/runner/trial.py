@@ -31,7 +31,7 @@ from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.procs import Child, become_subreaper, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
-from cutbench.workloads.runtime import WorkloadConfig, read_marker
+from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
 
 POLL_S = 0.005
 
@@ -270,6 +270,9 @@ class TrialRunner:
             receiver=self.s.receiver.address,
             array_backend=self.spec.array,
         )
+        # The commit marker exists at its full width before the workload runs, so the
+        # workload only ever rewrites it in place (see write_marker).
+        write_marker(config.marker_path, 0)
         path = self.tdir / "config.json"
         config.dump(path)
         return path

@@ -16,6 +16,12 @@ from cutbench.harness.model.trial import TrialResult
 from cutbench.registry import CHECKPOINTERS, backend_capabilities
 
 
+def _landed(evidence: list[dict[str, Any]]) -> str | None:
+    """``op/phase`` of the first cut's first capture stage (``None`` when no cut captured anything)."""
+    positions = evidence[0].get("positions", {}) if evidence else {}
+    return next(iter(positions.values()), None)
+
+
 def trial_row(result: TrialResult) -> dict[str, Any]:
     """The flat ``trials.parquet`` row of a trial."""
     spec, rec, verdict = result.spec, result.record, result.verdict
@@ -43,6 +49,8 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "cut_op": first.op if first else None,
         "cut_phase": first.phase if first else None,
         "cut_mode": first.mode if first else None,
+        # Where the first cut really took the workload's state (an async trigger can fire late).
+        "cut_landed": _landed(rec.cut_evidence),
         "status": rec.status,
         "outcome": verdict.outcome,
         "n_findings": len(verdict.findings),

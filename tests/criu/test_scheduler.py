@@ -35,6 +35,15 @@ def test_an_async_cut_lands_wherever_the_workload_is(criu, results_root):
     assert (row["status"], row["outcome"], row["restores"]) == ("completed", "valid", 1), stored["record"]["error"]
     reach = timeline[timeline["stage"] == "reach_cut"].iloc[0]
     assert reach["detail"] == "async +7ms after 2/admit"
+    # Where the dump really took it: recorded, at or after the trigger point, never the plan's word.
+    op, phase = row["cut_landed"].split("/")
+    assert int(op) >= 2 and phase and row["cut_landed"] == stored["record"]["cut_evidence"][0]["positions"]["criu_freeze"]
+
+
+@pytest.mark.criu
+def test_a_precise_cut_lands_where_it_was_planned(criu, results_root):
+    row, _, _ = run_plan(results_root, CutPlan((Cut(3, "publish", fault="kill"),)))
+    assert row["cut_landed"] == "3/publish"
 
 
 @pytest.mark.criu

@@ -430,3 +430,17 @@ def test_rank_rolled_back_past_the_resend_log_hangs():
     results = _run_ranks(rings, 8, 5, hook)
     assert all(isinstance(x, TimeoutError) for x in results), results
     assert rings[0].unserved >= 1
+
+
+def test_the_commit_marker_is_rewritten_in_place_with_no_other_path_ever_open(tmp_path):
+    """A process dumped inside the marker write holds only ``marker`` open, a path that still exists when a
+    ``leave_running`` copy is restored (a temporary file renamed away made CRIU's restore fail)."""
+    from cutbench.workloads.runtime import read_marker, write_marker
+
+    marker = tmp_path / "marker"
+    write_marker(marker, 7)
+    inode = marker.stat().st_ino
+    for op in (8, 123456, 9):
+        write_marker(marker, op)
+        assert read_marker(marker) == op and marker.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marker"]
