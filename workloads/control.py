@@ -62,6 +62,9 @@ _SLOTS = (
     "sent_effect",  # workload
     "acked_effect",  # workload: the highest effect id whose ack it received
     "on_device",  # workload: 1 when its arrays live on a CUDA device (the "cuda" domain)
+    # Ground truth for "restored or started anew": a workload process that starts
+    # from op 1 (not a restored image, not an application-level --resume) bumps it.
+    "fresh_starts",  # workload
 )
 # A length-prefixed UTF-8 string (the app backend's save path) lives here.
 TEXT_OFFSET = 2048

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if resume is not None:
             first = int(workload.load_state(resume)) + 1
             control.set("load_count", control.get("load_count") + 1)
+        else:
+            control.set("fresh_starts", control.get("fresh_starts") + 1)
         rt.log(f"start {cls.name} ops={config.params.get('ops')} first={first}")
         for op in range(first, int(config.params["ops"]) + 1):
             workload.run_op(op)

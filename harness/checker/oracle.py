@@ -20,6 +20,7 @@ The findings, each defined precisely in its function's docstring:
 ``deadlock``         :func:`find_deadlock`
 ``unsafe_acceptance`` :func:`find_unsafe_acceptance`
 ``process_lost``     :func:`find_process_lost`
+``restarted``        :func:`find_restarted`
 ``certificate_unsound`` :func:`find_certificate_unsound`
 ==================== =====================================================
 """
@@ -223,6 +224,23 @@ def find_process_lost(trial: TrialRecord) -> list[Finding]:
     return [Finding("process_lost", trial.progress_op or None, f"{stage}: {trial.error}")]
 
 
+def find_restarted(trial: TrialRecord) -> list[Finding]:
+    """``restarted``: a restore was reported, but the execution started anew instead of continuing from the cut.
+
+    Ground truth, not the tool's word: every workload process that begins at
+    op 1 — neither a restored image nor an application-level resume — counts
+    one ``fresh_starts``. A trial with a restore and more than one fresh start
+    was begun again. For the ``restart`` baseline (a scheduler's requeue) this
+    is its nature; for a checkpoint tool it is a defect. The op is where the
+    workload stood at the end.
+    """
+    if trial.restores == 0 or trial.fresh_starts <= 1:
+        return []
+    again = trial.fresh_starts - 1
+    return [Finding("restarted", None, f"the workload started from op 1 again {again} time{'s' * (again > 1)} "
+                                       f"after {trial.restores} reported restore{'s' * (trial.restores > 1)}")]
+
+
 def find_certificate_unsound(trial: TrialRecord, findings: list[Finding]) -> list[Finding]:
     """``certificate_unsound``: a restore the certificate called eligible, in a trial the other findings make invalid.
 
@@ -250,6 +268,7 @@ FINDERS: tuple[tuple[str, Finder], ...] = (
     ("pointer_changed", lambda rec, effects, ref: find_pointer_changes(rec.report)),
     ("unsafe_acceptance", lambda rec, effects, ref: find_unsafe_acceptance(rec)),
     ("process_lost", lambda rec, effects, ref: find_process_lost(rec)),
+    ("restarted", lambda rec, effects, ref: find_restarted(rec)),
 )
 
 

@@ -27,6 +27,7 @@ FINDING_KINDS: tuple[str, ...] = (
     "unsafe_acceptance",
     "certificate_unsound",
     "process_lost",
+    "restarted",
 )
 # Three vocabularies, one per step, each with its own meaning (DESIGN.md "Oracle"):
 # - a cut's outcome, from the nemesis pipeline: what happened to that cut;
@@ -150,6 +151,9 @@ class TrialRecord:
     # Per cut: the workload's positions at each capture stage and the effects sent and
     # acknowledged at the image (runner.coordinator.TrialCoordinator.evidence_of).
     cut_evidence: list[dict[str, Any]] = field(default_factory=list)
+    # How many times a workload process started from op 1 (ground truth: a restored image
+    # or an application-level resume does not count). 1 in a trial that continued.
+    fresh_starts: int = 1
 
     def __post_init__(self) -> None:
         if self.status not in TRIAL_STATUSES:
@@ -178,7 +182,7 @@ class TrialRecord:
             raise InvalidArgument(f"trial record: expected a mapping, got {type(data).__name__}")
         # None stands for "absent" (TOML and old records drop keys), except the report, where None means "never reported".
         known = {f: data[f] for f in cls.__dataclass_fields__ if f in data and (data[f] is not None or f == "report")}
-        for key in ("restores", "marker_op"):
+        for key in ("restores", "marker_op", "fresh_starts"):
             if key in known:
                 try:
                     known[key] = int(known[key] or 0)

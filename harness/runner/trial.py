@@ -152,6 +152,7 @@ class TrialRunner:
             for companion in [*companions, *self.cut_targets]:
                 companion.kill()
             progress_op, progress_phase = self._last_position(control, state)
+            fresh_starts = control.get("fresh_starts")
             control.close()
         report = self._read_report()
         record = TrialRecord(
@@ -174,6 +175,7 @@ class TrialRunner:
             log_tail=self._log_tail() if state.status in ("unknown", "deadlock", "lost") else "",
             certificates=self.coordinator.certificates,
             cut_evidence=state.evidence,
+            fresh_starts=fresh_starts,
         )
         effects, store_error = self._effects()
         if store_error:

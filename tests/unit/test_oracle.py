@@ -266,3 +266,12 @@ def test_the_checker_reads_a_typed_record_and_rejects_a_malformed_one():
     bad = judge(record(status="exploded"), clean_effects(), REF)
     assert bad.outcome == "unknown" and "status = 'exploded'" in bad.reason
     assert judge(record(restores="many"), clean_effects(), REF).outcome == "unknown"
+
+
+def test_a_restore_that_started_the_workload_again_is_restarted():
+    """Ground truth: a second fresh start (from op 1) after a reported restore; never from a continuation."""
+    v = judge(record(fresh_starts=2), clean_effects(), REF)
+    assert kinds(v) == ["restarted"] and "started from op 1 again 1 time after 1 reported restore" in v.findings[0].detail
+    assert judge(record(fresh_starts=1), clean_effects(), REF).outcome == "valid"  # a restore that continued
+    assert judge(record(), clean_effects(), REF).outcome == "valid"  # records from before the count: one start
+    assert judge(record(restores=0, cut_outcomes=[], fresh_starts=2), clean_effects(), REF).outcome == "valid"

@@ -55,7 +55,7 @@ class AppCheckpointer:
             raise HarnessFault("app_save", "no control channel to the workload")
         if ctx.cut.restore_target != "same":
             raise StageRefused("app_save", "the app backend restores on the same device only")
-        self._command = _command_of(target.pid)
+        self._command = command_of(target.pid, "app_save")
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         path = ctx.images_dir / STATE_FILE
         control.set_text(str(path))
@@ -111,13 +111,13 @@ class AppCheckpointer:
             ctx.control.set("save_hold", 0)
 
 
-def _command_of(pid: int) -> tuple[list[str], str]:
-    """The command line (without an earlier ``--resume``) and working directory of ``pid``."""
+def command_of(pid: int, stage: str) -> tuple[list[str], str]:
+    """The command line (without an earlier ``--resume``) and working directory of ``pid``, read in ``stage``."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError as exc:
-        raise HarnessFault("app_save", f"cannot read the workload's command line: {exc}") from exc
+        raise HarnessFault(stage, f"cannot read the workload's command line: {exc}") from exc
     if "--resume" in argv:
         argv = argv[: argv.index("--resume")]
     return argv, cwd

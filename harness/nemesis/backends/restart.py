@@ -1,0 +1,73 @@
+"""``restart``: what a scheduler's requeue does — kill the job and start it again from the beginning.
+
+The floor every checkpoint tool is compared with: no image at all. The cut
+takes nothing but the workload's command line; after the fault the workload is
+started again, fresh, from op 1, and recomputes everything. It keeps no
+in-process state from the crashed run, so nothing in the process is stale
+(it declares ``cpu``, ``cuda`` and ``ipc`` covered); what the crashed run left
+outside it — effects at the receiver, files — it meets again. The oracle
+reports every such trial ``restarted`` (from the workload's own count of fresh
+starts, not from this backend's word): that is what a restart is.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.harness.nemesis.backends.app import POLL_S, command_of
+from cutbench.harness.nemesis.base import Capabilities, CutContext
+from cutbench.procs import Child, spawn
+
+
+class RestartCheckpointer:
+    """The ``restart`` backend (see module docstring)."""
+
+    name = "restart"
+    capabilities = Capabilities(
+        faults=frozenset({"kill", "leave_running"}),
+        stages=("restart_record", "restart_spawn"),
+        covers=frozenset({"cpu", "cuda", "ipc"}),
+    )
+
+    def __init__(self) -> None:
+        self._command: tuple[list[str], str] | None = None
+        self._children: list[Child] = []  # kept so subprocess never reaps a pid the harness waits for
+
+    def unavailable_reason(self) -> str | None:
+        """Always available: it needs nothing but the workload."""
+        return None
+
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``restart_record``: note the command line to start again (there is no image)."""
+        if ctx.cut.restore_target != "same":
+            raise StageRefused("restart_record", "the restart backend starts the job on the same device only")
+        with ctx.timeline.stage("restart_record", ctx.cut_index):
+            self._command = command_of(target.pid, "restart_record")
+        ctx.facts["image_bytes"] = 0
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stage ``restart_spawn``: start the workload again from op 1; returns once it is up."""
+        control = ctx.control
+        if self._command is None or control is None:
+            raise HarnessFault("restart_spawn", "no command line recorded to start again")
+        argv, cwd = self._command
+        starts = control.get("fresh_starts")
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        with ctx.timeline.stage("restart_spawn", ctx.cut_index):
+            child = spawn(argv, cwd=cwd)
+            self._children.append(child)
+            while control.get("fresh_starts") <= starts:
+                if not child.alive():
+                    raise StageFailed("restart_spawn", f"the started workload exited ({child.returncode}) before running")
+                if time.monotonic() > deadline:
+                    child.kill()
+                    raise StageFailed("restart_spawn", f"the started workload did not start within {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
+        return child.pid
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Never called: fault ``none`` is not offered (a restart without a crash is no restart)."""
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Nothing: no image is written."""
