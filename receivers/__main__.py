@@ -1,7 +1,7 @@
-"""``python -m cutbench.receivers serve ...``: run the receiver service (see ``cutbench.receivers.server.main``)."""
+"""``python -m cutbench.receivers serve ...``: run the receiver service (see ``cutbench.receivers.command``)."""
 
 import sys
 
-from .server import main
+from .command import main
 
 sys.exit(main())

@@ -72,6 +72,8 @@ class ReceiverClient:
     owed before it is treated as dead (reconnect and resend). ``wait_timeout``:
     default overall limit of ``wait_ack`` and control calls. ``connect_timeout``
     bounds one connection attempt; ``max_backoff`` caps the pause between them.
+    ``max_frame`` is the largest reply accepted; it grows to the server's limit
+    (from ``hello``) when that is larger.
     Connecting is lazy: nothing happens until the first call.
     """
 
@@ -217,7 +219,8 @@ class ReceiverClient:
         return int(self._request({"type": "query", "what": "high_water_mark"})["value"])
 
     def trial_info(self, trial: str) -> dict[str, Any]:
-        """Return mode, fence and counts of one trial."""
+        """Return one trial's committed state: ``mode``, ``fence``, ``done`` (distinct ops that took
+        effect: a row applied or committed) and ``open_prepared``. ``ReceiverError`` if never opened."""
         return self._request({"type": "query", "what": "trial", "trial": _check_text("trial", trial)})["value"]
 
     def health(self) -> dict[str, Any]:
@@ -378,6 +381,10 @@ class ReceiverClient:
             self._drop()
             raise ReceiverError.from_reply(reply)
         self.connection_id = reply.get("connection_id")
+        server_max = reply.get("max_frame")
+        if isinstance(server_max, int) and not isinstance(server_max, bool) and server_max > self._decoder.max_frame:
+            # The server sizes its replies (export pages) to its own frame limit: accept what it may send.
+            self._decoder.max_frame = server_max
 
     def _pump(self, until: float) -> bool:
         """Read and dispatch frames until at least one arrives or ``until``; False if none came."""

@@ -6,6 +6,8 @@ batch, has the store commit them in one transaction, and only then replies.
 Because there is exactly one writer, the in-memory view always equals the
 store after each commit; after a store failure or a restart the ledger is
 rebuilt from the store (``Ledger.rebuild``), which stays the single truth.
+The ledger holds only what deciding needs; counts a client asks for are read
+from the store.
 """
 
 from __future__ import annotations
@@ -44,8 +46,22 @@ class Changes:
 class TrialState:
     mode: str
     fence: int | None = None
-    done: set[int] = field(default_factory=set)  # ops applied (idempotent) or committed (fenced)
+    # ops applied (idempotent) or committed (fenced); at_least_once decides nothing from it and keeps none
+    done: set[int] = field(default_factory=set)
     prepared: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # op -> [(seq, epoch)] still open
+
+
+@dataclass(slots=True)
+class Savepoint:
+    """What one request may change in a ledger, as it was before the request (``Ledger.savepoint``)."""
+
+    last_seq: int
+    trial: str
+    existed: bool
+    fence: int | None
+    prepared: dict[int, list[tuple[int, int]]]
+    op: int | None
+    op_done: bool
 
 
 class Ledger:
@@ -133,7 +149,8 @@ class Ledger:
             decision = "suppressed"
         else:
             decision = "applied"
-            st.done.add(op)
+            if st.mode == "idempotent":
+                st.done.add(op)
         seq = self._seq()
         ch.rows.append(self._delivery_row(cmd, seq, "publish", decision))
         return self._delivery_ack(m, "publish", decision, seq)
@@ -216,8 +233,29 @@ class Ledger:
         ch.fences.append((seq, trial, fence, cmd.received_at))
         return reply("ack", "fence", m.get("id"), trial=trial, fence=fence, arrival_seq=seq)
 
-    def trial_info(self, name: str) -> dict[str, Any]:
-        """Return a small summary of one trial (mode, fence, counts) for ``query``."""
-        st = self._trial(name)
-        return {"trial": name, "mode": st.mode, "fence": st.fence, "done": len(st.done),
-                "open_prepared": sum(len(v) for v in st.prepared.values())}
+    # -- undoing one request ------------------------------------------------------------
+
+    def savepoint(self, cmd: Command) -> Savepoint:
+        """Return what ``apply(cmd, ...)`` may change, so ``rollback`` can undo that one request.
+
+        A request changes at most its own trial: its fence, its open prepared
+        deliveries, whether its op is done, and the last arrival_seq.
+        """
+        name, op = cmd.msg["trial"], cmd.msg.get("op_id")
+        st = self.trials.get(name)
+        if st is None:
+            return Savepoint(self.last_seq, name, False, None, {}, op, False)
+        return Savepoint(self.last_seq, name, True, st.fence, {k: list(v) for k, v in st.prepared.items()},
+                         op, op is not None and op in st.done)
+
+    def rollback(self, sp: Savepoint) -> None:
+        """Put the ledger back as it was at ``sp``: the request applied since was not stored."""
+        self.last_seq = sp.last_seq
+        if not sp.existed:
+            self.trials.pop(sp.trial, None)
+            return
+        st = self.trials[sp.trial]
+        st.fence = sp.fence
+        st.prepared = sp.prepared
+        if sp.op is not None and not sp.op_done:
+            st.done.discard(sp.op)

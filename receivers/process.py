@@ -12,7 +12,8 @@ from pathlib import Path
 import cutbench
 from cutbench.errors import InvalidArgument, Unavailable
 
-from .server import TOKEN_ENV, check_exposure
+from .protocol import TOKEN_ENV
+from .server import check_exposure
 
 # The receiver process must import the same cutbench as this one.
 _PACKAGE_ROOT = str(cutbench.IMPORT_ROOT)

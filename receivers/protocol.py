@@ -15,7 +15,11 @@ from typing import Any
 from cutbench.errors import InvalidArgument
 
 VERSION = 1
+TOKEN_ENV = "CUTBENCH_RECEIVER_TOKEN"  # where the server and process.start_receiver pass the shared secret
 MAX_FRAME = 1 << 20  # 1 MiB: far above any legal message, far below memory trouble
+# The smallest frame limit a server may run with: every legal request and every single reply
+# (an export page of one row included) fits in it, the longest texts JSON-escaped included.
+MIN_FRAME = 16 << 10
 HEADER = struct.Struct(">I")
 
 MODES = ("at_least_once", "idempotent", "fenced")
@@ -136,7 +140,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
 
 
 def request_id(msg: dict[str, Any]) -> int | None:
-    """Return the message's ``id`` if it is a valid one (an int in 0..2**63-1), else None."""
+    """Return the message's ``id`` if it is a valid one (an int in 0..2**63-1), else None (also for null)."""
     rid = msg.get("id")
     if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid <= MAX_INT:
         return rid
@@ -183,7 +187,8 @@ def validate(msg: dict[str, Any]) -> str:
     mtype = msg.get("type")
     if not isinstance(mtype, str) or mtype not in _FIELDS:
         raise ProtocolError("unknown_type", f"unknown message type {str(mtype)[:40]!r}")
-    if "id" in msg and request_id(msg) is None:
+    # null is the same as absent for every optional field, and ``id`` is one.
+    if msg.get("id") is not None and request_id(msg) is None:
         raise ProtocolError("bad_argument", "id must be an integer in 0..2**63-1")
     fields = _FIELDS[mtype]
     for key in msg:

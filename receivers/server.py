@@ -1,28 +1,31 @@
 """The receiver service: an asyncio server with one group-committing writer.
 
-Reads happen on the event loop; every write request (open_trial, publish,
-prepare, commit, abort, fence) is queued for the single writer task, which
-takes everything queued so far, decides it with the ``Ledger``, commits the
-whole batch in one store transaction on a worker thread and only then sends
-the acks. While one batch is being fsynced the next one accumulates: that is
-the group commit that keeps throughput up with many clients.
+Every write request (open_trial, publish, prepare, commit, abort, fence) is
+queued for the single writer task, which takes everything queued so far,
+decides it with the ``Ledger``, commits the whole batch in one store
+transaction on a worker thread and only then sends the acks. While one batch
+is being fsynced the next one accumulates: that is the group commit that keeps
+throughput up with many clients. When the store refuses a batch, its requests
+are decided and committed again one at a time, so a row the store cannot hold
+costs only its own request an error. Reads of store contents (a trial query,
+export) run on a second connection on a reader thread and see only committed
+state; hello, health and the high-water mark are answered on the event loop.
+The command line is ``receivers/command.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hmac
 import ipaddress
 import logging
 import os
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cutbench.errors import CutbenchError, InvalidArgument
+from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_write
 
 from . import protocol as P
@@ -33,7 +36,6 @@ from .stores import Store, open_store
 
 log = logging.getLogger("cutbench.receiver")
 
-TOKEN_ENV = "CUTBENCH_RECEIVER_TOKEN"
 MAX_BATCH = 4096  # commands per transaction; bounds latency of one commit
 PAUSE_AT = 2048  # outstanding requests per connection before we stop reading it
 EXPORT_PAGE = 1000
@@ -159,6 +161,9 @@ class Service:
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="receiver-writer")
         self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="receiver-reader")
         self._reader: Store | None = None
+        # True when the ledger may differ from the store and could not be read back yet:
+        # nothing may be decided until it was.
+        self._ledger_stale = False
         self.batches = 0
         self.written = 0
 
@@ -185,9 +190,11 @@ class Service:
                 conn.request_started()
                 self._pending.append((Command(mtype, msg, conn.connection_id, conn.client, received_at), conn))
                 self._wake.set()
-            elif mtype == "export":
+            elif mtype == "export" or (mtype == "query" and msg["what"] == "trial"):
+                if mtype == "query" and not msg.get("trial"):
+                    raise P.ProtocolError("bad_argument", "query what=trial needs field 'trial'")
                 conn.request_started()
-                asyncio.get_running_loop().create_task(self._export(conn, msg, rid))
+                asyncio.get_running_loop().create_task(self._store_read(conn, mtype, msg, rid))
             else:
                 conn.send(self._read_request(conn, mtype, msg, rid))
         except P.ProtocolError as exc:
@@ -201,6 +208,7 @@ class Service:
             if self.token is not None:
                 given = msg.get("token")
                 if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
+                    conn.authed = False  # the latest hello decides: a refused one revokes an earlier success
                     raise P.ProtocolError("unauthorized", "wrong or missing token")
                 conn.authed = True
             conn.client = msg.get("client") or ""
@@ -213,48 +221,65 @@ class Service:
                            uptime_s=round(time.time() - self.started, 3), high_water_mark=self.committed_seq,
                            connections=len(self.connections), queued=len(self._pending),
                            batches=self.batches, written=self.written)
-        if mtype == "query":
-            if msg["what"] == "high_water_mark":
-                return P.reply("result", "query", rid, what="high_water_mark", value=self.committed_seq)
-            if not msg.get("trial"):
-                raise P.ProtocolError("bad_argument", "query what=trial needs field 'trial'")
-            return P.reply("result", "query", rid, what="trial", value=self.ledger.trial_info(msg["trial"]))
-        raise AssertionError(mtype)  # pragma: no cover - validate() admits no other type
+        if mtype == "query" and msg["what"] == "high_water_mark":
+            return P.reply("result", "query", rid, what="high_water_mark", value=self.committed_seq)
+        raise AssertionError(mtype)  # pragma: no cover - handle() sends the other reads to the store
 
-    async def _export(self, conn: _Connection, msg: dict, rid: int | None) -> None:
-        loop = asyncio.get_running_loop()
-        limit = msg.get("limit") or EXPORT_PAGE
+    async def _store_read(self, conn: _Connection, mtype: str, msg: dict, rid: int | None) -> None:
+        """Answer a trial query or an export page from the store's committed state."""
         try:
-            rows = await loop.run_in_executor(
-                self._read_pool, self._export_rows, msg.get("trial"), msg.get("after_seq") or 0, limit
-            )
-            # Shrink the page until it fits in a frame; the client asks for the rest.
-            while True:
-                more = len(rows) >= limit
-                out = P.reply("result", "export", rid, columns=list(EXPORT_COLUMNS), rows=rows,
-                              next_after=rows[-1][0] if rows and more else None)
-                data = P.encode(out)
-                if len(data) - 4 <= self.max_frame or len(rows) <= 1:
-                    break
-                limit = max(1, len(rows) // 2)
-                rows = rows[:limit]
+            if mtype == "export":
+                data = await self._export(msg, rid)
+            else:
+                info = await asyncio.get_running_loop().run_in_executor(
+                    self._read_pool, self._read, "trial_info", msg["trial"])
+                if info is None:
+                    raise P.ProtocolError("unknown_trial", f"trial {msg['trial'][:80]!r} was never opened; "
+                                                           "send open_trial first")
+                data = P.encode(P.reply("result", "query", rid, what="trial", value=info))
             conn.send_bytes(data)
+        except P.ProtocolError as exc:
+            conn.send(P.error_reply(exc.code, exc.message, re=mtype, rid=rid))
         except Exception as exc:
-            log.warning("export failed: %s", exc)
-            conn.send(P.error_reply("store_error", f"export failed: {str(exc)[:200]}", re="export", rid=rid))
+            log.warning("%s failed: %s", mtype, exc)
+            conn.send(P.error_reply("store_error", f"{mtype} failed: {str(exc)[:200]}", re=mtype, rid=rid))
         finally:
             conn.request_done()
 
-    def _export_rows(self, trial: str | None, after_seq: int, limit: int) -> list[list]:
+    async def _export(self, msg: dict, rid: int | None) -> bytes:
+        limit = msg.get("limit") or EXPORT_PAGE
+        rows = [list(r) for r in await asyncio.get_running_loop().run_in_executor(
+            self._read_pool, self._read, "export_rows", msg.get("trial"), msg.get("after_seq") or 0, limit)]
+        # Shrink the page until it fits in a frame (P.MIN_FRAME holds any one row); the client asks
+        # for the rest, so a page may hold fewer rows than limit although more follow.
+        while True:
+            more = len(rows) >= limit
+            data = P.encode(P.reply("result", "export", rid, columns=list(EXPORT_COLUMNS), rows=rows,
+                                    next_after=rows[-1][0] if rows and more else None))
+            if len(data) - 4 <= self.max_frame or len(rows) <= 1:
+                return data
+            limit = max(1, len(rows) // 2)
+            rows = rows[:limit]
+
+    def _read(self, method: str, *args: Any) -> Any:
+        """On the reader thread: call ``method`` of the reading store connection (opened on first use)."""
         if self._reader is None:
             self._reader = open_store(self.store_url)
-        return [list(r) for r in self._reader.export_rows(trial, after_seq, limit)]
+        try:
+            return getattr(self._reader, method)(*args)
+        except Exception:
+            # The connection may be what broke (a restarted PostgreSQL): the next read opens a new one.
+            reader, self._reader = self._reader, None
+            try:
+                reader.close()
+            except Exception:
+                pass
+            raise
 
     # -- the writer ------------------------------------------------------------------
 
     async def writer(self) -> None:
         """Group-commit loop; returns once ``stopping`` is set and the queue is empty."""
-        loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
                 if self.stopping:
@@ -263,29 +288,85 @@ class Service:
                 await self._wake.wait()
                 continue
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-            changes = Changes(last_seq=self.ledger.last_seq)
-            replies: list[tuple[_Connection, dict]] = []
-            for cmd, conn in batch:
-                try:
-                    replies.append((conn, self.ledger.apply(cmd, changes)))
-                except P.ProtocolError as exc:
-                    replies.append((conn, P.error_reply(exc.code, exc.message, re=cmd.mtype,
-                                                        rid=cmd.msg.get("id"))))
-            if changes or changes.last_seq != self.committed_seq:
-                try:
-                    await loop.run_in_executor(self._write_pool, self.store.write, changes)
-                    self.committed_seq = changes.last_seq
-                    self.batches += 1
-                    self.written += len(batch)
-                except Exception as exc:
-                    log.error("store write failed, batch of %d refused: %s", len(batch), exc)
-                    msg = f"store write failed, nothing from this request was stored: {str(exc)[:200]}"
-                    replies = [(c, P.error_reply("store_error", msg, re=r.get("re"), rid=r.get("id")))
-                               for c, r in replies]
-                    # The ledger ran ahead of the store: rebuild it from the store, the truth.
-                    self.ledger = await loop.run_in_executor(self._write_pool, self.store.load_ledger)
-                    self.committed_seq = self.ledger.last_seq
+            if self._ledger_stale and not await self._rebuild_ledger():
+                why = "the store cannot be read back"
+                replies = [(conn, self._store_error(cmd, why)) for cmd, conn in batch]
+            else:
+                replies = await self._commit_batch(batch)
             self._send_grouped(replies)
+
+    def _decide(self, cmd: Command, changes: Changes) -> dict:
+        try:
+            return self.ledger.apply(cmd, changes)
+        except P.ProtocolError as exc:  # refused before the ledger changed anything
+            return P.error_reply(exc.code, exc.message, re=cmd.mtype, rid=cmd.msg.get("id"))
+
+    @staticmethod
+    def _store_error(cmd: Command, why: object) -> dict:
+        return P.error_reply("store_error", f"store write failed, nothing from this request was stored: "
+                             f"{str(why)[:200]}", re=cmd.mtype, rid=cmd.msg.get("id"))
+
+    async def _write(self, changes: Changes) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._write_pool, self.store.write, changes)
+        self.committed_seq = changes.last_seq
+        self.batches += 1
+
+    async def _rebuild_ledger(self) -> bool:
+        """Read the ledger back from the store, the truth; False (and stale) if the store cannot be read."""
+        try:
+            self.ledger = await asyncio.get_running_loop().run_in_executor(self._write_pool, self.store.load_ledger)
+        except Exception as exc:
+            log.error("cannot read the ledger back from the store: %s", exc)
+            self._ledger_stale = True
+            return False
+        self._ledger_stale = False
+        self.committed_seq = self.ledger.last_seq
+        return True
+
+    async def _commit_batch(self, batch: list[tuple[Command, _Connection]]) -> list[tuple[_Connection, dict]]:
+        """Decide and commit ``batch`` in one transaction; on failure, one request at a time."""
+        changes = Changes(last_seq=self.ledger.last_seq)
+        replies = [(conn, self._decide(cmd, changes)) for cmd, conn in batch]
+        if not changes and changes.last_seq == self.committed_seq:
+            return replies
+        try:
+            await self._write(changes)
+        except Exception as exc:
+            log.warning("group commit of %d requests failed (%s); committing them one at a time",
+                        len(batch), str(exc)[:200])
+        else:
+            self.written += len(batch)
+            return replies
+        # The ledger ran ahead of the store by the whole batch: start again from the store.
+        if not await self._rebuild_ledger():
+            return [(conn, self._store_error(cmd, "the store cannot be read back")) for cmd, conn in batch]
+        return await self._commit_alone(batch)
+
+    async def _commit_alone(self, batch: list[tuple[Command, _Connection]]) -> list[tuple[_Connection, dict]]:
+        """Decide and commit each request in its own transaction, so a request the store refuses
+        fails alone; the ones after it are decided as if it had never arrived."""
+        replies: list[tuple[_Connection, dict]] = []
+        refused = 0
+        for cmd, conn in batch:
+            sp = self.ledger.savepoint(cmd)
+            changes = Changes(last_seq=self.ledger.last_seq)
+            reply = self._decide(cmd, changes)
+            if changes:
+                try:
+                    await self._write(changes)
+                except Exception as exc:
+                    log.error("store refused a %s request of connection %d: %s", cmd.mtype, cmd.connection_id,
+                              str(exc)[:200])
+                    self.ledger.rollback(sp)
+                    reply = self._store_error(cmd, exc)
+                    refused += 1
+            self.written += reply.get("code") != "store_error"
+            replies.append((conn, reply))
+        if refused:
+            # A commit that failed late (a connection lost during COMMIT) may still have been stored:
+            # read the truth back once rather than trust the rolled-back ledger.
+            await self._rebuild_ledger()
+        return replies
 
     @staticmethod
     def _send_grouped(replies: list[tuple[_Connection, dict]]) -> None:
@@ -362,42 +443,11 @@ def serve(store_url: str, listen: str, *, token: str | None = None, allow_remote
     ``allow_remote`` and ``token``, or a bad ``max_frame``.
     """
     check_exposure(listen, token, allow_remote)
-    if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not 64 <= max_frame <= (1 << 30):
-        raise InvalidArgument(f"max_frame must be an int in 64..2**30, got {max_frame!r}")
+    if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not P.MIN_FRAME <= max_frame <= (1 << 30):
+        raise InvalidArgument(f"max_frame must be an int in {P.MIN_FRAME}..2**30, got {max_frame!r}")
     if token is not None and not token:
         raise InvalidArgument("token must not be empty")
     if token is not None and len(token) > P.MAX_TEXT:
         # A client's hello carries the token as protocol text: a longer one could never authenticate.
         raise InvalidArgument(f"--token is {len(token)} characters; the protocol carries at most {P.MAX_TEXT}")
     asyncio.run(_serve(store_url, listen, token, ready_file, max_frame))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m cutbench.receivers serve --store URL --listen ADDR ...``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m cutbench.receivers", description="cutbench receiver service")
-    sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the receiver until SIGTERM")
-    s.add_argument("--store", required=True, help="sqlite:PATH or postgresql://...")
-    s.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (0 picks one) or unix:PATH")
-    s.add_argument("--token", default=None, help=f"shared secret clients must present (or env {TOKEN_ENV})")
-    s.add_argument("--allow-remote", action="store_true", help="permit a non-loopback address (needs a token)")
-    s.add_argument("--ready-file", default=None, help="file to write the actual address to once listening")
-    s.add_argument("--max-frame", type=int, default=P.MAX_FRAME, help="largest accepted frame body in bytes")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s receiver[%(process)d] %(levelname)s %(message)s")
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    try:
-        serve(args.store, args.listen, token=token, allow_remote=args.allow_remote,
-              ready_file=args.ready_file, max_frame=args.max_frame)
-    except CutbenchError as exc:
-        print(f"receiver: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"receiver: error: cannot listen on {args.listen}: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -41,6 +41,9 @@ class Store(Protocol):
     def export_rows(self, trial: str | None = None, after_seq: int = 0, limit: int | None = None) -> list[tuple]:
         """Return delivery rows (``EXPORT_COLUMNS`` order) with arrival_seq > after_seq, ascending."""
 
+    def trial_info(self, trial: str) -> dict[str, Any] | None:
+        """Return one trial's ``mode``, ``fence``, ``done`` and ``open_prepared`` as stored; None if never opened."""
+
     def export(self, trial: str | None = None) -> "pandas.DataFrame":
         """Return every delivery (optionally of one trial) as a DataFrame ordered by arrival_seq."""
 
@@ -85,6 +88,16 @@ CREATE TABLE IF NOT EXISTS meta (
     value BIGINT NOT NULL
 )
 """
+
+# One statement, so one snapshot: the counts and the fence belong to the same committed state.
+# ``done``: distinct ops of the trial that took effect (a row applied or committed), whatever the mode.
+_TRIAL_INFO = (
+    "SELECT t.mode, t.fence, "
+    "(SELECT COUNT(DISTINCT d.op_id) FROM deliveries d WHERE d.trial = t.trial "
+    "AND d.decision IN ('applied', 'committed')), "
+    "(SELECT COUNT(*) FROM deliveries d WHERE d.trial = t.trial AND d.decision = 'prepared') "
+    "FROM trials t WHERE t.trial = ?"
+)
 
 _SELECT_ROWS = (
     "SELECT " + ", ".join("d." + c for c in ROW_COLUMNS) + ", t.mode "
@@ -211,6 +224,14 @@ class SqlStore:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return self._query(sql, params)
+
+    def trial_info(self, trial: str) -> dict[str, Any] | None:
+        found = self._query(_TRIAL_INFO, (trial,))
+        if not found:
+            return None
+        mode, fence, done, open_prepared = found[0]
+        return {"trial": trial, "mode": mode, "fence": None if fence is None else int(fence), "done": int(done),
+                "open_prepared": int(open_prepared)}
 
     def export(self, trial: str | None = None) -> "pandas.DataFrame":
         return rows_to_frame(self.export_rows(trial), EXPORT_COLUMNS)

@@ -318,20 +318,11 @@ def receiver() -> None:
     """The transactional receiver service."""
 
 
-# --help goes to the service's own parser, which lists the real options.
-@receiver.command("serve", add_help_option=False,
-                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def receiver_serve(ctx: click.Context) -> None:
-    """Run the receiver service in the foreground (``cutbench receiver serve --help`` lists its options)."""
-    from cutbench.receivers import server
+# The command is the one `python -m cutbench.receivers serve` runs, options and checks included:
+# defined once in receivers/command.py (which imports the service only when it runs).
+from cutbench.receivers.command import serve_command  # noqa: E402
 
-    try:
-        rc = server.main(["serve", *ctx.args]) or 0
-    except SystemExit as exc:  # argparse reports bad arguments as exit 2
-        rc = exc.code if isinstance(exc.code, int) else 1
-    # Exit 2 means "unknown only" in cutbench; bad arguments are 254.
-    sys.exit(EXIT_BAD_ARGUMENTS if rc == 2 else rc)
+receiver.add_command(serve_command)
 
 
 @cli.command("list")

@@ -231,3 +231,46 @@ def test_unstorable_text_is_refused_at_validation_and_affects_no_other_connectio
     assert "lone surrogates" in replies[0]["message"]
     assert good.publish("iso", 2, 0, "d")["decision"] == "applied"
     assert list(good.export("iso")["op_id"]) == [2]
+
+
+def _cutbench(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "cutbench", *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_both_doors_show_the_one_serve_command_and_its_options() -> None:
+    from cutbench.receivers.command import serve_command
+
+    options = [opt for param in serve_command.params for opt in param.opts]
+    assert {"--store", "--listen", "--token", "--allow-remote", "--ready-file", "--max-frame"} <= set(options)
+    for proc, usage in [(_cutbench("receiver", "serve", "--help"), "Usage: cutbench receiver serve [OPTIONS]"),
+                        (_serve("--help"), "Usage: python -m cutbench.receivers serve [OPTIONS]")]:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and usage in out, out
+        assert all(opt in out for opt in options), out
+        assert "CUTBENCH_RECEIVER_TOKEN" in out and "postgresql://" in out
+    # Bad arguments are cutbench's exit 254 through `cutbench`, 2 through `python -m cutbench.receivers`.
+    for args, message in [(["--max-frame", "100"], "--max-frame"), (["--listen", "nonsense"], "HOST:PORT")]:
+        proc = _cutbench("receiver", "serve", "--store", "sqlite:/nonexistent/r.db", *args)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 254 and message in out, out
+
+
+@pytest.mark.postgres
+def test_cutbench_receiver_serve_on_a_postgresql_store(pg_url: str, tmp_path: Path) -> None:
+    """The README's PostgreSQL form: --store takes the libpq URI as it is."""
+    ready = tmp_path / "ready"
+    proc = _cutbench("receiver", "serve", "--store", pg_url, "--listen", "127.0.0.1:0", "--ready-file", str(ready))
+    try:
+        with ReceiverClient(_wait_file(ready, proc)) as c:
+            assert c.health()["store"] == "postgresql"
+            c.open_trial("pg", "idempotent")
+            assert c.publish("pg", 1, 0, "d")["decision"] == "applied"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    with open_store(pg_url) as store:
+        assert list(store.export().trial) == ["pg"]

@@ -1,0 +1,69 @@
+"""The receiver's command line, defined once for both doors.
+
+``python -m cutbench.receivers serve`` (what ``process.start_receiver`` runs)
+and ``cutbench receiver serve`` are the same click command, ``serve_command``:
+the options, their help and their checks exist only here. The service itself
+is imported when the command runs, so ``cutbench --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from cutbench.errors import CutbenchError, Unavailable
+
+from . import protocol as P
+
+PROG = "python -m cutbench.receivers"
+
+
+@click.command("serve")
+@click.option("--store", required=True, metavar="URL",
+              help="sqlite:PATH, or a PostgreSQL connection URI such as postgresql://USER:PASSWORD@HOST:5432/DB "
+                   "(needs psycopg: pip install 'cutbench[pg]').")
+@click.option("--listen", default="127.0.0.1:0", show_default=True, metavar="ADDR",
+              help="HOST:PORT (PORT 0 picks a free one) or unix:PATH.")
+@click.option("--token", envvar=P.TOKEN_ENV, show_envvar=True, default=None, metavar="SECRET",
+              help="Shared secret every client must present in its hello.")
+@click.option("--allow-remote", is_flag=True, help="Permit a non-loopback address (needs --token).")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="File to write the actual address to once listening.")
+@click.option("--max-frame", type=click.IntRange(P.MIN_FRAME, 1 << 30), default=P.MAX_FRAME, show_default=True,
+              metavar="BYTES", help="Largest frame body accepted from clients and sent to them.")
+def serve_command(store: str, listen: str, token: str | None, allow_remote: bool, ready_file: str | None,
+                  max_frame: int) -> None:
+    """Run the receiver service in the foreground until SIGTERM or SIGINT."""
+    from .server import serve
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s receiver[%(process)d] %(levelname)s %(message)s")
+    try:
+        serve(store, listen, token=token, allow_remote=allow_remote, ready_file=ready_file, max_frame=max_frame)
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on {listen}: {exc}") from None
+
+
+@click.group(PROG)
+def _commands() -> None:
+    """The cutbench receiver service."""
+
+
+_commands.add_command(serve_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cutbench.receivers serve --store URL ...``; returns the exit code (2: bad arguments)."""
+    try:
+        rv = _commands.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        return 130
+    except CutbenchError as exc:
+        print(f"receiver: error: {exc}", file=sys.stderr)
+        return 2
+    return rv if isinstance(rv, int) else 0
