@@ -94,6 +94,7 @@ CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", {
     "cuda": "cutbench.harness.nemesis.backends.cuda:CudaCheckpointer",
     "cuda-checkpoint": "cutbench.harness.nemesis.backends.cuda_checkpoint_util:CudaCheckpointUtilCheckpointer",
     "cuda+criu": "cutbench.harness.nemesis.backends.cuda_criu:CudaCriuCheckpointer",
+    "cuda-checkpoint+criu": "cutbench.harness.nemesis.backends.cuda_checkpoint_util:CudaCheckpointUtilCriuCheckpointer",
     "restart": "cutbench.harness.nemesis.backends.restart:RestartCheckpointer",
     "criu-cuda-plugin": "cutbench.harness.nemesis.backends.criu_cuda_plugin:CriuCudaPluginCheckpointer",
     "app": "cutbench.harness.nemesis.backends.app:AppCheckpointer",

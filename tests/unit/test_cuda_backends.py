@@ -24,10 +24,19 @@ def fake_tool(tmp_path: Path, body: str) -> Path:
     return exe
 
 
-def test_utility_backend_is_unavailable_without_the_utility(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", ["cuda-checkpoint", "cuda-checkpoint+criu"])
+def test_utility_backends_are_unavailable_without_the_utility(monkeypatch, tmp_path, name):
     monkeypatch.setenv("PATH", str(tmp_path))
-    reason = checkpointers.get("cuda-checkpoint").unavailable_reason()
-    assert reason and "not on PATH" in reason
+    reason = checkpointers.get(name).unavailable_reason()
+    assert reason and "cuda-checkpoint utility is not on PATH" in reason
+
+
+def test_the_utility_recipe_offers_what_the_driver_api_pipeline_offers(tmp_path):
+    """``cuda-checkpoint+criu`` is ``cuda+criu`` over the utility: same faults, split window, stages and
+    coverage, so the same plans run through both; its driver is the utility."""
+    via_utility, via_api = checkpointers.get("cuda-checkpoint+criu"), checkpointers.get("cuda+criu")
+    assert via_utility.capabilities == via_api.capabilities
+    assert isinstance(via_utility.make_driver(), UtilityDriver)
 
 
 def test_utility_driver_reads_state_and_maps_errors(tmp_path):

@@ -1,4 +1,4 @@
-"""``cuda-checkpoint``: the same in-place stages through NVIDIA's ``cuda-checkpoint`` utility.
+"""``cuda-checkpoint`` and ``cuda-checkpoint+criu``: the CUDA stages through NVIDIA's ``cuda-checkpoint`` utility.
 
 ``cuda-checkpoint --get-state --pid P`` and ``--action lock|checkpoint|
 restore|unlock --pid P [--timeout MS]`` stand in for the driver calls; each
@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 
 from cutbench.harness.nemesis.backends.cuda import RESULTS, STATES, CudaCallError, CudaCheckpointer, DriverApi
+from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 
 TOOL = "cuda-checkpoint"
 CALL_TIMEOUT_S = 120.0
@@ -74,17 +75,39 @@ class UtilityDriver:
         return []
 
 
-class CudaCheckpointUtilCheckpointer(CudaCheckpointer):
-    """The ``cuda-checkpoint`` backend: :class:`CudaCheckpointer`'s stages over :class:`UtilityDriver`."""
+class _ThroughUtility:
+    """A CUDA backend whose driver calls go through NVIDIA's utility (one process per call)."""
 
-    name = "cuda-checkpoint"
+    _driver: DriverApi | None
 
     def make_driver(self) -> DriverApi:
         """The utility on PATH."""
         return UtilityDriver()
 
-    def unavailable_reason(self) -> str | None:
-        """Unavailable unless ``cuda-checkpoint`` is on PATH."""
+    def utility_unavailable_reason(self) -> str | None:
+        """Why the utility cannot be used (with the fix), or None."""
         if self._driver is None and shutil.which(TOOL) is None:
             return f"the {TOOL} utility is not on PATH: get it from github.com/NVIDIA/cuda-checkpoint and put it on PATH"
         return None
+
+
+class CudaCheckpointUtilCheckpointer(_ThroughUtility, CudaCheckpointer):
+    """The ``cuda-checkpoint`` backend: :class:`CudaCheckpointer`'s in-place stages over :class:`UtilityDriver`."""
+
+    name = "cuda-checkpoint"
+
+    def unavailable_reason(self) -> str | None:
+        """Unavailable unless ``cuda-checkpoint`` is on PATH."""
+        return self.utility_unavailable_reason()
+
+
+class CudaCheckpointUtilCriuCheckpointer(_ThroughUtility, CudaCriuCheckpointer):
+    """``cuda-checkpoint+criu``: NVIDIA's documented recipe, the utility's lock/checkpoint, CRIU's dump,
+    CRIU's restore, the utility's restore/unlock — the ``cuda+criu`` stages, split window and faults,
+    so the same plans run through the utility and through the driver API."""
+
+    name = "cuda-checkpoint+criu"
+
+    def unavailable_reason(self) -> str | None:
+        """Unavailable unless both the utility and CRIU are."""
+        return self.utility_unavailable_reason() or self.criu.unavailable_reason()
