@@ -15,9 +15,11 @@ from typing import Any
 
 import pandas as pd
 
+from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
+from cutbench.workloads.api import DOMAINS
 
 
 @dataclass(frozen=True)
@@ -239,3 +241,19 @@ def render_search(search: dict[str, Any], run_path: Path) -> str:
         if a.get("flaky"):
             lines.append(f"- `{a['arm']}`: {a['flaky']}")
     return "\n".join(lines)
+
+
+def render_coverage() -> str:
+    """The backend × state-domain table as Markdown: what each registered backend's checkpoint holds.
+
+    Read from each backend's declared ``Capabilities.covers`` (nothing typed in
+    twice); ``receiver`` is the outside world, which no checkpoint holds. A
+    restore of a workload that uses a domain its backend does not hold is an
+    ``unsafe_acceptance``.
+    """
+    rows = ["| backend | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |",
+            "|---|" + "|".join(":-:" for _ in DOMAINS) + "|"]
+    for name in CHECKPOINTERS.names():
+        covers = backend_capabilities(name).covers
+        rows.append(f"| `{name}` | " + " | ".join("✓" if d in covers else "–" for d in DOMAINS) + " |")
+    return "\n".join(rows)
