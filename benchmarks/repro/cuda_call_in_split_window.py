@@ -17,14 +17,13 @@ a stage declined and the process went on.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from witness import Case, Child, become_subreaper, witnesses, write  # noqa: E402
+from witness import Case, Child, main  # noqa: E402
 
 WINDOW_S = 0.025
 # (name, park phase, released into the window?, host-only work after device_done (ms), fault)
@@ -102,17 +101,5 @@ def run_case(w, name: str, phase: str, release: bool, host_ms: float, fault: str
         child.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out")
-    ap.add_argument("--witness", nargs="+", default=["driver", "utility"])
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
-    become_subreaper()
-    cases = [run_case(w, *spec) for w in witnesses(args.witness) for spec in CASES for _ in range(args.repeat)]
-    write(args.out, "cuda_call_in_split_window", cases)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, "cuda_call_in_split_window", run_case, CASES))

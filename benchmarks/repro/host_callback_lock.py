@@ -7,19 +7,18 @@ the harness: a callback that waits for a file, a lock with a 2 s timeout
 (refused, the process still RUNNING), then the callback released, the process
 finishing correctly, and a lock after it succeeding.
 
-    python benchmarks/repro/host_callback_lock.py [--out DIR] [--witness driver utility]
+    python benchmarks/repro/host_callback_lock.py [--out DIR] [--witness driver utility] [--repeat N]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from witness import Case, Child, become_subreaper, witnesses, write  # noqa: E402
+from witness import Case, Child, main  # noqa: E402
 
 
 def run_case(w) -> Case:
@@ -50,15 +49,5 @@ def run_case(w) -> Case:
         child.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out")
-    ap.add_argument("--witness", nargs="+", default=["driver", "utility"])
-    args = ap.parse_args()
-    become_subreaper()
-    write(args.out, "host_callback_lock", [run_case(w) for w in witnesses(args.witness)])
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, "host_callback_lock", run_case))

@@ -18,14 +18,13 @@ with the right state, ``lost`` when the checkpoint could not be brought back.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from witness import Case, Child, become_subreaper, witnesses, write  # noqa: E402
+from witness import Case, Child, main  # noqa: E402
 
 # (name, fault, park phase, what the original does after release, seconds to wait before the CRIU restore)
 CASES = (
@@ -97,17 +96,5 @@ def run_case(w, name: str, fault: str, phase: str, fate: str | None, settle: flo
         child.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out")
-    ap.add_argument("--witness", nargs="+", default=["driver", "utility"])
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
-    become_subreaper()
-    cases = [run_case(w, *spec) for w in witnesses(args.witness) for spec in CASES for _ in range(args.repeat)]
-    write(args.out, "leave_running_restore", cases)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, "leave_running_restore", run_case, CASES))

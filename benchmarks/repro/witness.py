@@ -299,6 +299,24 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def main(doc: str, name: str, run_case: Any, cases: tuple[tuple[Any, ...], ...] = ((),)) -> int:
+    """A reproducer's command line: ``--out DIR``, ``--witness driver utility``, ``--repeat N``.
+
+    Runs ``run_case(witness, *case)`` for every witness, case and repeat, then
+    prints and stores the verdicts (:func:`write`) as ``OUT/NAME.json``; returns the exit status.
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--witness", nargs="+", default=["driver", "utility"])
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    become_subreaper()
+    write(args.out, name, [run_case(w, *c) for w in witnesses(args.witness) for c in cases for _ in range(args.repeat)])
+    return 0
+
+
 def write(out: str | None, name: str, cases: list[Case]) -> None:
     """Print the verdict table and store every case with the environment as ``OUT/NAME.json``."""
     print(f"\n{name}:")

@@ -88,18 +88,9 @@ class AppCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("app_restore", "no saved command line to restart")
         argv, cwd = self._command
-        loads = control.get("load_count")
-        deadline = time.monotonic() + ctx.stage_timeout_s
-        with ctx.timeline.stage("app_restore", ctx.cut_index):
-            child = spawn([*argv, "--resume", str(ctx.images_dir / STATE_FILE)], cwd=cwd)
-            self._children.append(child)
-            while control.get("load_count") <= loads:
-                if not child.alive():
-                    raise StageFailed("app_restore", f"restarted workload exited ({child.returncode}) before loading")
-                if time.monotonic() > deadline:
-                    child.kill()
-                    raise StageFailed("app_restore", f"restarted workload did not load within {ctx.stage_timeout_s:g}s")
-                time.sleep(POLL_S)
+        child = start_until(ctx, "app_restore", [*argv, "--resume", str(ctx.images_dir / STATE_FILE)], cwd, "load_count",
+                            "loading")
+        self._children.append(child)
         return child.pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
@@ -109,6 +100,27 @@ class AppCheckpointer:
         """Never leave a workload held at a boundary."""
         if ctx.control is not None:
             ctx.control.set("save_hold", 0)
+
+
+def start_until(ctx: CutContext, stage: str, argv: list[str], cwd: str, slot: str, doing: str) -> Child:
+    """Stage ``stage``: start ``argv`` and wait until the workload bumps control slot ``slot``; returns the child.
+
+    A child that exits first, or does not get there within the stage timeout
+    (it is killed), fails the stage: the application is not back.
+    """
+    control = ctx.control
+    before = control.get(slot)
+    deadline = time.monotonic() + ctx.stage_timeout_s
+    with ctx.timeline.stage(stage, ctx.cut_index):
+        child = spawn(argv, cwd=cwd)
+        while control.get(slot) <= before:
+            if not child.alive():
+                raise StageFailed(stage, f"the started workload exited ({child.returncode}) before {doing}")
+            if time.monotonic() > deadline:
+                child.kill()
+                raise StageFailed(stage, f"the started workload was not {doing} within {ctx.stage_timeout_s:g}s")
+            time.sleep(POLL_S)
+    return child
 
 
 def command_of(pid: int, stage: str) -> tuple[list[str], str]:

@@ -12,12 +12,10 @@ starts, not from this backend's word): that is what a restart is.
 
 from __future__ import annotations
 
-import time
-
-from cutbench.errors import HarnessFault, StageFailed, StageRefused
-from cutbench.harness.nemesis.backends.app import POLL_S, command_of
+from cutbench.errors import HarnessFault, StageRefused
+from cutbench.harness.nemesis.backends.app import command_of, start_until
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.procs import Child, spawn
+from cutbench.procs import Child
 
 
 class RestartCheckpointer:
@@ -52,18 +50,8 @@ class RestartCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
         argv, cwd = self._command
-        starts = control.get("fresh_starts")
-        deadline = time.monotonic() + ctx.stage_timeout_s
-        with ctx.timeline.stage("restart_spawn", ctx.cut_index):
-            child = spawn(argv, cwd=cwd)
-            self._children.append(child)
-            while control.get("fresh_starts") <= starts:
-                if not child.alive():
-                    raise StageFailed("restart_spawn", f"the started workload exited ({child.returncode}) before running")
-                if time.monotonic() > deadline:
-                    child.kill()
-                    raise StageFailed("restart_spawn", f"the started workload did not start within {ctx.stage_timeout_s:g}s")
-                time.sleep(POLL_S)
+        child = start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running")
+        self._children.append(child)
         return child.pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
