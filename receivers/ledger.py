@@ -51,19 +51,6 @@ class TrialState:
     prepared: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # op -> [(seq, epoch)] still open
 
 
-@dataclass(slots=True)
-class Savepoint:
-    """What one request may change in a ledger, as it was before the request (``Ledger.savepoint``)."""
-
-    last_seq: int
-    trial: str
-    existed: bool
-    fence: int | None
-    prepared: dict[int, list[tuple[int, int]]]
-    op: int | None
-    op_done: bool
-
-
 class Ledger:
     """In-memory mirror of the committed store state that decides every write."""
 
@@ -232,30 +219,3 @@ class Ledger:
         st.fence = fence
         ch.fences.append((seq, trial, fence, cmd.received_at))
         return reply("ack", "fence", m.get("id"), trial=trial, fence=fence, arrival_seq=seq)
-
-    # -- undoing one request ------------------------------------------------------------
-
-    def savepoint(self, cmd: Command) -> Savepoint:
-        """Return what ``apply(cmd, ...)`` may change, so ``rollback`` can undo that one request.
-
-        A request changes at most its own trial: its fence, its open prepared
-        deliveries, whether its op is done, and the last arrival_seq.
-        """
-        name, op = cmd.msg["trial"], cmd.msg.get("op_id")
-        st = self.trials.get(name)
-        if st is None:
-            return Savepoint(self.last_seq, name, False, None, {}, op, False)
-        return Savepoint(self.last_seq, name, True, st.fence, {k: list(v) for k, v in st.prepared.items()},
-                         op, op is not None and op in st.done)
-
-    def rollback(self, sp: Savepoint) -> None:
-        """Put the ledger back as it was at ``sp``: the request applied since was not stored."""
-        self.last_seq = sp.last_seq
-        if not sp.existed:
-            self.trials.pop(sp.trial, None)
-            return
-        st = self.trials[sp.trial]
-        st.fence = sp.fence
-        st.prepared = sp.prepared
-        if sp.op is not None and not sp.op_done:
-            st.done.discard(sp.op)

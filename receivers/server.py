@@ -346,9 +346,7 @@ class Service:
         """Decide and commit each request in its own transaction, so a request the store refuses
         fails alone; the ones after it are decided as if it had never arrived."""
         replies: list[tuple[_Connection, dict]] = []
-        refused = 0
-        for cmd, conn in batch:
-            sp = self.ledger.savepoint(cmd)
+        for i, (cmd, conn) in enumerate(batch):
             changes = Changes(last_seq=self.ledger.last_seq)
             reply = self._decide(cmd, changes)
             if changes:
@@ -357,15 +355,16 @@ class Service:
                 except Exception as exc:
                     log.error("store refused a %s request of connection %d: %s", cmd.mtype, cmd.connection_id,
                               str(exc)[:200])
-                    self.ledger.rollback(sp)
-                    reply = self._store_error(cmd, exc)
-                    refused += 1
-            self.written += reply.get("code") != "store_error"
+                    replies.append((conn, self._store_error(cmd, exc)))
+                    # The ledger ran ahead of the store by this request (or a commit that failed
+                    # late was stored after all): take the truth from the store again.
+                    if not await self._rebuild_ledger():
+                        rest = batch[i + 1:]
+                        replies += [(c, self._store_error(k, "the store cannot be read back")) for k, c in rest]
+                        return replies
+                    continue
+            self.written += 1
             replies.append((conn, reply))
-        if refused:
-            # A commit that failed late (a connection lost during COMMIT) may still have been stored:
-            # read the truth back once rather than trust the rolled-back ledger.
-            await self._rebuild_ledger()
         return replies
 
     @staticmethod

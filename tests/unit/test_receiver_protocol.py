@@ -134,24 +134,3 @@ def test_ledger_rebuild_matches_the_state_it_came_from() -> None:
     assert back.apply(_cmd("commit", trial="f", op_id=1), ch2)["already"] is True
     assert back.apply(_cmd("commit", trial="f", op_id=2), ch2)["decision"] == "rejected"
     assert back.trials["f"].prepared == {2: [(5, 0)]}  # op 2, prepared at seq 5, epoch 0, still open
-
-
-def test_ledger_rollback_undoes_exactly_one_request_of_every_kind() -> None:
-    """What the writer relies on when the store refuses one request of a batch."""
-    import copy
-
-    led, ch = Ledger(), Changes()
-    for cmd in [_cmd("open_trial", trial="i", mode="idempotent"), _cmd("open_trial", trial="f", mode="fenced"),
-                _cmd("open_trial", trial="a", mode="at_least_once"), _pub("i", 1), _pub("f", 1, epoch=1),
-                _pub("f", 2, epoch=2), _pub("f", 3, epoch=3), _cmd("fence", trial="f", fence=2)]:
-        led.apply(cmd, ch)
-    for cmd in [_cmd("open_trial", trial="new", mode="fenced"), _pub("i", 2), _pub("i", 1), _pub("a", 1),
-                _pub("f", 4, epoch=4), _cmd("commit", trial="f", op_id=1), _cmd("commit", trial="f", op_id=2, epoch=2),
-                _cmd("abort", trial="f", from_epoch=2), _cmd("abort", trial="f", op_id=3),
-                _cmd("fence", trial="f", fence=9)]:
-        before, seq = copy.deepcopy(led.trials), led.last_seq
-        sp = led.savepoint(cmd)
-        led.apply(cmd, Changes())
-        assert (led.trials, led.last_seq) != (before, seq), cmd.msg  # the request did change something
-        led.rollback(sp)
-        assert (led.trials, led.last_seq) == (before, seq), cmd.msg
