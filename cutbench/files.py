@@ -52,6 +52,45 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, durable: bo
     return Path(path)
 
 
+# A number a process keeps in a file and rewrites as it runs (a commit marker, an
+# input cursor) is one fixed-width record rewritten in place. Why not
+# write-then-rename: a process dumped inside the write holds the temporary file
+# open, and after ``leave_running`` the original renames it away, so CRIU cannot
+# restore the copy ("can't open file"). In place, the only path ever open is the
+# file itself, and its size never changes (CRIU also refuses a file that grew).
+NUMBER_WIDTH = 20
+
+
+def write_number(path: str | os.PathLike[str], value: int, *, durable: bool = False) -> None:
+    """Record integer ``value`` in ``path``: one fixed-width ``pwrite`` at offset 0 (then fsync if ``durable``).
+
+    A 20-byte write at offset 0 is never seen half done by a later reader, and
+    a process killed around it leaves the old or the new number. The first
+    write creates the file whole, by rename; create it beforehand (with this
+    function) where even that one rename must not meet a cut.
+    """
+    record = f"{int(value):>{NUMBER_WIDTH}d}"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        atomic_write(path, record, durable=durable)
+        return
+    try:
+        os.pwrite(fd, record.encode(), 0)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_number(path: str | os.PathLike[str]) -> int:
+    """The integer :func:`write_number` keeps in ``path``; 0 when there is none."""
+    try:
+        return int(Path(path).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 def atomic_symlink(target: str, link: str | os.PathLike[str]) -> None:
     """Point symlink ``link`` at ``target`` in one step (a reader never finds it missing)."""
     link = Path(link)

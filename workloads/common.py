@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 from cutbench.workloads.xp import backend_name, is_device, synchronize, to_host, word, word_dtype
 from cutbench import validate
-from cutbench.files import atomic_open, atomic_write
+from cutbench.files import atomic_open, read_number, write_number
 
 MASK = (1 << 64) - 1
 MULT = 6364136223846793005  # odd: x -> x * MULT + c is a bijection mod 2**64
@@ -172,17 +172,17 @@ class ExternalCursor:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        if not self.path.exists():
+            write_number(self.path, 0)  # created whole before any cut point: no take() ever renames
 
     def position(self) -> int:
         """How many items have been taken so far."""
-        try:
-            return int(self.path.read_text().strip() or 0)
-        except FileNotFoundError:
-            return 0
+        return read_number(self.path)
 
     def seek(self, position: int) -> None:
-        """Set the position (a consumer that seeks back on restore)."""
-        atomic_write(self.path, str(int(position)))
+        """Set the position (a consumer that seeks back on restore), rewritten in place
+        (:func:`cutbench.files.write_number`: a cut inside it restores)."""
+        write_number(self.path, position)
 
     def take(self) -> int:
         """Take the next item; return its 1-based index."""

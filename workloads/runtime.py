@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from cutbench.workloads.control import PHASES, ControlFile
-from cutbench.files import atomic_write
+from cutbench.files import atomic_write, read_number, write_number
 
 # A parked workload gives up after this long without a release: a harness that
 # died must not leave a spinning process behind forever.
@@ -201,40 +201,15 @@ def write_log(path: str | os.PathLike[str], epoch: int, message: str) -> None:
         fh.write(f"{time.time():.6f} pid={os.getpid()} epoch={epoch} {message}\n")
 
 
-# The marker is one fixed-width record rewritten in place. Why not write-then-rename:
-# a process dumped inside the write holds the temporary file open, and after
-# ``leave_running`` the original renames it away, so CRIU cannot restore the copy
-# ("can't open file"). In place, the only path ever open is the marker itself.
-MARKER_WIDTH = 20
-
-
 def write_marker(path: str | os.PathLike[str], op: int) -> None:
-    """Durably record op number ``op`` in marker file ``path``: one fixed-width ``pwrite`` at offset 0, then fsync.
-
-    A write of 20 bytes at offset 0 is never seen half done by a later
-    reader, and a process killed around it leaves the old or the new number.
-    """
-    record = f"{op:>{MARKER_WIDTH}d}"
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        # First write: created whole (a file that grows after a dump cannot be restored).
-        # The harness creates the commit marker before the workload starts.
-        atomic_write(path, record, durable=True)
-        return
-    try:
-        os.pwrite(fd, record.encode(), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Durably record op number ``op`` in commit marker file ``path`` (rewritten in place: see
+    :func:`cutbench.files.write_number`; the harness creates it before the workload starts)."""
+    write_number(path, op, durable=True)
 
 
 def read_marker(path: str | os.PathLike[str]) -> int:
     """The op number in a commit marker file, or 0 when there is none."""
-    try:
-        return int(Path(path).read_text().strip() or 0)
-    except FileNotFoundError:
-        return 0
+    return read_number(path)
 
 
 def format_exception() -> str:

@@ -444,3 +444,16 @@ def test_the_commit_marker_is_rewritten_in_place_with_no_other_path_ever_open(tm
         write_marker(marker, op)
         assert read_marker(marker) == op and marker.stat().st_ino == inode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marker"]
+
+
+def test_an_external_cursor_is_rewritten_in_place_too(tmp_path):
+    """The same holds for an input cursor kept in a file (taken every op by ``training``, ``request_service``)."""
+    from cutbench.workloads.common import ExternalCursor
+
+    cursor = ExternalCursor(tmp_path / "cursor")
+    inode = cursor.path.stat().st_ino
+    assert [cursor.take() for _ in range(3)] == [1, 2, 3]
+    cursor.seek(1)
+    assert cursor.position() == 1 and cursor.path.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cursor"]
+    assert ExternalCursor(tmp_path / "cursor").position() == 1  # a new process keeps what was taken
