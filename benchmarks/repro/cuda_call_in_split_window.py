@@ -53,8 +53,7 @@ def run_case(w, name: str, phase: str, release: bool, host_ms: float, fault: str
         if fault == "no_dump":  # is it the blocked call, or the dump, that kills the process?
             time.sleep(2.0)
             case.step("alive 2 s into the blocked call", child.alive())
-            case.step("restore original", w.restore(child.pid))
-            case.step("unlock original", w.unlock(child.pid))
+            child.resume_original(case, w)
             status = case.step("exit status", child.reap())
             case.step("child log", child.log_tail())
             ok = case.step("finished correctly", status == 0 and child.correct())
@@ -65,37 +64,19 @@ def run_case(w, name: str, phase: str, release: bool, host_ms: float, fault: str
         if dumped != "ok":
             case.step("child log", child.log_tail())
             if alive:  # CRIU resumed it: bring its GPU side back and see it finish
-                case.step("restore original", w.restore(child.pid))
-                case.step("unlock original", w.unlock(child.pid))
-                child.go()
+                child.resume_original(case, w)
                 case.verdict = "refused" if child.reap() == 0 and child.correct() else "lost"
             else:
                 child.reap()
                 case.verdict = "lost"
             return case
         if fault == "none":
-            case.step("restore original", w.restore(child.pid))
-            case.step("unlock original", w.unlock(child.pid))
-            child.go()
+            child.resume_original(case, w)
             ok = case.step("finished correctly", child.reap() == 0 and child.correct())
             case.verdict = "dumped" if ok else "lost"
             return case
         child.reap()
-        child.hold()
-        res, pid = child.restore()
-        case.step("criu restore", res, pid=pid)
-        if pid is None:
-            case.verdict = "lost"
-            return case
-        if case.step("restore copy", w.restore(pid)) != "ok":
-            child.kill(pid)
-            child.reap(pid)
-            case.verdict = "lost"
-            return case
-        case.step("unlock copy", w.unlock(pid))
-        child.go()
-        ok = case.step("copy finished correctly", child.reap(pid) == 0 and child.correct())
-        case.verdict = "dumped" if ok else "lost"
+        case.verdict = "dumped" if child.restore_copy(case, w) else "lost"
         return case
     finally:
         child.close()

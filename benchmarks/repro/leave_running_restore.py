@@ -55,9 +55,7 @@ def run_case(w, name: str, fault: str, phase: str, fate: str | None, settle: flo
             case.verdict = "lost" if not child.alive() else "refused"
             return case
         if fault == "leave_running":
-            case.step("restore original", w.restore(child.pid))
-            case.step("unlock original", w.unlock(child.pid))
-            child.go()
+            child.resume_original(case, w)
             if fate == "kill":
                 time.sleep(0.1)
                 case.step("original alive at crash", child.alive())
@@ -66,31 +64,7 @@ def run_case(w, name: str, fault: str, phase: str, fate: str | None, settle: flo
             case.step("original finished correctly", child.correct() if status == 0 else False)
         else:
             case.step("original exit (killed by dump)", child.reap())
-        child.hold()
-        (child.dir / "result").unlink(missing_ok=True)
-        if settle:
-            time.sleep(settle)
-        res, pid = child.restore()
-        case.step("criu restore", res, pid=pid)
-        if pid is None:
-            case.verdict = "lost"
-            return case
-        case.step("state of the copy", w.state(pid))
-        restored = case.step("restore copy", w.restore(pid))
-        if restored != "ok":
-            case.step("state after", w.state(pid))
-            case.step("copy alive", child.alive(pid))
-            child.kill(pid)
-            child.reap(pid)
-            case.verdict = "lost"
-            return case
-        case.step("unlock copy", w.unlock(pid))
-        child.go()
-        status = case.step("copy exit", child.reap(pid))
-        ok = case.step("copy finished correctly", status == 0 and child.correct(), copy_result=child.result())
-        case.verdict = "restored" if ok else "lost"
-        if not ok:
-            case.step("child log", child.log_tail())
+        case.verdict = "restored" if child.restore_copy(case, w, settle) else "lost"
         return case
     finally:
         child.close()

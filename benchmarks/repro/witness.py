@@ -262,6 +262,41 @@ class Child:
         self.kill(pid)
         return self.reap(pid, 5.0)
 
+    def resume_original(self, case: Case, w: Any) -> None:
+        """Bring the original's GPU side back (restore, unlock) and release its park."""
+        case.step("restore original", w.restore(self.pid))
+        case.step("unlock original", w.unlock(self.pid))
+        self.go()
+
+    def restore_copy(self, case: Case, w: Any, settle: float = 0.0) -> bool:
+        """CRIU-restore the image (held parked), then the CUDA restore and unlock, then release it.
+
+        ``settle``: seconds to wait before the CRIU restore. Returns whether the
+        copy finished with the right state; every step is recorded in ``case``.
+        """
+        self.hold()
+        (self.dir / "result").unlink(missing_ok=True)
+        if settle:
+            time.sleep(settle)
+        res, pid = self.restore()
+        case.step("criu restore", res, pid=pid)
+        if pid is None:
+            return False
+        case.step("state of the copy", w.state(pid))
+        if case.step("restore copy", w.restore(pid)) != "ok":
+            case.step("state after", w.state(pid))
+            case.step("copy alive", self.alive(pid))
+            self.kill(pid)
+            self.reap(pid)
+            return False
+        case.step("unlock copy", w.unlock(pid))
+        self.go()
+        status = case.step("copy exit", self.reap(pid))
+        ok = case.step("copy finished correctly", status == 0 and self.correct(), copy_result=self.result())
+        if not ok:
+            case.step("child log", self.log_tail())
+        return ok
+
     def kill(self, pid: int | None = None) -> None:
         try:
             os.kill(pid or self.pid, signal.SIGKILL)
