@@ -39,9 +39,6 @@ from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES, Finding, Trial
 # (at_least_once, idempotent) or committed (fenced). Suppressed, prepared,
 # aborted and rejected deliveries were recorded but are not visible.
 APPLIED = ("applied", "committed")
-# Domains that are the outside world by definition: no checkpoint covers the
-# receiver; what it saw is judged by ``duplicate``/``missing`` instead.
-EXTERNAL_DOMAINS = frozenset({"receiver"})
 
 
 # The receiver columns the findings read; an empty effects frame has exactly these.
@@ -68,11 +65,6 @@ def applied_counts(effects: pd.DataFrame | None) -> pd.Series:
     return rows.groupby("op_id").size()
 
 
-def committed_op(trial: TrialRecord | dict[str, Any]) -> int:
-    """The workload's final committed op: ``report["host_op"]`` when it reported, else its durable marker."""
-    return TrialRecord.from_dict(trial).committed_op
-
-
 def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
     """``duplicate``: an op whose effect became visible at the receiver more than once.
 
@@ -93,7 +85,7 @@ def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
 def find_missing(effects: pd.DataFrame | None, committed: int) -> list[Finding]:
     """``missing``: an op ``i <= committed`` that has no visible row at the receiver.
 
-    ``committed`` is :func:`committed_op`: the last op the workload itself
+    ``committed`` is :attr:`TrialRecord.committed_op`: the last op the workload itself
     considers done. A workload commits op *i* only after the receiver
     acknowledged it, so a committed op absent from the store is an
     acknowledged effect that was lost, or one the workload believed it had
@@ -200,8 +192,7 @@ def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
     """
     if trial.restores == 0:
         return []
-    used = set(trial.workload_domains) - EXTERNAL_DOMAINS
-    uncovered = sorted(used - set(trial.covered_domains))
+    uncovered = trial.uncovered_domains  # the receiver is judged by duplicate/missing instead
     if not uncovered:
         return []
     return [Finding("unsafe_acceptance", None, f"restored without covering {', '.join(uncovered)}")]

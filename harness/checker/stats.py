@@ -51,12 +51,9 @@ def certificate_matrix(trials: Any) -> dict[str, Any]:
     for name, mask in (("eligible", eligible), ("ineligible", ~eligible)):
         for outcome in ("valid", "invalid", "refused", "unknown"):
             out[f"{name}_{outcome}"] = int(((cert["outcome"] == outcome) & mask).sum())
-    judged = out["eligible_valid"] + out["eligible_invalid"]
-    lo, hi = wilson_interval(out["eligible_invalid"], judged)
-    out["soundness"] = (out["eligible_invalid"] / judged if judged else float("nan"), lo, hi)
-    valid = out["eligible_valid"] + out["ineligible_valid"]
-    lo, hi = wilson_interval(out["ineligible_valid"], valid)
-    out["over_refusal"] = (out["ineligible_valid"] / valid if valid else float("nan"), lo, hi)
+    # Soundness: invalid among eligible; over-refusal: ineligible among valid (both rates of the same form).
+    out["soundness"] = invalid_rate(out["eligible_invalid"], out["eligible_valid"])
+    out["over_refusal"] = invalid_rate(out["ineligible_valid"], out["eligible_valid"])
     enforced = cert[(cert["certify"] == "enforce") & (cert["restores"] > 0)] if "certify" in cert else cert.iloc[0:0]
     out["enforce_accepted"] = int(len(enforced))
     out["enforce_accepted_invalid"] = int((enforced["outcome"] == "invalid").sum())

@@ -151,7 +151,7 @@ def signals(result: TrialResult) -> dict[str, float]:
         # Rows of the incarnation that was cut (epoch 0 for the first cut) past what its image had sent.
         late = effects[(effects["epoch"] == 0) & (effects["op_id"] > sent) & (effects["kind"] != "commit")]
         escaped = int(len(late))
-    uncovered = set(rec.workload_domains) - set(rec.covered_domains) - {"receiver"}
+    uncovered = rec.uncovered_domains
     return {
         "in_flight": float(max(0, sent - acked)),
         "escaped": float(escaped),

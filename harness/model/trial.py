@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import InvalidArgument
+from cutbench.harness.model.certificate import EXTERNAL
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.scenario import Arm, Scenario
 from cutbench.workloads import api as workload_api
@@ -165,6 +166,11 @@ class TrialRecord:
         if self.report and self.report.get("host_op") is not None:
             return int(self.report["host_op"])
         return int(self.marker_op or 0)
+
+    @property
+    def uncovered_domains(self) -> list[str]:
+        """The domains the workload used that its backend's checkpoint does not hold (the external receiver aside), sorted."""
+        return sorted(set(self.workload_domains) - set(self.covered_domains) - {EXTERNAL})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the ``record`` of ``trials/<id>.json``)."""

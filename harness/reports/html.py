@@ -432,8 +432,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
                    "a red outline: the stage failed or refused), and receiver deliveries (green: first application of an op, "
                    "red: the same op applied again, grey: suppressed), placed by the receiver's arrival order. Hover a bar or "
                    "tick for details. Failing trials first, then the first trial of each arm.</p>")
-        # One colour per stage across every timeline (and the stage-time plot).
-        colours = plots.stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"]) if not timeline.empty else {}
+        colours = plots.timeline_colours(timeline)  # one colour per stage, as in the stage-time plot
         ids = _pick_timelines(trials)
         by_id = trials.set_index("trial_id")
         for n, tid in enumerate(ids):

@@ -80,6 +80,16 @@ def stage_colours(stages: Iterable[str]) -> dict[str, str]:
     return {n: colours[n] for n in names}
 
 
+def timeline_colours(timeline: pd.DataFrame) -> dict[str, str]:
+    """:func:`stage_colours` of a run's timeline, in the order the per-trial timelines meet the stages.
+
+    The report's timelines and the stage-time plot both call this, so they agree on every colour.
+    """
+    if timeline.empty:
+        return {}
+    return stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"])
+
+
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
@@ -217,8 +227,7 @@ def stage_breakdown(trials: pd.DataFrame, timeline: pd.DataFrame) -> bytes:
     means = means[[s for s in stages if s in means.columns]]
     fig, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * len(means)))
     left = np.zeros(len(means))
-    # The same colours as the report's per-trial timelines (which meet the stages in the same order).
-    colours = stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"])
+    colours = timeline_colours(timeline)  # the same as the report's per-trial timelines
     for stage in means.columns:
         values = means[stage].to_numpy(float)
         ax.barh(range(len(means)), values, left=left, label=stage, color=colours[stage])

@@ -64,7 +64,7 @@ def reanalyze(run: RunDir) -> Reanalysis:
     what disagrees), so a damaged run never re-analyses as "0 verdicts differ".
     """
     effects = run.table("effects")
-    run.table("timeline")  # not needed for verdicts, but a damaged run is reported, not re-analysed as fine
+    run.check_table("timeline")  # not needed for verdicts, but a damaged run is reported, not re-analysed as fine
     records = run.trial_records()
     table = run.table("trials")
     listed = set(table["trial_id"]) if not table.empty else set()

@@ -38,6 +38,17 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _unreadable(path: Path, exc: Exception) -> InvalidArgument:
+    return InvalidArgument(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})")
+
+
+def _check_columns(path: Path, name: str, columns: Any, rows: int) -> None:
+    """A table with rows must have the columns every run writes (an empty one may have none)."""
+    missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if rows and c not in columns]
+    if missing:
+        raise InvalidArgument(f"{path}: lacks column(s) {', '.join(missing)} (a damaged run directory)")
+
+
 def new_run_id(name: str) -> str:
     """A sortable, unique run ID: ``20261129T130501Z-quick-3fa2``."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -127,20 +138,38 @@ class RunDir:
         trials, one that is not readable Parquet, or one without the columns
         every run writes.
         """
-        path = self.path / f"{name}.parquet"
-        if not path.exists():
-            if name in REQUIRED_TABLES and self.meta().get("n_trials"):
-                raise InvalidArgument(f"{path}: missing, although run.toml counts {self.meta()['n_trials']} trials "
-                                      "(a damaged run directory)")
+        path = self._stored(name)
+        if path is None:
             return pd.DataFrame()
         try:
             frame = pd.read_parquet(path)
         except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
-            raise InvalidArgument(f"{path}: not a readable Parquet table ({type(exc).__name__}: {exc})") from None
-        missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if not frame.empty and c not in frame]
-        if missing:
-            raise InvalidArgument(f"{path}: lacks column(s) {', '.join(missing)} (a damaged run directory)")
+            raise _unreadable(path, exc) from None
+        _check_columns(path, name, frame.columns, len(frame))
         return frame
+
+    def check_table(self, name: str) -> None:
+        """Raise what :meth:`table` would for a damaged table, reading only the file's footer (no rows)."""
+        import pyarrow.parquet as pq
+
+        path = self._stored(name)
+        if path is None:
+            return
+        try:
+            meta = pq.read_metadata(path)
+        except Exception as exc:
+            raise _unreadable(path, exc) from None
+        _check_columns(path, name, meta.schema.names, meta.num_rows)
+
+    def _stored(self, name: str) -> Path | None:
+        """The table's file; None when the run stored none, an error when it should have."""
+        path = self.path / f"{name}.parquet"
+        if path.exists():
+            return path
+        trials = self.meta().get("n_trials") if name in REQUIRED_TABLES else None
+        if trials:
+            raise InvalidArgument(f"{path}: missing, although run.toml counts {trials} trials (a damaged run directory)")
+        return None
 
     def trial_records(self) -> list[dict[str, Any]]:
         """Every ``trials/*.json``, in trial order; :class:`InvalidArgument` naming a damaged or foreign one."""

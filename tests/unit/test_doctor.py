@@ -93,9 +93,9 @@ def test_pick_scenario_prints_nothing_without_gpu(monkeypatch, capsys):
 
 def test_pick_scenario_with_usable_gpu(monkeypatch, capsys):
     monkeypatch.setattr(gpu_probe, "probe", lambda: {"usable": True})
-    exists = (REPO / gpu_probe.GPU_SCENARIO).is_file()
-    assert gpu_probe.main(["--pick-scenario"]) == (0 if exists else 1)
-    assert capsys.readouterr().out == (gpu_probe.GPU_SCENARIO + "\n" if exists else "")
+    assert (REPO / gpu_probe.GPU_SCENARIO).is_file()
+    assert gpu_probe.main(["--pick-scenario"]) == 0
+    assert capsys.readouterr().out == gpu_probe.GPU_SCENARIO + "\n"
 
 
 def test_pick_scenario_survives_a_crashing_probe(monkeypatch, capsys):
