@@ -49,6 +49,8 @@ class Registry:
 
     def target(self, name: str) -> str:
         """The import path of ``name``; :class:`InvalidArgument` naming the allowed names when unknown."""
+        if name in self.builtin:  # built-ins win a clash anyway: no entry-point scan on the common path
+            return self.builtin[name]
         found = self.available()
         if name not in found:
             raise InvalidArgument(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}")

@@ -27,6 +27,7 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_write
+from cutbench.validate import check_int
 
 from . import protocol as P
 from .protocol import parse_listen
@@ -442,8 +443,7 @@ def serve(store_url: str, listen: str, *, token: str | None = None, allow_remote
     ``allow_remote`` and ``token``, or a bad ``max_frame``.
     """
     check_exposure(listen, token, allow_remote)
-    if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not P.MIN_FRAME <= max_frame <= (1 << 30):
-        raise InvalidArgument(f"max_frame must be an int in {P.MIN_FRAME}..2**30, got {max_frame!r}")
+    check_int("max_frame", max_frame, P.MIN_FRAME, 1 << 30)
     if token is not None and not token:
         raise InvalidArgument("token must not be empty")
     if token is not None and len(token) > P.MAX_TEXT:

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 from cutbench.workloads.common import MASK, BaseWorkload
 from cutbench.workloads.counter import apply_op, initial_state
-from cutbench.workloads.xp import device_uuid, is_device, pointer, synchronize
+from cutbench.workloads.xp import backend_name, device_uuid, is_device, pointer, synchronize
 from cutbench.files import atomic_write
 
 PHASES: tuple[str, ...] = ("admit", "launch", "collective", "device_done", "record", "publish", "ack", "commit")
@@ -380,7 +380,7 @@ class NcclRanks(BaseWorkload):
             "rank_ops": {f"rank{r}": rf.rank(r, "op") for r in range(self.world)},
             "gpu_uuid": device_uuid(self.xp),
             "comm": self.me.comm.kind,
-            "device": self.xp.__name__,
+            "device": backend_name(self.xp),
         }
 
     @classmethod

@@ -59,7 +59,7 @@ from cutbench.workloads.common import (
     sums,
 )
 from cutbench.workloads.counter import mix
-from cutbench.workloads.xp import pointer, synchronize, to_host
+from cutbench.workloads.xp import backend_name, pointer, synchronize, to_host
 
 PHASES: tuple[str, ...] = ("admit", "allreduce", "device_done", "record", "publish", "ack", "commit")
 RANK_SALT = 0x0DDB_A11_5EED
@@ -419,7 +419,7 @@ class Ranks(BaseWorkload):
         ports = [s.getsockname()[1] for s in listeners]
         for rank in range(1, n):
             cfg = {"rank": rank, "ranks": n, "ports": ports, "listener_fd": listeners[rank].fileno(),
-                   "seed": self.p["seed"], "ops": self.p["ops"], "array": self.xp.__name__,
+                   "seed": self.p["seed"], "ops": self.p["ops"], "array": backend_name(self.xp),
                    "log_path": self.rt.config.log_path, "root_pid": os.getpid()}
             self.children.append(subprocess.Popen(
                 [sys.executable, "-m", "cutbench.workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),

@@ -14,10 +14,8 @@ and at the end writes ``result`` (ops done, state sum) and exits 0.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -30,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from cutbench.procs import become_subreaper, is_zombie_or_gone  # noqa: E402
 
 CHILD = textwrap.dedent("""
     import os, sys, time, json, cupy as cp
@@ -149,11 +149,6 @@ def criu_argv() -> list[str]:
     return list(criu_tool.require_criu().argv)
 
 
-def become_subreaper() -> None:
-    """Restored processes are re-parented to us, so we can reap them (PR_SET_CHILD_SUBREAPER)."""
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
-
-
 @dataclass
 class Case:
     """One run of a sequence: its name, the steps with what each returned, and the verdict."""
@@ -200,12 +195,7 @@ class Child:
         (self.dir / "go").unlink(missing_ok=True)
 
     def alive(self, pid: int | None = None) -> bool:
-        pid = pid or self.pid
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().split(") ")[1][0] not in "ZX"
-        except OSError:
-            return False
+        return not is_zombie_or_gone(pid or self.pid)
 
     def result(self) -> dict[str, Any] | None:
         try:
@@ -311,26 +301,11 @@ class Child:
 
 
 def environment() -> dict[str, Any]:
-    """Driver, CRIU, kernel, Python and library versions, as the reproducers' output records them."""
-    env: dict[str, Any] = {"kernel": platform.release(), "python": platform.python_version()}
-    try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=30).stdout.strip()
-    except OSError:
-        env["driver"] = "nvidia-smi not found"
-    try:
-        env["criu"] = subprocess.run(criu_argv() + ["--version"], capture_output=True, text=True).stdout.strip()
-    except Exception as exc:  # noqa: BLE001
-        env["criu"] = f"unavailable: {exc}"
-    util = shutil.which("cuda-checkpoint")
-    env["cuda-checkpoint"] = util or "not on PATH"
-    import importlib.metadata as md
+    """The run's environment as cutbench records it (kernel, CRIU, GPU, driver, packages), plus the utility's path."""
+    from cutbench.harness.environment import record
 
-    for dist in ("cupy-cuda13x", "cupy-cuda12x", "cuda-bindings"):
-        try:
-            env[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
+    env = record.collect()
+    env["cuda-checkpoint"] = shutil.which("cuda-checkpoint") or "not on PATH"
     return env
 
 
