@@ -42,9 +42,22 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> "C
         start_new_session=True,
         close_fds=True,
     )
-    # The Popen object is kept (never polled) only so that its finaliser does
-    # not reap the pid behind our back; Child waits with os.waitpid.
-    return Child(pid=proc.pid, _popen=proc)
+    # The Popen object is kept (never polled) until the pid is reaped, so that
+    # subprocess's finaliser never reaps it behind our back, whoever holds the
+    # Child (a backend's restore hands the pipeline only the pid).
+    _UNREAPED[proc.pid] = proc
+    return Child(pid=proc.pid)
+
+
+# Popen objects of spawned processes not yet reaped (see spawn), by pid.
+_UNREAPED: dict[int, subprocess.Popen] = {}
+
+
+def _reaped(pid: int, status: int) -> None:
+    """``pid`` was reaped with ``status``: its Popen's finaliser has nothing left to do."""
+    popen = _UNREAPED.pop(pid, None)
+    if popen is not None:
+        popen.returncode = status
 
 
 @dataclass
@@ -54,7 +67,6 @@ class Child:
     pid: int
     returncode: int | None = None
     history: list[int] = field(default_factory=list)  # earlier pids (before restores)
-    _popen: object = field(default=None, repr=False)
 
     def poll(self) -> int | None:
         """The exit status if it has exited (reaping it), else None."""
@@ -71,6 +83,7 @@ class Child:
         if pid == 0:
             return None
         self.returncode = os.waitstatus_to_exitcode(status)
+        _reaped(self.pid, self.returncode)
         return self.returncode
 
     def wait(self, timeout: float) -> int | None:
@@ -117,11 +130,13 @@ class Child:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 try:
-                    pid, _status = os.waitpid(-pgid, os.WNOHANG)
+                    pid, status = os.waitpid(-pgid, os.WNOHANG)
                 except ChildProcessError:
                     break  # nothing of that group is (any longer) our child
                 if pid == 0:
                     time.sleep(0.005)
+                else:
+                    _reaped(pid, os.waitstatus_to_exitcode(status))
 
     def replaced_by(self, pid: int) -> None:
         """Point this handle at a restored process ``pid``."""

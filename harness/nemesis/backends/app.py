@@ -40,9 +40,6 @@ class AppCheckpointer:
 
     def __init__(self) -> None:
         self._command: tuple[list[str], str] | None = None
-        # Popen handles of restored processes are kept so that subprocess's
-        # finaliser never reaps a pid the harness still waits for.
-        self._children: list[Child] = []
 
     def unavailable_reason(self) -> str | None:
         """Always available: it needs nothing but the workload."""
@@ -88,10 +85,8 @@ class AppCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("app_restore", "no saved command line to restart")
         argv, cwd = self._command
-        child = start_until(ctx, "app_restore", [*argv, "--resume", str(ctx.images_dir / STATE_FILE)], cwd, "load_count",
-                            "loading")
-        self._children.append(child)
-        return child.pid
+        return start_until(ctx, "app_restore", [*argv, "--resume", str(ctx.images_dir / STATE_FILE)], cwd, "load_count",
+                           "loading").pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
         """Nothing to undo: the workload saved and went on."""

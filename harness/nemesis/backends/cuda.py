@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cutbench.harness.environment import gpu_mem
+from cutbench.harness.environment import gpu_mem, gpu_probe
 from cutbench.harness.nemesis import quiesce
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
@@ -232,7 +232,7 @@ def bindings_unavailable_reason() -> str | None:
         return "cuda-bindings is not installed: pip install -e '.[gpu]' (needs an NVIDIA driver >= 570)"
     except Exception as exc:
         return f"cuda-bindings does not load: {exc}"
-    missing = [c for c in ("cuCheckpointProcessLock", "cuCheckpointProcessRestore") if not hasattr(drv, c)]
+    missing = [c for c in gpu_probe.CHECKPOINT_CALLS if not hasattr(drv, c)]  # the calls doctor checks too
     if missing:
         return f"cuda-bindings lacks {', '.join(missing)}: upgrade to cuda-bindings >= 12.8"
     try:
@@ -272,6 +272,9 @@ class CudaProcs:
     gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs it uses
     gpu_bytes: int = 0
     usage: dict[int, dict[str, int]] = field(default_factory=dict)  # pid -> {GPU UUID: bytes}
+    # Remap candidates for the restore, decided once before the lock (CudaStages.remap_pairs):
+    # asked again after the checkpoint, the freed memory would be counted twice.
+    pairs: dict[int, list[list[tuple[str, str]]]] = field(default_factory=dict)
 
 
 class CudaStages:
@@ -518,7 +521,7 @@ class CudaCheckpointer:
     def cuda_cut(self, target: Child, ctx: CutContext) -> CudaProcs:
         """Discover, check the remap is possible, quiesce, then lock and checkpoint every CUDA process."""
         procs = self.stages.discover(target.pid, ctx)
-        self.stages.remap_pairs(procs, ctx.cut.restore_target)  # refuse an impossible ask before locking
+        procs.pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)  # refuse an impossible ask before locking
         self._quiesced = quiesce.drain(ctx)
         self.stages.cut(procs, ctx)
         return procs
@@ -539,8 +542,7 @@ class CudaCheckpointer:
         procs = self.stages.procs
         if procs is None:
             raise HarnessFault("cuda_restore", "no checkpointed processes to resume")
-        pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)
-        self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=pid)
+        self.restore_cuda(procs.pids, ctx, procs.pairs, resumed_pid=pid)
         self._end_quiesce(ctx)
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:

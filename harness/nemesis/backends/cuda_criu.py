@@ -90,11 +90,10 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             procs = self.stages.procs
             if procs is None:
                 raise HarnessFault("cuda_restore", "no record of the checkpointed CUDA processes")
-            restored = [p for p in procs.pids if p in set(process_tree(pid))]
-            if restored != procs.pids:
-                raise StageFailed("cuda_restore", f"restored tree {process_tree(pid)} lacks CUDA pids {procs.pids}")
-            pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)
-            self.restore_cuda(procs.pids, ctx, pairs, resumed_pid=pid)
+            tree = process_tree(pid)
+            if [p for p in procs.pids if p in tree] != procs.pids:
+                raise StageFailed("cuda_restore", f"restored tree {tree} lacks CUDA pids {procs.pids}")
+            self.restore_cuda(procs.pids, ctx, procs.pairs, resumed_pid=pid)
             self._end_quiesce(ctx)
         except RemapRefused:
             raise  # the restored tree runs on its own GPU: the pipeline keeps it

@@ -30,7 +30,6 @@ class RestartCheckpointer:
 
     def __init__(self) -> None:
         self._command: tuple[list[str], str] | None = None
-        self._children: list[Child] = []  # kept so subprocess never reaps a pid the harness waits for
 
     def unavailable_reason(self) -> str | None:
         """Always available: it needs nothing but the workload."""
@@ -50,9 +49,7 @@ class RestartCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
         argv, cwd = self._command
-        child = start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running")
-        self._children.append(child)
-        return child.pid
+        return start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running").pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
         """Never called: fault ``none`` is not offered (a restart without a crash is no restart)."""
