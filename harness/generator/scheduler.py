@@ -79,8 +79,9 @@ def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
     """
     allowed = positions(scenario)
     mode_choices = modes(scenario)
+    earlier = precise_modes(mode_choices)  # only the last cut may be asynchronous (CutPlan.validate_for)
     sizes = range(1, min(scenario.cuts_per_trial, len(allowed)) + 1)
-    count = sum(math.comb(len(allowed), k) * len(mode_choices) ** k for k in sizes)
+    count = sum(math.comb(len(allowed), k) * len(earlier) ** (k - 1) * len(mode_choices) for k in sizes)
     if count > LIMITS["plan.exhaustive_plans"]:
         raise InvalidArgument(f"plan: the exhaustive source would enumerate {count:,} plans per arm (more than "
                               f"{LIMITS['plan.exhaustive_plans']:,}): narrow plan.ops or plan.phases, lower "
@@ -88,9 +89,7 @@ def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
     out = []
     for size in sizes:
         for combo in itertools.combinations(allowed, size):
-            for shape in itertools.product(mode_choices, repeat=size):
-                if any(m == "async" for m, _ in shape[:-1]):
-                    continue  # only the last cut may be asynchronous (see CutPlan.validate_for)
+            for shape in itertools.product(*[earlier] * (size - 1), mode_choices):
                 out.append(CutPlan(tuple(cut_from_position(arm, op, phase, mode=m, async_offset_ms=off)
                                          for (op, phase), (m, off) in zip(combo, shape))))
     return out

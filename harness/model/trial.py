@@ -114,12 +114,19 @@ class TrialSpec:
             spec = cls(**data)
         except TypeError as exc:
             raise InvalidArgument(f"trial spec: {exc}") from None
+        return spec.validated()
+
+    def validated(self) -> "TrialSpec":
+        """This spec, once its plan is known executable by its workload (:meth:`CutPlan.validate_for`).
+
+        Raises :class:`InvalidArgument` for an unknown workload or a plan it cannot run.
+        """
         try:
-            cls_ = workload_api.load(spec.workload)
+            cls_ = workload_api.load(self.workload)
         except workload_api.WorkloadError as exc:
             raise InvalidArgument(f"trial spec: workload: {exc}") from None
-        spec.cut_plan().validate_for(tuple(cls_.phases), spec.params.get("ops"))
-        return spec
+        self.cut_plan().validate_for(tuple(cls_.phases), self.params.get("ops"))
+        return self
 
 
 @dataclass
@@ -209,7 +216,10 @@ class TrialResult:
 
 
 def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSpec:
-    """The :class:`TrialSpec` of trial number ``index``: ``plan`` under ``arm`` of ``scenario``."""
+    """The :class:`TrialSpec` of trial number ``index``: ``plan`` under ``arm`` of ``scenario``.
+
+    Raises :class:`InvalidArgument` for a plan the workload cannot execute, as a stored spec would on replay.
+    """
     return TrialSpec(
         trial_id=f"t{index:04d}",
         index=index,
@@ -225,4 +235,4 @@ def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSp
         stage_timeout_s=scenario.stage_timeout_s,
         images_dir=scenario.images_dir,
         keep_images=scenario.keep_images,
-    )
+    ).validated()

@@ -7,11 +7,13 @@ import itertools
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 
+from cutbench.errors import InvalidArgument
 from cutbench.harness.generator import scheduler
 from cutbench.harness.generator import search
-from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.plan import Cut, CutPlan
 from cutbench.harness.runner.run import execute
 from cutbench.harness.model.trial import spec_for
 from cutbench.harness.model.scenario import parse_scenario
@@ -112,3 +114,26 @@ def test_exhaustive_and_random_are_pure():
         assert scheduler.exhaustive(s, arm) == scheduler.exhaustive(s, arm)
         assert scheduler.plans(s, arm) == scheduler.random_plans(s, arm)
     assert list(itertools.chain.from_iterable(scheduler.plans(s, a) for a in s.arms()))
+
+
+def test_a_plan_with_a_cut_after_an_async_one_is_refused_when_its_spec_is_made():
+    """An async dump lands wherever the workload then is, possibly past the next cut's point: such a plan
+    never becomes a trial (as a stored spec with it is refused on replay)."""
+    s = scenario()
+    plan = CutPlan((Cut(2, "admit", mode="async", async_offset_ms=50, fault="kill"), Cut(2, "launch", fault="kill")))
+    with pytest.raises(InvalidArgument, match=r"plan.cuts\[1\] follows an asynchronous cut"):
+        spec_for(s, s.arms()[0], plan, 1)
+
+
+def test_every_static_source_keeps_earlier_cuts_precise_and_only_the_last_async():
+    """The same rule in exhaustive and random: with only async cuts asked for, a multi-cut plan's
+    earlier cuts are precise and its last is async (none is dropped), and the exhaustive count is exact."""
+    s = scenario(phases=["admit", "publish"], cuts_per_trial=2, cut_mode="async", async_offset_ms=[5.0, 10.0])
+    arm = s.arms()[0]
+    n = len(scheduler.positions(s))
+    plans = scheduler.exhaustive(s, arm)
+    assert len(plans) == n * 2 + n * (n - 1) // 2 * 2  # 2 offsets for the (last) async cut
+    for source in (plans, scheduler.random_plans(s, arm)):
+        for plan in source:
+            assert [c.mode for c in plan.cuts] == ["precise"] * (len(plan.cuts) - 1) + ["async"]
+    assert any(len(p.cuts) == 2 for p in plans)
