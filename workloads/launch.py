@@ -39,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:
-            from cutbench.receivers.client import ReceiverClient
-
-            rt.receiver = TrackedReceiver(ReceiverClient(config.receiver), control)
+            rt.receiver = TrackedReceiver(config.receiver, control)
         workload = cls(rt, config.params)
         workload.setup()
         first = 1

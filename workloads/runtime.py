@@ -24,6 +24,7 @@ from typing import Any
 
 from cutbench.workloads.control import PHASES, ControlFile
 from cutbench.files import atomic_write, read_number, write_number
+from cutbench.receivers.client import ReceiverClient
 
 # A parked workload gives up after this long without a release: a harness that
 # died must not leave a spinning process behind forever.
@@ -217,48 +218,29 @@ def format_exception() -> str:
     return traceback.format_exc()
 
 
-class TrackedReceiver:
+class TrackedReceiver(ReceiverClient):
     """The workload's receiver client, noting in the control file the highest effect id it sent and had acknowledged.
 
-    Every attribute is the client's; ``send_effect``, ``publish`` and
-    ``prepare`` also store the effect id in the ``sent_effect`` slot once the
+    ``send_effect`` stores the effect id in the ``sent_effect`` slot once the
     frame is written, and ``wait_ack`` stores it in ``acked_effect`` once
-    acknowledged. At a cut the harness reads both: what the checkpointed
-    process had already sent (the fence of that cut) and what it would send
-    again after reconnecting.
+    acknowledged (``publish`` and ``prepare`` go through both). At a cut the
+    harness reads them: what the checkpointed process had already sent (the
+    fence of that cut) and what it would send again after reconnecting.
     """
 
-    def __init__(self, client: Any, control: ControlFile):
-        self._client = client
+    def __init__(self, address: str, control: ControlFile, **options: Any):
+        super().__init__(address, **options)
         self._control = control
 
-    def _sent(self, op_id: int) -> None:
+    def send_effect(self, trial: str, op_id: int, epoch: int, digest: str, **kw: Any) -> None:
+        """The client's ``send_effect``, then note ``op_id`` as sent."""
+        super().send_effect(trial, op_id, epoch, digest, **kw)
         if op_id > self._control.get("sent_effect"):
             self._control.set("sent_effect", op_id)
 
-    def send_effect(self, trial: str, op_id: int, epoch: int, digest: str, **kw: Any) -> None:
-        """The client's ``send_effect``, then note ``op_id``."""
-        self._client.send_effect(trial, op_id, epoch, digest, **kw)
-        self._sent(op_id)
-
-    def publish(self, trial: str, op_id: int, epoch: int, digest: str, timeout: float | None = None) -> dict[str, Any]:
-        """The client's ``publish`` (send and wait for the ack), noting ``op_id`` once sent."""
-        self._client.send_effect(trial, op_id, epoch, digest)
-        self._sent(op_id)
-        return self.wait_ack(op_id, timeout, trial=trial)
-
-    def prepare(self, trial: str, op_id: int, epoch: int, digest: str, timeout: float | None = None) -> dict[str, Any]:
-        """The client's ``prepare`` (fenced trials), noting ``op_id`` once sent."""
-        self._client.send_effect(trial, op_id, epoch, digest, kind="prepare")
-        self._sent(op_id)
-        return self.wait_ack(op_id, timeout, trial=trial)
-
     def wait_ack(self, op_id: int, timeout: float | None = None, *, trial: str | None = None) -> dict[str, Any]:
         """The client's ``wait_ack``, then note ``op_id`` as acknowledged."""
-        reply = self._client.wait_ack(op_id, timeout, trial=trial)
+        reply = super().wait_ack(op_id, timeout, trial=trial)
         if op_id > self._control.get("acked_effect"):
             self._control.set("acked_effect", op_id)
         return reply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
