@@ -174,7 +174,8 @@ def find_criu(prefix: Path | None = None) -> CriuInstall | None:
     A bundled install under ``prefix`` wins (so a project-local install beats a
     broken host CRIU); else ``criu`` on PATH. Either must pass ``criu check``.
     """
-    for cand in (bundled(prefix), on_path()):
+    for candidate in (lambda: bundled(prefix), on_path):  # probed in turn: the bundled one spares the host's
+        cand = candidate()
         if cand is not None and version_ok(cand) and check(cand)[0]:
             return cand
     return None

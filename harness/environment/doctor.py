@@ -225,13 +225,3 @@ def format_checks(checks: list[Check]) -> str:
 def problems(checks: list[Check]) -> list[Check]:
     """The checks that stop cutbench from running: failures and missing essentials."""
     return [c for c in checks if c.status == FAIL or (c.status == MISSING and c.name in ESSENTIAL)]
-
-
-def main() -> int:
-    checks = run_checks()
-    print(format_checks(checks))
-    return 1 if problems(checks) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

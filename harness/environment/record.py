@@ -7,6 +7,8 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from cutbench.errors import Unavailable
+
 PACKAGES = ("numpy", "pandas", "pyarrow", "hypothesis", "cupy-cuda13x", "cupy-cuda12x", "cuda-python", "cuda-bindings", "nvidia-ml-py", "psycopg")
 
 
@@ -37,9 +39,10 @@ def collect() -> dict[str, Any]:
     try:
         from cutbench.harness.environment import criu_tool
 
-        install = criu_tool.find_criu()
-        if install is not None:
-            env["criu"] = {"version": install.version, "source": install.source, "argv": " ".join(install.argv)}
+        install = criu_tool.require_criu()  # cached: the run already found it
+        env["criu"] = {"version": install.version, "source": install.source, "argv": " ".join(install.argv)}
+    except Unavailable:
+        pass  # no usable CRIU: nothing to record (doctor says why)
     except Exception as exc:  # environment capture must never fail a run
         env["criu_error"] = str(exc)
     try:

@@ -236,10 +236,11 @@ def report(run_dir: str, as_json: bool) -> None:
 
     run = RunDir.open(run_dir)
     files = rep.build(run)
-    v = run_verdict(run.table("trials"), run.meta())
+    trials = run.table("trials")
+    v = run_verdict(trials, run.meta())
     if as_json:
         click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
-                               "invalid_rate": None if v.rate != v.rate else v.rate, "rate_low": v.low, "rate_high": v.high}))
+                               **_figures(trials)}))
     else:
         say(f"{v.text}: report {files.report}")
         say(f"summary {files.summary}; plots in {files.report.parent / 'plots'}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext
 from cutbench.registry import CHECKPOINTERS
-from cutbench.registry import backend_capabilities as capabilities
 
 
 def get(name: str) -> Checkpointer:
@@ -30,4 +29,4 @@ def get(name: str) -> Checkpointer:
     return CHECKPOINTERS.load(name)()
 
 
-__all__ = ["CHECKPOINTERS", "Capabilities", "Checkpointer", "CutContext", "capabilities", "get"]
+__all__ = ["CHECKPOINTERS", "Capabilities", "Checkpointer", "CutContext", "get"]

@@ -33,7 +33,6 @@ from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
 from cutbench.workloads import api as workload_api
 
-POLL_S = 0.005
 
 # -- a whole run -------------------------------------------------------------
 

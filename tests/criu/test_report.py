@@ -186,6 +186,7 @@ def test_cutbench_report_regenerates_everything_from_stored_data(mixed_run_copy:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["verdict"] == "invalid" and out["counts"]["invalid"] > 0
+    assert 0 < out["invalid_rate"] <= 1 and out["rate_low"] <= out["invalid_rate"] <= out["rate_high"] and out["arms"]
     assert Path(out["report"]).is_file() and Path(out["summary"]).is_file()
     assert set(out["plots"]) == set(plots.PLOTS)
     for path in out["plots"].values():
