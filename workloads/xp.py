@@ -29,6 +29,8 @@ anything else, rather than guessing.
 
 from __future__ import annotations
 
+import functools
+
 from types import ModuleType
 from typing import Any
 
@@ -52,11 +54,14 @@ class ArrayTypeError(CutbenchError, TypeError):
     """A helper got an array (or namespace) of a library it does not know."""
 
 
+@functools.lru_cache(maxsize=None)
 def unusable_reason(name: str) -> str | None:
     """Why array backend ``name`` cannot run here, or None when it can.
 
     Loads the library to find out (not PyTorch's CUDA context: that is made
-    by the first tensor), and changes nothing else in this process.
+    by the first tensor), and changes nothing else in this process. Cached:
+    what this machine can run does not change while the process lives, and
+    resolving ``auto``, checking a workload and loading its namespace all ask.
     """
     if name not in ARRAY_BACKENDS:
         raise InvalidArgument(f"array backend {name!r}: allowed {', '.join(ARRAY_BACKENDS)}")
