@@ -30,7 +30,6 @@ anything else, rather than guessing.
 from __future__ import annotations
 
 import functools
-
 from types import ModuleType
 from typing import Any
 
