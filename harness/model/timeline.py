@@ -32,10 +32,15 @@ class Timeline:
             return None
 
     @contextmanager
-    def stage(self, name: str, cut_index: int = 0) -> Iterator[dict[str, Any]]:
-        """Time the enclosed block as stage ``name``; yields a dict for extra fields (``bytes``, ``detail``)."""
+    def stage(self, name: str, cut_index: int = 0, *, marks: bool = True) -> Iterator[dict[str, Any]]:
+        """Time the enclosed block as stage ``name``; yields a dict for extra fields (``bytes``, ``detail``).
+
+        ``marks``: ask the receiver's high-water mark before and after (a round
+        trip each). Off for stages that must follow each other closely (one
+        driver call per rank of a coordinated cut).
+        """
         extra: dict[str, Any] = {}
-        hwm_before = self._mark()
+        hwm_before = self._mark() if marks else None
         start = time.monotonic()
         result, error = "ok", ""
         try:
@@ -62,7 +67,7 @@ class Timeline:
                     "result": result,
                     "error": error,
                     "hwm_before": hwm_before,
-                    "hwm_after": self._mark(),
+                    "hwm_after": self._mark() if marks else None,
                     "bytes": extra.get("bytes"),
                     "detail": extra.get("detail", ""),
                 }

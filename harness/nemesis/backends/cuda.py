@@ -433,7 +433,8 @@ class CudaStages:
     def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], Any]) -> None:
         """Run one driver call as a timed stage; on error bring every process back and raise the stage outcome."""
         error: CudaCallError | None = None
-        with ctx.timeline.stage(stage, ctx.cut_index) as extra:
+        # No receiver round trips between one rank's call and the next: they would widen a coordinated cut.
+        with ctx.timeline.stage(stage, ctx.cut_index, marks=False) as extra:
             extra["detail"] = f"rank {rank} pid {pid}"
             try:
                 note = fn()
