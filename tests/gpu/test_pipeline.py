@@ -6,6 +6,7 @@ cuda-bindings on CuPy processes, with real CRIU where the backend uses it.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,8 @@ def gpu_count() -> int:
 
 
 two_gpus = pytest.mark.skipif("gpu_count() < 2", reason="needs 2 GPUs")
+# NVIDIA's utility is not part of cutbench: the GPU runner puts it on PATH (scripts/device_run.sh).
+with_utility = pytest.mark.skipif("shutil.which('cuda-checkpoint') is None", reason="needs NVIDIA's cuda-checkpoint on PATH")
 
 
 def scenario(backend: str, fault: str, *, phase: str = "record", workload: str = "counter", params=None,
@@ -91,10 +94,12 @@ def test_driver_calls_free_the_gpu_and_restore_contents_in_place(tmp_path):
         child.wait()
 
 
+@pytest.mark.parametrize("backend", ["cuda+criu", pytest.param("cuda-checkpoint+criu", marks=with_utility)])
 @pytest.mark.parametrize("fault,mode,split", [("kill", "at_least_once", 0.0), ("kill", "at_least_once", 25.0),
                                               ("leave_running", "idempotent", 0.0), ("none", "at_least_once", 0.0)])
-def test_cuda_criu_counter(tmp_path, fault, mode, split):
-    r = one(scenario("cuda+criu", fault, mode=mode, split=split), tmp_path)
+def test_cuda_criu_counter(tmp_path, backend, fault, mode, split):
+    """The driver API and NVIDIA's documented recipe through its utility, on the same cuts."""
+    r = one(scenario(backend, fault, mode=mode, split=split), tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
     rep = r.record.report
     assert rep["pointer_table_ok"] and rep["pointers_initial"] == rep["pointers_final"]
@@ -105,8 +110,9 @@ def test_cuda_criu_counter(tmp_path, fault, mode, split):
     assert all(s in got for s in want), got
 
 
-def test_cuda_in_place_suspend_resume(tmp_path):
-    r = one(scenario("cuda", "none"), tmp_path)
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("cuda-checkpoint", marks=with_utility)])
+def test_cuda_in_place_suspend_resume(tmp_path, backend):
+    r = one(scenario(backend, "none"), tmp_path)
     assert r.verdict.outcome == "valid"
     assert r.record.report["pointer_table_ok"]
 
