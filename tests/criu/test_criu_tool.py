@@ -16,9 +16,16 @@ from pathlib import Path
 import pytest
 
 from cutbench.harness.environment import criu_tool
-from tests.unit.test_criu_tool import debs
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory) -> Path:
+    """criu and its dependencies downloaded once from the machine's Debian mirror."""
+    d = tmp_path_factory.mktemp("debs")
+    assert criu_tool.install(download_only=d) is None
+    return d
 
 
 @pytest.mark.criu

@@ -1,12 +1,11 @@
-"""CRIU provisioning: apt config parsing (unit), download/unpack (network), real dump + restore.
+"""CRIU provisioning without CRIU: apt config parsing and discovery (the download and the real dump and
+restore are in tests/criu/test_criu_tool.py).
 
 The `criu` tests fail, never skip, when CRIU is not provisioned: CI runs
 `cutbench criu install` first, so a missing CRIU there is a real failure.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -178,19 +177,3 @@ def test_nothing_found_explains(monkeypatch, tmp_path):
     monkeypatch.setattr(criu_tool, "_required", {})
     with pytest.raises(Unavailable, match="(?s)no bundled CRIU.*cutbench criu install"):
         criu_tool.require_criu(tmp_path / "empty")
-
-
-# ----------------------------------------------------------------------------- download + unpack (network)
-
-
-@pytest.fixture(scope="module")
-def debs(tmp_path_factory) -> Path:
-    """criu and its dependencies downloaded once from the machine's Debian mirror."""
-    d = tmp_path_factory.mktemp("debs")
-    assert criu_tool.install(download_only=d) is None
-    return d
-
-
-# ----------------------------------------------------------------------------- real CRIU
-
-

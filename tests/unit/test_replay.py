@@ -5,41 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from cutbench.harness.store.analysis import verdict_class, verdict_key
 from tests.fixtures.run_fixtures import cli
-
-SCENARIO = """
-name = "replayable"
-[workload]
-name = "outbox_mark_before_send"
-array = "numpy"
-params = { ops = 4, state_size = 512, seed = 5, op_interval_ms = 10.0 }
-[receiver]
-modes = ["at_least_once"]
-[pipeline]
-backends = ["criu"]
-faults = ["kill", "leave_running"]
-crash_after_ms = [100]
-[plan]
-source = "exhaustive"
-ops = [2, 2]
-phases = ["outbox", "publish"]
-[run]
-watchdog_s = 5
-"""
-
-
-@pytest.fixture(scope="module")
-def stored_run(tmp_path_factory, criu) -> Path:
-    """One real run of four trials: valid and invalid ones, three finding kinds possible."""
-    root = tmp_path_factory.mktemp("replay")
-    scen = root / "replayable.toml"
-    scen.write_text(SCENARIO)
-    proc = cli("run", str(scen), "--out", str(root / "results"), "--json")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    return Path(json.loads(proc.stdout)["run_dir"])
 
 
 def test_replay_of_something_that_is_not_a_trial_is_a_clear_error(tmp_path: Path):
