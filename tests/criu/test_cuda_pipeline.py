@@ -66,7 +66,7 @@ def test_kill_with_split_window_runs_host_code_between_cuda_and_cpu_cut(criu, tm
     assert r.record.restores == 1
 
 
-def test_leave_running_resumes_the_original_on_the_gpu_before_the_crash(criu, tmp_path):
+def test_leave_running_restores_and_unlocks_the_original_before_the_crash(criu, tmp_path):
     sim = SimDriver()
     [r] = run_trials(scenario("cuda+criu", "leave_running", phase="publish"), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
