@@ -19,16 +19,11 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.schema import EXPORT_COLUMNS
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, receiver, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, raw_connection, receiver, store_url  # noqa: F401
 from tests.unit.test_receiver_isolation import store_write_lock, wait_queued
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDE = "\U0001f600" * P.MAX_TEXT  # the longest legal text, 12 bytes a character once JSON-escaped
-
-
-def _raw(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
 
 
 def _send(sock: socket.socket, *msgs: dict) -> None:
@@ -125,7 +120,7 @@ def test_null_is_the_same_as_absent_for_optional_fields_and_id() -> None:
 
 
 def test_a_null_id_is_answered_without_one(receiver) -> None:
-    sock = _raw(receiver.address)
+    sock = raw_connection(receiver.address)
     _send(sock, {"type": "health", "id": None})
     (r,) = _read(sock, 1)
     assert r["type"] == "result" and "id" not in r
@@ -147,7 +142,7 @@ def test_an_equal_fence_is_acked_and_recorded_a_lower_one_refused(receiver) -> N
 
 def test_a_refused_hello_leaves_the_connection_unauthenticated(tmp_path: Path) -> None:
     with start_receiver(f"sqlite:{tmp_path / 'r.db'}", tmp_path, token="s3cret") as h:
-        sock = _raw(h.address)
+        sock = raw_connection(h.address)
         _send(sock, {"type": "hello", "id": 1, "token": "s3cret"}, {"type": "health", "id": 2},
               {"type": "hello", "id": 3, "token": "wrong"}, {"type": "health", "id": 4},
               {"type": "hello", "id": 5, "token": "s3cret"}, {"type": "health", "id": 6})
@@ -182,7 +177,7 @@ def test_export_pages_shrink_to_the_frame_limit_and_only_null_next_after_ends(tm
             c.send_effect("w", op, 0, WIDE)
         for op in range(12):
             c.wait_ack(op)
-        sock = _raw(address)
+        sock = raw_connection(address)
         after, pages = 0, []
         while after is not None:
             dec = P.FrameDecoder(1 << 30)
@@ -211,7 +206,7 @@ def test_the_client_accepts_replies_up_to_the_servers_frame_limit(tmp_path: Path
             c.send_effect("w", op, 0, WIDE)
         for op in range(400):
             c.wait_ack(op)
-        sock = _raw(address)
+        sock = raw_connection(address)
         _send(sock, {"type": "export", "id": 1, "trial": "w"})
         (page,) = _read(sock, 1)
         assert len(P.encode(page)) > P.MAX_FRAME and page["next_after"] is None  # one page, over 1 MiB
@@ -222,7 +217,7 @@ def test_the_client_accepts_replies_up_to_the_servers_frame_limit(tmp_path: Path
 
 def test_a_frame_may_pause_midway_without_a_timeout(receiver) -> None:
     """A checkpointed client can freeze in the middle of a frame; the rest still gets its reply."""
-    sock = _raw(receiver.address)
+    sock = raw_connection(receiver.address)
     frame = P.encode({"type": "health", "id": 11})
     sock.sendall(frame[:7])
     time.sleep(1.5)

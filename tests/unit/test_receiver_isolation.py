@@ -8,7 +8,6 @@ requests queue up, so they are decided and committed as one batch.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import sqlite3
 import time
@@ -20,7 +19,7 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, read_frames, store_url  # noqa: F401
 
 POISON = "poison"  # the store refuses every delivery row of this trial, and every row with this digest
 
@@ -73,15 +72,6 @@ def store_write_lock(url: str) -> Iterator[None]:
             db.rollback()
 
 
-def _read_frames(sock: socket.socket, n: int) -> list[dict]:
-    dec, out = P.FrameDecoder(), []
-    while len(out) < n:
-        data = sock.recv(65536)
-        assert data, "connection closed"
-        out += [json.loads(b) for b in dec.feed(data)]
-    return out
-
-
 def wait_queued(ctl: ReceiverClient, n: int, timeout: float = 10) -> None:
     """Wait until exactly ``n`` write requests wait for the writer (the one before them is stuck)."""
     deadline = time.monotonic() + timeout
@@ -124,7 +114,7 @@ def test_a_row_the_store_refuses_fails_alone_and_the_rest_of_its_batch_commits(s
                  (2, others[2], "alo", 3), (3, others[3], "fen", 1), (3, others[3], "idem", 1)]}
         with pytest.raises(ReceiverError) as refused:
             others[2].wait_ack(1, trial=POISON)
-        op2 = {r["id"]: r for r in _read_frames(raw, 2)}
+        op2 = {r["id"]: r for r in read_frames(raw, 2)}
         assert refused.value.code == "store_error" and "trigger" in refused.value.message
         assert op2[1]["code"] == "store_error" and op2[2]["decision"] == "applied"
         assert {k: a["decision"] for k, a in acks.items() if k[0] != "idem"} == {

@@ -19,7 +19,7 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError, ReceiverUnavailable
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, receiver, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, raw_connection, read_frames, receiver, store_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,20 +37,6 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 10) -> str:
         assert time.monotonic() < deadline, "server did not become ready"
         time.sleep(0.01)
     return path.read_text().strip()
-
-
-def _raw(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5)
-
-
-def _read_frames(sock: socket.socket, n: int) -> list[dict]:
-    dec, out = P.FrameDecoder(), []
-    while len(out) < n:
-        data = sock.recv(65536)
-        assert data, "connection closed"
-        out += [json.loads(b) for b in dec.feed(data)]
-    return out
 
 
 def test_cli_serves_a_unix_socket_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
@@ -103,11 +89,11 @@ def test_remote_bind_needs_the_token_from_every_client(tmp_path: Path) -> None:
         port = h.address.rsplit(":", 1)[1]
         with pytest.raises(ReceiverError, match="unauthorized"):
             ReceiverClient(f"127.0.0.1:{port}", token="wrong").health()
-        sock = _raw(f"127.0.0.1:{port}")
+        sock = raw_connection(f"127.0.0.1:{port}")
         sock.sendall(P.encode({"type": "health", "id": 1}))  # no hello: refused, connection kept
         sock.sendall(P.encode({"type": "hello", "id": 2, "token": "s3cret"}))
         sock.sendall(P.encode({"type": "health", "id": 3}))
-        r1, r2, r3 = _read_frames(sock, 3)
+        r1, r2, r3 = read_frames(sock, 3)
         assert r1["code"] == "unauthorized" and r2["type"] == "result" and r3["status"] == "ok"
         with ReceiverClient(f"127.0.0.1:{port}", token="s3cret") as c:
             assert c.health()["status"] == "ok"
@@ -117,13 +103,13 @@ def test_remote_bind_needs_the_token_from_every_client(tmp_path: Path) -> None:
 def test_bad_messages_get_errors_and_bad_framing_closes_only_that_connection(receiver) -> None:
     good = ReceiverClient(receiver.address)
     good.open_trial("t", "at_least_once")
-    sock = _raw(receiver.address)
+    sock = raw_connection(receiver.address)
     bodies = [b"not json", b"[]", json.dumps({"v": 1, "type": "launch"}).encode(),
               json.dumps({"v": 1, "type": "publish", "id": 9, "trial": "never", "op_id": 1, "attempt": 1,
                           "epoch": 0, "digest": ""}).encode(),
               json.dumps({"v": 1, "type": "health", "id": 10}).encode()]
     sock.sendall(b"".join(struct.pack(">I", len(b)) + b for b in bodies))
-    replies = _read_frames(sock, len(bodies))
+    replies = read_frames(sock, len(bodies))
     # writes are answered after their commit, so the health reply may overtake the publish error
     replies.sort(key=lambda r: r.get("id", -1))
     assert [r.get("code") for r in replies] == ["bad_json", "bad_message", "unknown_type", "unknown_trial", None]
@@ -131,7 +117,7 @@ def test_bad_messages_get_errors_and_bad_framing_closes_only_that_connection(rec
     assert replies[4]["id"] == 10 and replies[4]["status"] == "ok"
     # a length prefix over the maximum: error reply, then the server closes the connection
     sock.sendall(struct.pack(">I", P.MAX_FRAME + 1) + b"xx")
-    (err,) = _read_frames(sock, 1)
+    (err,) = read_frames(sock, 1)
     assert err["code"] == "frame_too_large"
     assert sock.recv(10) == b""
     assert good.publish("t", 1, 0, "d")["decision"] == "applied"  # other clients never affected
@@ -222,11 +208,11 @@ def test_unstorable_text_is_refused_at_validation_and_affects_no_other_connectio
     """A lone surrogate is valid JSON but no store can hold it: an error reply for that request only."""
     good = ReceiverClient(receiver.address)
     good.open_trial("iso", "at_least_once")
-    sock = _raw(receiver.address)
+    sock = raw_connection(receiver.address)
     bad = [{"v": 1, "type": "publish", "id": 1, "trial": "iso", "op_id": 1, "attempt": 1, "epoch": 0, "digest": "\ud800"},
            {"v": 1, "type": "open_trial", "id": 2, "trial": "x\udfff", "mode": "idempotent"}]
     sock.sendall(b"".join(struct.pack(">I", len(b)) + b for b in (json.dumps(m).encode() for m in bad)))
-    replies = sorted(_read_frames(sock, 2), key=lambda r: r.get("id", -1))
+    replies = sorted(read_frames(sock, 2), key=lambda r: r.get("id", -1))
     assert [r.get("code") for r in replies] == ["bad_argument", "bad_argument"]
     assert "lone surrogates" in replies[0]["message"]
     assert good.publish("iso", 2, 0, "d")["decision"] == "applied"
