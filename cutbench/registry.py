@@ -100,4 +100,6 @@ CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", {
     "restart": "cutbench.harness.nemesis.backends.restart:RestartCheckpointer",
     "criu-cuda-plugin": "cutbench.harness.nemesis.backends.criu_cuda_plugin:CriuCudaPluginCheckpointer",
     "app": "cutbench.harness.nemesis.backends.app:AppCheckpointer",
+    "docker": "cutbench.harness.nemesis.backends.docker:DockerCheckpointer",
+    "podman": "cutbench.harness.nemesis.backends.podman:PodmanCheckpointer",
 })

@@ -135,8 +135,10 @@ class TrialRunner:
             config = self._write_config()
             companions = self._start_companions(config)
             seq = self._arm(control, spec.cut_plan(), 0)
+            # A backend that must own the workload's start (a container engine) launches it itself.
+            launch = getattr(backend, "launch", None) or spawn
             with self.timeline.stage("spawn"):
-                child = spawn([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
+                child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
             self._cuts(control, child, backend, seq, state)
             if state.status not in ("unknown", "deadlock") and not state.down:
                 self._run_to_end(control, child, state)

@@ -1,0 +1,218 @@
+"""``docker``: the workload in a Docker container, checkpointed and restored by the engine.
+
+Through the docker SDK's low-level API client: the SDK has no checkpoint
+call, so the backend posts to the engine's own endpoints —
+``POST /containers/{id}/checkpoints`` (``Exit`` true for a ``kill`` fault,
+false to leave it running) and ``POST /containers/{id}/start?checkpoint=NAME``
+for the restore. The engine keeps the checkpoint in its data root (Docker
+20.10 refuses a custom checkpoint directory on start); its size is read
+there and the checkpoint is deleted through the API after the cut.
+
+Docker passes no CRIU options of its own, so the options the receiver
+connection needs (see :mod:`~cutbench.harness.nemesis.backends.containers`)
+go into runc's CRIU options file, ``/etc/criu/runc.conf``, rewritten before
+each stage and removed after the cut. The backend refuses to run when that
+file exists and was not written by it (it would overwrite someone's
+settings), and one Docker trial runs at a time on an engine for the same reason.
+
+The engine is found at :func:`cutbench.harness.environment.engines.docker_host`;
+``cutbench engine start docker`` starts the project's own. A restore that the
+engine reports while the workload in fact started anew is caught by the
+oracle (``restarted``), not taken on the engine's word.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.harness.environment import engines
+from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, criu_options,
+                                                          host_mounts, rootfs_tarball)
+from cutbench.harness.nemesis.backends.criu import criu_error_tail
+from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
+from cutbench.procs import Child
+
+RUNC_OPTIONS = Path("/etc/criu/runc.conf")
+
+
+class DockerCheckpointer:
+    """The ``docker`` backend (see module docstring)."""
+
+    name = "docker"
+    capabilities = Capabilities(stages=("docker_checkpoint", "docker_restore"), covers=frozenset({"cpu", "ipc"}))
+    # /etc/criu/runc.conf is one file per host: one Docker cut at a time.
+    _options_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._cuts: dict[Path, tuple[str, str]] = {}  # images_dir -> (container id, checkpoint name)
+
+    # -- engine ---------------------------------------------------------------
+    @property
+    def api(self) -> Any:
+        """The SDK's low-level client for the engine (connected on first use)."""
+        if self._client is None:
+            self._client = engines.docker_client()
+        return self._client.api
+
+    def unavailable_reason(self) -> str | None:
+        """Why Docker checkpoints cannot run here (with the fix), or None."""
+        host = engines.docker_host()
+        try:
+            info = self.api.info()
+        except Unavailable as exc:
+            return str(exc)
+        except Exception as exc:
+            return f"no Docker engine answers at {host} ({type(exc).__name__}: {exc}); fix: `cutbench engine start docker`"
+        if not info.get("ExperimentalBuild"):
+            return (f"the Docker engine at {host} has experimental features off, which checkpoints need; "
+                    "fix: `\"experimental\": true` in its daemon.json, or `cutbench engine start docker`")
+        if _foreign(RUNC_OPTIONS):
+            return (f"{RUNC_OPTIONS} exists and was not written by cutbench; the docker backend writes runc's CRIU "
+                    "options there for each stage. Fix: move that file away while the docker backend runs")
+        return None
+
+    def state(self, container: str) -> tuple[bool, int, int]:
+        """``(running, exit_code, pid)`` from the engine (a removed container: stopped, exit -1)."""
+        try:
+            st = self.api.inspect_container(container)["State"]
+        except Exception:
+            return False, -1, 0
+        return bool(st.get("Running") or st.get("Restarting")), int(st.get("ExitCode", -1)), int(st.get("Pid") or 0)
+
+    def kill(self, container: str) -> None:
+        """SIGKILL every process of ``container``; no error when it is not running."""
+        try:
+            self.api.kill(container)
+        except Exception:
+            pass
+        try:
+            self.api.wait(container, timeout=10)
+        except Exception:
+            pass
+
+    def remove(self, container: str) -> None:
+        """Remove ``container`` (and its checkpoints); no error when absent."""
+        try:
+            self.api.remove_container(container, force=True)
+        except Exception:
+            pass
+
+    # -- the workload's container --------------------------------------------
+    def launch(self, argv: list[str], *, cwd: str) -> Child:
+        """Start ``argv`` in a new container (working directory ``cwd``); returns its handle."""
+        self._ensure_image()
+        data_root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
+        mounts = host_mounts(Path(cwd), forbidden=(data_root, engines.docker_paths().root))
+        host_config = self.api.create_host_config(
+            network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
+        created = self.api.create_container(
+            IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=_container_name(cwd),
+            environment={"PYTHONDONTWRITEBYTECODE": "1"}, labels={"cutbench": "trial"})
+        cid = created["Id"]
+        try:
+            self.api.start(cid)
+        except Exception as exc:
+            self.remove(cid)
+            raise Unavailable(f"docker could not start the workload's container: {exc}") from exc
+        _running, _code, pid = self.state(cid)
+        return ContainerChild(pid=pid, container=cid, engine=self)
+
+    def _ensure_image(self) -> None:
+        try:
+            self.api.inspect_image(IMAGE)
+        except Exception:
+            repository, tag = IMAGE.split(":")
+            self.api.import_image_from_data(rootfs_tarball(), repository=repository, tag=tag)
+
+    # -- stages ----------------------------------------------------------------
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``docker_checkpoint``: the engine's checkpoint of the container (it stops only for ``kill``)."""
+        cid = _container_of(target)
+        name = f"c{ctx.cut_index}"
+        ctx.images_dir.mkdir(parents=True, exist_ok=True)
+        log = ctx.images_dir / "criu-dump.log"
+        self._options_lock.acquire()  # released by cleanup, which follows every checkpoint
+        self._cuts[ctx.images_dir] = (cid, name)
+        criu_options(RUNC_OPTIONS, log=log)
+        ctx.mark("criu_freeze")
+        with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
+            reply = self.api.post(self.api._url("/containers/{0}/checkpoints", cid),
+                                  json={"CheckpointID": name, "Exit": ctx.cut.fault == "kill"})
+            if reply.status_code >= 300:
+                reason = f"docker checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}"
+                if target.alive():
+                    raise StageRefused("docker_checkpoint", reason)
+                raise StageFailed("docker_checkpoint", reason + " (the container did not survive)")
+            image = self._checkpoint_dir(cid, name)
+            extra["bytes"] = dir_bytes(image) if image.is_dir() else 0
+            ctx.facts["image_bytes"] = extra["bytes"]
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stage ``docker_restore``: start the stopped container from its checkpoint; returns the new pid."""
+        cid, name = self._cuts[ctx.images_dir]
+        log = ctx.images_dir / "criu-restore.log"
+        criu_options(RUNC_OPTIONS, log=log, restore_after=ctx.cut.fault)
+        with ctx.timeline.stage("docker_restore", ctx.cut_index):
+            reply = self.api.post(self.api._url("/containers/{0}/start", cid), params={"checkpoint": name})
+            if reply.status_code >= 300:
+                raise StageFailed("docker_restore", f"docker start --checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}")
+            running, code, pid = self.state(cid)
+            if not running:
+                raise StageFailed("docker_restore", f"the container is not running after the restore (exit {code})")
+        return pid
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing to undo: the checkpoint left the container running."""
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Delete the cut's checkpoint from the engine and runc's options file; never raises."""
+        cut = self._cuts.pop(ctx.images_dir, None)
+        if cut is None:
+            return  # the checkpoint never began
+        try:
+            self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", *cut))
+        except Exception:
+            pass
+        if not _foreign(RUNC_OPTIONS):
+            RUNC_OPTIONS.unlink(missing_ok=True)
+        self._options_lock.release()
+
+    def _checkpoint_dir(self, cid: str, name: str) -> Path:
+        root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
+        return root / "containers" / cid / "checkpoints" / name
+
+
+def _container_of(target: Child) -> str:
+    container = getattr(target, "container", "")
+    if not container:
+        raise StageRefused("docker_checkpoint", f"pid {target.pid} is not a container this backend started "
+                                                "(a single-process cut of a multi-process workload)")
+    return container
+
+
+def _container_name(cwd: str) -> str:
+    """A unique, valid container name from the trial directory (``…/cutbench-RUN-xxxx/TRIAL``)."""
+    path = Path(cwd)
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{path.parent.name}-{path.name}")[:120]
+
+
+def _message(reply: Any) -> str:
+    try:
+        return f"{reply.status_code} {reply.json().get('message', reply.text)}"
+    except ValueError:
+        return f"{reply.status_code} {reply.text[:300]}"
+
+
+def _foreign(path: Path) -> bool:
+    """True when ``path`` exists and cutbench did not write it."""
+    try:
+        return OPTIONS_HEADER not in path.read_text().splitlines()[0]
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        return True
