@@ -23,6 +23,7 @@ whose settings win over runc's own: :func:`criu_options` writes it.
 from __future__ import annotations
 
 import io
+import re
 import sys
 import tarfile
 from dataclasses import dataclass, field
@@ -56,6 +57,12 @@ def rootfs_tarball() -> bytes:
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
     return buf.getvalue()
+
+
+def container_name(cwd: str) -> str:
+    """A unique, valid container name from the trial directory (``…/cutbench-RUN-xxxx/TRIAL``)."""
+    path = Path(cwd)
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{path.parent.name}-{path.name}")[:120]
 
 
 def host_mounts(workdir: Path, *, forbidden: tuple[Path, ...] = ()) -> dict[str, str]:

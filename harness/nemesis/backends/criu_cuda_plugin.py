@@ -2,11 +2,13 @@
 
 CRIU's CUDA plugin locks and checkpoints the GPU side itself (it calls the
 ``cuda-checkpoint`` utility) during ``criu dump`` and restores it during
-``criu restore``; the harness only adds ``--libdir PLUGIN_DIR``. There is no
-split window: the plugin places the CUDA cut itself. Available when
-``$CUTBENCH_CRIU_PLUGIN_DIR`` names a directory holding ``cuda_plugin.so``
-and ``cuda-checkpoint`` is on PATH (Debian's CRIU package ships no CUDA
-plugin; build it from CRIU's ``plugins/cuda``).
+``criu restore``; the harness only adds ``--libdir PLUGIN_DIR``. This is
+CRIUgpu's design: CRIU's own hooks place the CUDA cut, so there is no split
+window. Debian's CRIU package ships no CUDA plugin: ``cutbench criu install
+--with-cuda-plugin`` builds it from the same CRIU release's source into
+``PREFIX/lib/criu``, where the backend finds it; ``$CUTBENCH_CRIU_PLUGIN_DIR``,
+when set, names another directory holding ``cuda_plugin.so`` and wins.
+Available when the plugin is found and ``cuda-checkpoint`` is on PATH.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ class CriuCudaPluginCheckpointer(CriuCheckpointer):
 
     @property
     def extra_args(self) -> tuple[str, ...]:  # type: ignore[override]
-        """``--libdir`` with the plugin directory (empty when none is configured)."""
+        """``--libdir`` with the plugin directory (empty when none is found)."""
         path = plugin_dir()
         return ("--libdir", str(path)) if path else ()
 
     def unavailable_reason(self) -> str | None:
-        """Unavailable without a plugin directory, the utility, or CRIU itself."""
+        """Unavailable without the plugin (the reason names `cutbench criu install --with-cuda-plugin`), the utility, or CRIU."""
         return plugin_unavailable_reason() or super().unavailable_reason()

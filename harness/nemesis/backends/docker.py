@@ -23,14 +23,13 @@ oracle (``restarted``), not taken on the engine's word.
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, criu_options,
+from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name, criu_options,
                                                           host_mounts, rootfs_tarball)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
@@ -111,7 +110,7 @@ class DockerCheckpointer:
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
         created = self.api.create_container(
-            IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=_container_name(cwd),
+            IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=container_name(cwd),
             environment={"PYTHONDONTWRITEBYTECODE": "1"}, labels={"cutbench": "trial"})
         cid = created["Id"]
         try:
@@ -193,12 +192,6 @@ def _container_of(target: Child) -> str:
         raise StageRefused("docker_checkpoint", f"pid {target.pid} is not a container this backend started "
                                                 "(a single-process cut of a multi-process workload)")
     return container
-
-
-def _container_name(cwd: str) -> str:
-    """A unique, valid container name from the trial directory (``…/cutbench-RUN-xxxx/TRIAL``)."""
-    path = Path(cwd)
-    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{path.parent.name}-{path.name}")[:120]
 
 
 def _message(reply: Any) -> str:

@@ -1,0 +1,204 @@
+"""``podman``: the workload in a Podman container, checkpointed with ``podman container checkpoint``.
+
+Each cut takes the migration path: ``podman container checkpoint
+--tcp-established --export ARCHIVE`` (``--leave-running`` unless the fault is
+``kill``) writes the whole checkpoint into the cut's images directory; the
+restore removes the crashed container and brings it back with ``podman
+container restore --import ARCHIVE``, as on another host. Podman's own
+statistics (``--print-stats``: its total, the runtime's share, CRIU's
+freezing and frozen times, its restore time) become facts of the trial beside
+the stage times the harness measures.
+
+Podman 4.3 has no ``--tcp-close`` for a restore, which a ``leave_running``
+crash needs (the kernel closed the original connection): the container
+carries the ``org.criu.config`` annotation naming a CRIU options file in its
+trial directory, which runc hands to CRIU and which the backend rewrites
+before each stage (see :mod:`~cutbench.harness.nemesis.backends.containers`).
+Podman runs with ``--runtime runc`` (crun reports no checkpoint support on
+these hosts) and the harness's own resource limits (a container asking for
+more than the host allows is refused).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.harness.environment import engines
+from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, criu_options,
+                                                          host_mounts, rootfs_tarball)
+from cutbench.harness.nemesis.backends.criu import criu_error_tail
+from cutbench.harness.nemesis.base import Capabilities, CutContext
+from cutbench.procs import Child
+
+# Podman's statistics (microseconds) kept as facts, in seconds, under these names.
+_CHECKPOINT_STATS = {"podman_checkpoint_duration": "podman_checkpoint_total_s",
+                     "runtime_checkpoint_duration": "podman_runtime_checkpoint_s",
+                     "freezing_time": "podman_criu_freezing_s", "frozen_time": "podman_criu_frozen_s",
+                     "memdump_time": "podman_criu_memdump_s", "memwrite_time": "podman_criu_memwrite_s"}
+_RESTORE_STATS = {"podman_restore_duration": "podman_restore_total_s",
+                  "runtime_restore_duration": "podman_runtime_restore_s", "restore_time": "podman_criu_restore_s"}
+NPROC = 4096  # processes a workload's container may have (a multi-rank workload needs a few)
+OPTIONS_FILE = "criu-options.conf"  # in the trial directory, named by the container's annotation
+
+
+class PodmanCheckpointer:
+    """The ``podman`` backend (see module docstring)."""
+
+    name = "podman"
+    capabilities = Capabilities(stages=("podman_checkpoint", "podman_restore"), covers=frozenset({"cpu", "ipc"}))
+
+    def __init__(self) -> None:
+        self._cuts: dict[Path, tuple[str, Path, Path]] = {}  # images_dir -> (container, archive, options file)
+        self._options: dict[str, Path] = {}  # container -> its CRIU options file
+        self._image_ready = False
+
+    def unavailable_reason(self) -> str | None:
+        """Why Podman checkpoints cannot run here (with the fix), or None."""
+        reason = engines.podman_unavailable_reason()
+        if reason:
+            return reason
+        try:
+            engines.criu_path_env()
+        except Unavailable as exc:
+            return str(exc)
+        return None
+
+    def podman(self, *args: str, timeout: float = 60, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+        """Run ``podman ARGS`` with the project's CRIU first on PATH; a timeout returns exit -9."""
+        argv = ["podman", *args]
+        try:
+            return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env=engines.criu_path_env())
+        except subprocess.TimeoutExpired as exc:
+            return subprocess.CompletedProcess(argv, -9, exc.stdout or b"", f"timed out after {timeout}s".encode())
+
+    # -- Engine, for the container handle --------------------------------------
+    def state(self, container: str) -> tuple[bool, int, int]:
+        """``(running, exit_code, pid)`` from ``podman inspect`` (an absent container: stopped, exit -1)."""
+        p = self.podman("container", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.Pid}}",
+                        container, timeout=30)
+        try:
+            running, code, pid = p.stdout.decode().split()
+            return running == "true", int(code), int(pid)
+        except ValueError:
+            return False, -1, 0
+
+    def kill(self, container: str) -> None:
+        """SIGKILL every process of ``container``; no error when it is not running."""
+        self.podman("kill", container, timeout=30)
+        self.podman("wait", container, timeout=30)
+
+    def remove(self, container: str) -> None:
+        """Remove ``container``; no error when absent."""
+        self.podman("rm", "--force", "--ignore", container, timeout=60)
+        self._options.pop(container, None)
+
+    # -- the workload's container ------------------------------------------------
+    def launch(self, argv: list[str], *, cwd: str) -> Child:
+        """Start ``argv`` in a new container (working directory ``cwd``); returns its handle."""
+        self._ensure_image()
+        name = container_name(cwd)
+        options = Path(cwd) / OPTIONS_FILE
+        criu_options(options, log=Path(cwd) / "criu.log")
+        # Podman's defaults ask for more than some hosts grant (runc: "error setting
+        # rlimit ... operation not permitted"): the harness's own open-files limit,
+        # and a process limit measured to be granted on such hosts.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limits = ["--ulimit", f"nofile={_limit(soft)}:{_limit(hard)}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
+        mounts = [arg for path, mode in host_mounts(Path(cwd)).items() for arg in ("-v", f"{path}:{path}:{mode}")]
+        p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
+                        "--annotation", f"org.criu.config={options}", "--label", "cutbench=trial",
+                        "--env", "PYTHONDONTWRITEBYTECODE=1", "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
+        if p.returncode != 0:
+            self.remove(name)
+            raise Unavailable(f"podman could not start the workload's container: {_err(p)}")
+        self._options[name] = options
+        _running, _code, pid = self.state(name)
+        return ContainerChild(pid=pid, container=name, engine=self)
+
+    def _ensure_image(self) -> None:
+        if self._image_ready or self.podman("image", "exists", IMAGE).returncode == 0:
+            self._image_ready = True
+            return
+        p = self.podman("import", "-", IMAGE, stdin=rootfs_tarball())
+        if p.returncode != 0:
+            raise Unavailable(f"podman import of the workload image failed: {_err(p)}")
+        self._image_ready = True
+
+    # -- stages --------------------------------------------------------------------
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``podman_checkpoint``: export the container's checkpoint into the cut's images directory."""
+        container = getattr(target, "container", "")
+        if not container:
+            raise StageRefused("podman_checkpoint", f"pid {target.pid} is not a container this backend started")
+        ctx.images_dir.mkdir(parents=True, exist_ok=True)
+        archive = ctx.images_dir / "checkpoint.tar"
+        options = self._options[container]
+        self._cuts[ctx.images_dir] = (container, archive, options)
+        log = ctx.images_dir / "criu-dump.log"
+        criu_options(options, log=log)
+        args = ["container", "checkpoint", "--tcp-established", "--print-stats", "--compress", "none",
+                "--export", str(archive)]
+        if ctx.cut.fault != "kill":
+            args.append("--leave-running")
+        ctx.mark("criu_freeze")
+        with ctx.timeline.stage("podman_checkpoint", ctx.cut_index) as extra:
+            p = self.podman(*args, container, timeout=ctx.stage_timeout_s)
+            if p.returncode != 0:
+                reason = f"podman checkpoint exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}"
+                if target.alive():
+                    raise StageRefused("podman_checkpoint", reason)
+                raise StageFailed("podman_checkpoint", reason + " (the container did not survive)")
+            extra["bytes"] = archive.stat().st_size if archive.exists() else 0
+            ctx.facts["image_bytes"] = extra["bytes"]
+        ctx.facts.update(_stats(p.stdout, _CHECKPOINT_STATS))
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stage ``podman_restore``: remove the crashed container, import its checkpoint; returns the new pid."""
+        container, archive, options = self._cuts[ctx.images_dir]
+        log = ctx.images_dir / "criu-restore.log"
+        criu_options(options, log=log, restore_after=ctx.cut.fault)
+        with ctx.timeline.stage("podman_restore", ctx.cut_index):
+            self.remove(container)
+            p = self.podman("container", "restore", "--import", str(archive), "--print-stats",
+                            *(["--tcp-established"] if ctx.cut.fault == "kill" else []), timeout=ctx.stage_timeout_s)
+            if p.returncode != 0:
+                raise StageFailed("podman_restore", f"podman restore exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}")
+            running, code, pid = self.state(container)
+            if not running:
+                raise StageFailed("podman_restore", f"the container is not running after the restore (exit {code})")
+        ctx.facts.update(_stats(p.stdout, _RESTORE_STATS))
+        return pid
+
+    def resume_in_place(self, target: Child, ctx: CutContext) -> None:
+        """Nothing to undo: ``--leave-running`` left the container running."""
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """Forget the cut (its archive is in the images directory, which the pipeline removes)."""
+        self._cuts.pop(ctx.images_dir, None)
+
+
+def _stats(stdout: bytes, names: dict[str, str]) -> dict[str, float]:
+    """Podman's ``--print-stats`` JSON (microseconds) as facts in seconds, under the names in ``names``."""
+    try:
+        data = json.loads(stdout.decode() or "{}")
+    except ValueError:
+        return {}
+    flat: dict[str, Any] = {k: v for k, v in data.items() if not isinstance(v, list)}
+    for container in data.get("container_statistics", []):
+        flat.update({k: v for k, v in container.items() if not isinstance(v, dict)})
+        flat.update(container.get("criu_statistics", {}))
+    return {fact: flat[key] / 1e6 for key, fact in names.items() if isinstance(flat.get(key), (int, float))}
+
+
+def _limit(value: int) -> str:
+    return "-1" if value == resource.RLIM_INFINITY else str(value)
+
+
+def _err(p: subprocess.CompletedProcess) -> str:
+    text = (p.stderr or b"").decode(errors="replace").strip() if isinstance(p.stderr, bytes) else str(p.stderr)
+    return " | ".join(text.splitlines()[-4:])
