@@ -7,12 +7,12 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres chromium demo test clean
+.PHONY: venv criu postgres chromium containers demo test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip "setuptools>=77"
-	$(BIN)/python -m pip install -q -e '.[test,pg]'
+	$(BIN)/python -m pip install -q -e '.[test,pg,containers]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -30,14 +30,19 @@ postgres:
 chromium:
 	@sh .ci/provision-chromium.sh
 
+# The docker and podman backend tests run real engines: Debian's docker.io and
+# podman, installed here when absent (the tests start and stop their dockerd).
+containers:
+	@sh .ci/provision-containers.sh
+
 # Exit 1 means "invalid recoveries found": the expected result of the demo.
 demo: criu
 	$(CUTBENCH) run $(DEMO_SCENARIO) || [ $$? -eq 1 ]
 	@echo "demo done: the invalid recoveries above are what it is meant to show (a restore that repeats effects an"
 	@echo "at_least_once receiver already applied). Open results/latest/report.html; cutbench replay reruns any trial."
 
-test: criu postgres chromium
-	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 $(BIN)/pytest -q -ra
+test: criu postgres chromium containers
+	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 $(BIN)/pytest -q -ra
 
 clean:
 	rm -rf $(VENV) .criu build *.egg-info
