@@ -104,7 +104,12 @@ class Certifier(Protocol):
 
 @runtime_checkable
 class Checkpointer(Protocol):
-    """One checkpoint backend (see DESIGN.md "Checkpoint pipeline" and docs/backends.md)."""
+    """One checkpoint backend (see DESIGN.md "Checkpoint pipeline" and docs/backends.md).
+
+    Optional: ``launch(argv, *, cwd) -> Child`` for a backend that must start
+    the workload itself (a container engine); the trial calls it instead of
+    :func:`cutbench.procs.spawn`.
+    """
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
