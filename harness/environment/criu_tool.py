@@ -17,11 +17,19 @@ Prefix layout::
     PREFIX/root/        the unpacked .debs
     PREFIX/bin/criu     a relocatable shell wrapper (for tools that want `criu` on PATH)
     PREFIX/install.json what was installed, from where
+    PREFIX/lib/criu/    CRIU's CUDA plugin, ``cuda_plugin.so`` (``--with-cuda-plugin``), and its record
+    PREFIX/build/       the unpacked CRIU source it was built in, kept so a rebuild is quick
+
+Debian's package ships no CUDA plugin, so :func:`install_cuda_plugin` builds
+it from the upstream source of the same CRIU release: the
+``criu_<version>.orig.tar.*`` in the same mirror and suite (found with
+``apt-get source --print-uris``, fetched and hash-checked by ``apt-helper``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -30,6 +38,9 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,11 +99,13 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in m.group(1).split(".")) if m else None
 
 
-def _run(argv: list[str], *, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str], *, timeout: float = 60, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a command capturing text output; a missing or hanging program becomes Unavailable."""
     try:
         return subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL
+            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL, env=env
         )
     except FileNotFoundError as e:
         raise Unavailable(f"cannot run {argv[0]}: {e.strerror}") from e
@@ -391,19 +404,14 @@ def resolve_packages(apt_cache_output: str) -> list[str]:
     return sorted(n for n in names if not n.startswith("<"))
 
 
-def download_debs(
-    dest: Path,
-    *,
-    suite: str = DEFAULT_SUITE,
-    mirror: str | None = None,
-    keyring: str | None = None,
-    etc_apt: Path = Path("/etc/apt"),
-) -> list[Path]:
-    """Download ``criu`` and its recursive dependencies from ``suite`` into ``dest``; returns the .deb paths.
+@contextmanager
+def _apt_session(
+    suite: str, mirror: str | None, keyring: str | None, etc_apt: Path, *, sources: bool = False
+) -> Iterator[list[str]]:
+    """Yield (apt options, "MIRROR SUITE") of a private apt state listing ``suite`` of the mirror, already updated.
 
-    The mirror and keyring come from the machine's apt configuration unless
-    given. apt runs with a private state directory, so the host's package
-    lists and installed packages are untouched (and root is not needed).
+    With ``sources`` the state also lists the suite's source packages
+    (``deb-src``), for :func:`_download_plugin_source`.
     """
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", suite):
         raise InvalidArgument(f"suite: {suite!r} is not a Debian suite name (e.g. unstable, trixie)")
@@ -417,8 +425,6 @@ def download_debs(
     if mirror is None:
         src = debian_mirror(etc_apt)
         mirror, keyring = src.uri, keyring or src.signed_by
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
     arch = _arch()
     with tempfile.TemporaryDirectory(prefix="cutbench-apt-") as tmp:
         state = Path(tmp)
@@ -431,9 +437,34 @@ def download_debs(
         if keyring:
             opts.append(f"signed-by={keyring}")
         opt_text = f"[{' '.join(opts)}] " if opts else ""
-        (state / "sources.list").write_text(f"deb {opt_text}{mirror} {suite} main\n")
+        kinds = ("deb", "deb-src") if sources else ("deb",)
+        (state / "sources.list").write_text("".join(f"{k} {opt_text}{mirror} {suite} main\n" for k in kinds))
         o = _apt_options(state, arch)
         _apt(["apt-get", *o, "update"], f"apt-get update from {mirror} {suite} (is the mirror reachable?)")
+        yield o, f"{mirror} {suite}"
+
+
+def download_debs(
+    dest: Path,
+    *,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    keyring: str | None = None,
+    etc_apt: Path = Path("/etc/apt"),
+    cuda_plugin_source: bool = False,
+) -> list[Path]:
+    """Download ``criu`` and its recursive dependencies from ``suite`` into ``dest``; returns the .deb paths.
+
+    The mirror and keyring come from the machine's apt configuration unless
+    given. apt runs with a private state directory, so the host's package
+    lists and installed packages are untouched (and root is not needed).
+    With ``cuda_plugin_source`` it also fetches what building the CUDA plugin
+    offline takes (see :func:`download_plugin_source`): the upstream source of
+    that same CRIU and the build-dependency .debs under ``dest/build-deps/``.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with _apt_session(suite, mirror, keyring, etc_apt, sources=cuda_plugin_source) as (o, where):
         deps = _apt(
             ["apt-cache", *o, "depends", "--recurse", "--no-recommends", "--no-suggests",
              "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", PACKAGE],
@@ -441,9 +472,15 @@ def download_debs(
         )
         packages = resolve_packages(deps)
         if PACKAGE not in packages:
-            raise Unavailable(f"{mirror} {suite} has no {PACKAGE} package for {arch}")
+            raise Unavailable(f"{where} has no {PACKAGE} package for {_arch()}")
         before = set(dest.glob("*.deb"))
         _apt(["apt-get", *o, "download", *packages], f"apt-get download of {len(packages)} packages", cwd=dest)
+        if cuda_plugin_source:
+            shown = _apt(["apt-cache", *o, "show", "--no-all-versions", PACKAGE], f"apt-cache show {PACKAGE}")
+            m = re.search(r"^Version:\s*(\S+)", shown, re.M)
+            if m is None:
+                raise Unavailable(f"apt-cache show {PACKAGE} reports no version:\n{tail(shown)}")
+            _download_plugin_source(o, dest, upstream_version(m.group(1)), where)
     debs = sorted(dest.glob("*.deb"))
     if not set(debs) - before and not any(d.name.startswith(PACKAGE + "_") for d in debs):
         raise Unavailable(f"apt-get download wrote no .deb files into {dest}")
@@ -516,12 +553,16 @@ def install(
     suite: str = DEFAULT_SUITE,
     force: bool = False,
     mirror: str | None = None,
+    with_cuda_plugin: bool = False,
 ) -> CriuInstall | None:
     """Provision CRIU >= 4.2; returns the working install (None with ``download_only``).
 
     - ``download_only=DIR``: only download the .debs into DIR (for an offline machine).
     - ``from_dir=DIR``: unpack the .debs found in DIR, no network.
     - otherwise download into a temporary directory and unpack.
+    - ``with_cuda_plugin``: also build CRIU's CUDA plugin (:func:`install_cuda_plugin`);
+      with ``download_only`` also download its source and build .debs, with
+      ``from_dir`` build from the source found there.
 
     Idempotent: a working CRIU (bundled under ``prefix`` or >= 4.2 on PATH) is
     returned as is unless ``force``. The new tree is unpacked beside the old
@@ -530,10 +571,21 @@ def install(
     """
     if download_only is not None and from_dir is not None:
         raise InvalidArgument("--download-only and --from exclude each other: pick one")
+    if with_cuda_plugin and from_dir is not None:
+        # Before any unpacking: a DIR filled without --with-cuda-plugin lacks the source.
+        plugin_source_in(from_dir, _deb_upstream_version(from_dir))
     if download_only is not None:
-        download_debs(Path(download_only), suite=suite, mirror=mirror)
+        download_debs(Path(download_only), suite=suite, mirror=mirror, cuda_plugin_source=with_cuda_plugin)
         return None
     prefix = Path(prefix) if prefix is not None else default_prefix()
+    result = _install_criu(prefix, from_dir=from_dir, suite=suite, force=force, mirror=mirror)
+    if with_cuda_plugin:
+        install_cuda_plugin(prefix, result, from_dir=from_dir, suite=suite, mirror=mirror, force=force)
+    return result
+
+
+def _install_criu(prefix: Path, *, from_dir: Path | None, suite: str, force: bool, mirror: str | None) -> CriuInstall:
+    """The CRIU part of :func:`install`: reuse a working one unless ``force``, else unpack under the prefix lock."""
     if not force:
         existing = find_criu(prefix)
         if existing is not None:
@@ -607,27 +659,310 @@ def _install_locked(prefix: Path, *, from_dir: Path | None, suite: str, mirror: 
 
 
 # -- CRIU's CUDA plugin (the `criu-cuda-plugin` backend) -----------------------
+#
+# CRIU's plugins/cuda is CRIUgpu's design: CRIU itself drives NVIDIA's
+# cuda-checkpoint utility from plugin hooks (lock before the freeze, checkpoint
+# after it, restore and unlock after the restore). Debian builds CRIU without
+# it, so it is built here from the upstream source of the installed release.
 
 PLUGIN_ENV = "CUTBENCH_CRIU_PLUGIN_DIR"
 PLUGIN = "cuda_plugin.so"
+PLUGIN_SUBDIR = Path("lib") / "criu"
+# Beside the plugin, never named *.so: CRIU loads every *.so in its --libdir.
+PLUGIN_RECORD = "cuda_plugin.json"
+PLUGIN_FIX = "run `cutbench criu install --with-cuda-plugin` (builds cuda_plugin.so from CRIU's own source)"
+# Beyond a C toolchain, cuda_plugin.c needs one header outside libc, <sys/capability.h>
+# (CRIU's cr_options.h includes it). Only the header: the plugin links nothing, its
+# symbols resolve against the criu binary that loads it. So the .deb is unpacked into
+# the build tree rather than installed: no root needed, and it works offline.
+BUILD_DEBS = ("libcap-dev",)
+BUILD_DEBS_DIR = "build-deps"
+# The compiler must suit this machine's libc, so it comes from the host, not the suite.
+TOOLCHAIN = ("gcc", "make", "libc6-dev")
+# CRIU's ARCH names (its Makefile's SUBARCH) for os.uname().machine.
+CRIU_ARCH = {"x86_64": "x86", "aarch64": "aarch64", "ppc64le": "ppc64", "s390x": "s390", "riscv64": "riscv64"}
 
 
-def plugin_dir() -> Path | None:
-    """The configured plugin directory, if it holds the CUDA plugin."""
+def upstream_version(debian_version: str) -> str:
+    """The upstream part of a Debian version: ``4.2.1`` from ``4.2.1-1`` or ``1:4.2.1-1+b1``."""
+    v = debian_version.split(":", 1)[-1]
+    return v.rsplit("-", 1)[0] if "-" in v else v
+
+
+def installed_plugin_dir(prefix: Path | None = None) -> Path:
+    """Where ``cutbench criu install --with-cuda-plugin`` puts the plugin: ``PREFIX/lib/criu``."""
+    return (Path(prefix) if prefix is not None else default_prefix()) / PLUGIN_SUBDIR
+
+
+def plugin_dir(prefix: Path | None = None) -> Path | None:
+    """The directory holding the CUDA plugin, for CRIU's ``--libdir``; None when there is none.
+
+    ``$CUTBENCH_CRIU_PLUGIN_DIR`` wins when set (None if it holds no plugin);
+    else the one :func:`install_cuda_plugin` put under the prefix.
+    """
     value = os.environ.get(PLUGIN_ENV)
-    if not value:
-        return None
-    path = Path(value)
+    path = Path(value) if value else installed_plugin_dir(prefix)
     return path if (path / PLUGIN).is_file() else None
 
 
-def plugin_unavailable_reason() -> str | None:
+def plugin_record(directory: Path) -> dict:
+    """What :func:`install_cuda_plugin` recorded about the plugin in ``directory`` ({} if nothing)."""
+    try:
+        return json.loads((Path(directory) / PLUGIN_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def plugin_unavailable_reason(prefix: Path | None = None) -> str | None:
     """Why the CUDA plugin cannot be used (with the fix), or None."""
     value = os.environ.get(PLUGIN_ENV)
-    if not value:
-        return f"no CRIU CUDA plugin configured: set {PLUGIN_ENV} to a directory holding {PLUGIN} (built from CRIU's plugins/cuda)"
-    if plugin_dir() is None:
-        return f"{PLUGIN_ENV}={value} holds no {PLUGIN}"
+    found = plugin_dir(prefix)
+    if found is None and value:
+        return (f"{PLUGIN_ENV}={value} holds no {PLUGIN}. Fix: point it at a directory holding {PLUGIN}, "
+                f"or unset it and {PLUGIN_FIX}")
+    if found is None:
+        return (f"no CRIU CUDA plugin: {installed_plugin_dir(prefix) / PLUGIN} is not built and {PLUGIN_ENV} "
+                f"is not set. Fix: {PLUGIN_FIX}, or set {PLUGIN_ENV} to a directory holding {PLUGIN}")
     if shutil.which("cuda-checkpoint") is None:
-        return "the CRIU CUDA plugin needs the cuda-checkpoint utility on PATH"
+        return f"the CRIU CUDA plugin ({found / PLUGIN}) needs NVIDIA's cuda-checkpoint utility on PATH"
     return None
+
+
+def _deb_upstream_version(directory: Path) -> str | None:
+    """The upstream version of the ``criu_*.deb`` in ``directory`` (from its file name), or None."""
+    debs = sorted(Path(directory).glob(f"{PACKAGE}_*.deb"))
+    return upstream_version(urllib.parse.unquote(debs[-1].name.split("_")[1])) if debs else None
+
+
+def plugin_source_in(directory: Path, version: str | None = None) -> Path:
+    """CRIU's source tarball ``criu_VERSION.orig.tar.*`` in ``directory`` (any version when None).
+
+    Raises Unavailable naming the missing file and how to fill the directory.
+    """
+    found = sorted(Path(directory).glob(f"{PACKAGE}_{version or '*'}.orig.tar.*"))
+    if found:
+        return found[-1]
+    name = f"{PACKAGE}_{version or '<version>'}.orig.tar.xz"
+    raise Unavailable(
+        f"--from {directory}: no {name} there (CRIU's source, needed to build {PLUGIN}"
+        + (f" for CRIU {version}" if version else "") + "). "
+        "Fix: on a machine with network run `cutbench criu install --download-only DIR --with-cuda-plugin`, "
+        "copy DIR here, then `cutbench criu install --from DIR --with-cuda-plugin`"
+    )
+
+
+def _download_plugin_source(o: list[str], dest: Path, version: str, where: str) -> Path:
+    """Fetch CRIU ``version``'s upstream tarball into ``dest`` and the build .debs into ``dest/build-deps``.
+
+    ``o`` selects a private apt state that lists the suite's sources. Returns the tarball.
+    """
+    shown = _apt(["apt-cache", *o, "showsrc", "--only-source", PACKAGE], f"apt-cache showsrc {PACKAGE} in {where}")
+    versions = re.findall(r"^Version:\s*(\S+)", shown, re.M)
+    matching = [v for v in versions if upstream_version(v) == version]
+    if not matching:
+        raise Unavailable(
+            f"{where} has no source of {PACKAGE} {version} (only {', '.join(versions) or 'none'}), so the CUDA "
+            f"plugin cannot be built for the installed CRIU {version}. Fix: `cutbench criu install --force "
+            "--with-cuda-plugin` installs the suite's current CRIU together with its plugin"
+        )
+    uris = _apt(["apt-get", *o, "source", "--print-uris", "--only-source", f"{PACKAGE}={matching[0]}"],
+                f"apt-get source --print-uris {PACKAGE}={matching[0]}")
+    # Lines read: 'URI' NAME SIZE HASH (the hash from the Sources index, which apt verified against Release).
+    want = re.compile(rf"{PACKAGE}_{re.escape(version)}\.orig\.tar\.[a-z0-9]+")
+    picked = [(uri, name, digest) for uri, name, _size, digest in re.findall(r"^'([^']+)' (\S+) (\d+) (\S+)", uris, re.M)
+              if want.fullmatch(name)]
+    if not picked:
+        raise Unavailable(f"{PACKAGE} {matching[0]} in {where} lists no {PACKAGE}_{version}.orig.tar.*:\n{tail(uris)}")
+    uri, name, digest = picked[0]
+    # apt's own fetcher checks the hash and honours the machine's apt proxy settings. Only the
+    # orig tarball: Debian's packaging (the .debian.tar) does not touch plugins/cuda.
+    helper = shutil.which("apt-helper") or "/usr/lib/apt/apt-helper"
+    _apt([helper, *o, "download-file", uri, str(Path(dest) / name), digest], f"downloading {name} from {where}")
+    build = Path(dest) / BUILD_DEBS_DIR
+    build.mkdir(parents=True, exist_ok=True)
+    _apt(["apt-get", *o, "download", *BUILD_DEBS], f"apt-get download {' '.join(BUILD_DEBS)}", cwd=build)
+    return Path(dest) / name
+
+
+def _missing_toolchain(scratch: Path) -> list[str]:
+    """The packages of :data:`TOOLCHAIN` this machine lacks (gcc without libc headers compiles nothing)."""
+    missing = [tool for tool in ("gcc", "make") if shutil.which(tool) is None]
+    if "gcc" not in missing:
+        probe = Path(scratch) / "probe.c"
+        probe.write_text("#include <stdio.h>\n#include <sys/ptrace.h>\n#include <linux/types.h>\n")
+        if _run(["gcc", "-fsyntax-only", str(probe)]).returncode != 0:
+            missing.append("libc6-dev")
+    return missing
+
+
+def _ensure_toolchain(scratch: Path, *, may_install: bool) -> None:
+    """Make sure gcc, make and the C headers are there; installs them with the host's apt as root when allowed."""
+    missing = _missing_toolchain(scratch)
+    if missing and may_install and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (["apt-get", "-q", "update"], ["apt-get", "-q", "-y", "install", "--no-install-recommends", *missing]):
+            p = _run(argv, timeout=900, env=env)
+            if p.returncode != 0:
+                raise Unavailable(
+                    f"`{' '.join(argv)}` failed (exit {p.returncode}):\n{tail(p.stderr or p.stdout)}\n"
+                    f"Fix: install {' '.join(missing)} yourself, then rerun `cutbench criu install --with-cuda-plugin`"
+                )
+        missing = _missing_toolchain(scratch)
+    if missing:
+        raise Unavailable(
+            f"building {PLUGIN} needs {', '.join(missing)}, missing here"
+            + ("" if os.geteuid() == 0 else " (not root, so not installed automatically)") + ". "
+            f"Fix: `apt-get install {' '.join(missing)}` as root, then rerun `cutbench criu install --with-cuda-plugin`"
+        )
+
+
+def build_cuda_plugin(tarball: Path, build_debs: Path | None, work: Path) -> Path:
+    """Build ``cuda_plugin.so`` from CRIU's source tarball; returns the built file (inside ``work``).
+
+    The tree is unpacked into ``work/<name>-<sha256 prefix>/`` and kept: building
+    the same tarball again only reruns make, which finds nothing to do.
+    ``build_debs`` holds libcap-dev's .deb for ``<sys/capability.h>``; without
+    it the host's own header must be installed.
+    """
+    machine = os.uname().machine
+    arch = CRIU_ARCH.get(machine)
+    if arch is None:
+        raise Unavailable(f"CRIU's CUDA plugin does not build on {machine} (CRIU supports {', '.join(CRIU_ARCH)})")
+    tarball, work = Path(tarball), Path(work)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
+    key = work / f"{tarball.name.split('.orig.tar')[0]}-{digest}"
+    tree = key / "src"
+    if not (tree / "plugins" / "cuda" / "Makefile").is_file():
+        shutil.rmtree(key, ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=work))
+        try:
+            with tarfile.open(tarball) as tar:
+                tar.extractall(staging, filter="tar") if hasattr(tarfile, "tar_filter") else tar.extractall(staging)
+            tops = [d for d in staging.iterdir() if (d / "plugins" / "cuda" / "Makefile").is_file()]
+            if len(tops) != 1:
+                raise Unavailable(f"{tarball} holds no CRIU source tree with plugins/cuda/Makefile")
+            key.mkdir(parents=True)
+            tops[0].rename(tree)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    env = dict(os.environ)
+    debs = sorted(Path(build_debs).glob("libcap-dev_*.deb")) if build_debs is not None else []
+    if debs:
+        headers = key / BUILD_DEBS_DIR
+        if not (headers / "usr" / "include" / "sys" / "capability.h").is_file():
+            unpack_deb(debs[-1], headers)
+        # gcc searches C_INCLUDE_PATH after -I/-iquote and before the system directories.
+        env["C_INCLUDE_PATH"] = os.pathsep.join(filter(None, [str(headers / "usr" / "include"),
+                                                              env.get("C_INCLUDE_PATH")]))
+    elif not Path("/usr/include/sys/capability.h").is_file():
+        raise Unavailable(
+            f"no libcap-dev_*.deb in {build_debs} and no <sys/capability.h> on this machine ({PLUGIN} needs it). "
+            "Fix: `apt-get install libcap-dev`, or fill DIR with `cutbench criu install --download-only DIR "
+            "--with-cuda-plugin`"
+        )
+    # compel-host is the one part of CRIU the plugin's Makefile runs (`compel includes` for its
+    # -I flags); building CRIU itself would need protobuf, libnet and libnl for nothing.
+    steps = (["make", "-j", str(os.cpu_count() or 1), "compel/compel-host"], ["make", f"ARCH={arch}", "-C", "plugins/cuda"])
+    for argv in steps:
+        p = _run(argv, cwd=tree, timeout=600, env=env)
+        if p.returncode != 0:
+            raise Unavailable(f"`{' '.join(argv)}` in {tree} failed (exit {p.returncode}):\n{tail(p.stdout + p.stderr, 25)}")
+    built = tree / "plugins" / "cuda" / PLUGIN
+    if not built.is_file():
+        raise Unavailable(f"make finished but wrote no {built}")
+    return built
+
+
+def verify_plugin(criu: CriuInstall, libdir: Path) -> list[str]:
+    """Prove that ``criu`` loads the plugin in ``libdir``; returns CRIU's log lines about it.
+
+    ``criu check`` loads no plugin (only dump, pre-dump and restore do), and a
+    dlopen from Python proves nothing: the plugin's symbols (``opts``, the log,
+    the seize helpers) come from the criu binary itself. So the proof is a
+    real ``criu dump --libdir`` of a throwaway process: it fails when dlopen or
+    CRIU's plugin version check fails, and at ``-v4`` CRIU logs ``Plugin
+    "cuda_plugin"`` once it registered the plugin's hooks. ``--leave-running``
+    keeps the process alive; it is ours to kill.
+    """
+    with tempfile.TemporaryDirectory(prefix="cutbench-plugin-check-") as tmp:
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            p = _run(criu.command("dump", "-t", str(child.pid), "-D", tmp, "-o", "dump.log", "-v4",
+                                  "--leave-running", "--libdir", str(libdir)), timeout=120)
+        finally:
+            child.kill()
+            child.wait()
+        log_file = Path(tmp) / "dump.log"
+        log = log_file.read_text(errors="replace") if log_file.is_file() else p.stdout + p.stderr
+    lines = [ln for ln in log.splitlines() if "cuda_plugin" in ln]
+    if p.returncode != 0 or not any('Plugin "cuda_plugin"' in ln for ln in lines):
+        raise Unavailable(
+            f"CRIU {criu.version} does not load {Path(libdir) / PLUGIN} (`criu dump --libdir` exit {p.returncode}):\n"
+            f"{tail(log)}" + ("" if os.geteuid() == 0 else "\nCRIU needs root: run this as root.")
+        )
+    return lines
+
+
+def _plugin_current(directory: Path, criu: CriuInstall) -> bool:
+    """Whether ``directory`` holds a plugin this module built for ``criu``'s version."""
+    return (directory / PLUGIN).is_file() and plugin_record(directory).get("criu_version") == criu.version
+
+
+def install_cuda_plugin(
+    prefix: Path | None = None,
+    criu: CriuInstall | None = None,
+    *,
+    from_dir: Path | None = None,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Build CRIU's CUDA plugin for ``criu`` and install it in ``PREFIX/lib/criu``; returns the plugin's path.
+
+    The source is ``criu_<criu.version>.orig.tar.*``: from ``from_dir`` (no
+    network), else from ``suite`` of the machine's Debian mirror (or
+    ``mirror``). The plugin is proved loadable by ``criu`` (:func:`verify_plugin`)
+    before it replaces an older one. A plugin already built for this CRIU
+    version is returned as is unless ``force``; the unpacked source stays in
+    ``PREFIX/build`` so a forced rebuild of the same release is quick.
+    """
+    prefix = Path(prefix) if prefix is not None else default_prefix()
+    criu = criu if criu is not None else require_criu(prefix)
+    dest = installed_plugin_dir(prefix)
+    if not force and _plugin_current(dest, criu):
+        return dest / PLUGIN
+    prefix.mkdir(parents=True, exist_ok=True)
+    with open(prefix / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _plugin_current(dest, criu):  # another process may have built it while we waited
+            return dest / PLUGIN
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp:
+            tmp = Path(tmp)
+            if from_dir is not None:
+                tarball = plugin_source_in(from_dir, criu.version)
+                build_debs, origin = Path(from_dir) / BUILD_DEBS_DIR, str(from_dir)
+                _ensure_toolchain(tmp, may_install=False)  # offline: apt could not fetch them
+            else:
+                _ensure_toolchain(tmp, may_install=True)
+                with _apt_session(suite, mirror, None, Path("/etc/apt"), sources=True) as (o, origin):
+                    tarball = _download_plugin_source(o, tmp, criu.version, origin)
+                build_debs = tmp / BUILD_DEBS_DIR
+            built = build_cuda_plugin(tarball, build_debs, prefix / "build")
+            trial = tmp / "lib"
+            trial.mkdir()
+            shutil.copy2(built, trial / PLUGIN)
+            verify_plugin(criu, trial)
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(trial / PLUGIN, dest / PLUGIN)  # tmp is under prefix: one file system, an atomic swap
+            (dest / PLUGIN_RECORD).write_text(json.dumps({
+                "criu_version": criu.version,
+                "source": tarball.name,
+                "sha256": hashlib.sha256(tarball.read_bytes()).hexdigest(),
+                "from": origin,
+                "took_s": round(time.monotonic() - t0, 1),  # download, build and check
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }, indent=2) + "\n")
+    return dest / PLUGIN

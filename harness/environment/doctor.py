@@ -157,12 +157,33 @@ def install_hint(extra: str = "") -> str:
     return f"pip install -e '.{spec}'" if cutbench.source_checkout() else f"pip install 'cutbench{spec}'"
 
 
-def check_criu_cuda_plugin() -> Check:
-    """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: missing is fine."""
-    why = criu_tool.plugin_unavailable_reason()
-    if why is None:
-        return Check("criu cuda plugin", OK, str(criu_tool.plugin_dir()))
-    return Check("criu cuda plugin", MISSING, why, "only for the `criu-cuda-plugin` backend")
+def check_criu_cuda_plugin(prefix: Path | None = None, install: criu_tool.CriuInstall | None = None) -> Check:
+    """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: found at PATH or not built; missing is fine.
+
+    With the CRIU ``install`` found, a plugin built for another CRIU version is a warning.
+    """
+    name = "criu cuda plugin"
+    backend = "only for the `criu-cuda-plugin` backend"
+    env = os.environ.get(criu_tool.PLUGIN_ENV)
+    found = criu_tool.plugin_dir(prefix)
+    if found is None and env:
+        return Check(name, MISSING, f"{criu_tool.PLUGIN_ENV}={env} holds no {criu_tool.PLUGIN}",
+                     f"point {criu_tool.PLUGIN_ENV} at a directory holding {criu_tool.PLUGIN}, or unset it and run "
+                     f"`cutbench criu install --with-cuda-plugin` ({backend})")
+    if found is None:
+        return Check(name, MISSING, f"not built (no {criu_tool.installed_plugin_dir(prefix) / criu_tool.PLUGIN})",
+                     f"`cutbench criu install --with-cuda-plugin` builds it from CRIU's source "
+                     f"({backend}; needs gcc, make, libc6-dev)")
+    record = criu_tool.plugin_record(found)
+    detail = f"found at {found / criu_tool.PLUGIN}" + (f" (from ${criu_tool.PLUGIN_ENV})" if env else "")
+    if record:
+        detail += f"; built for CRIU {record.get('criu_version')} from {record.get('source')}"
+    if install is not None and record and record.get("criu_version") != install.version:
+        return Check(name, WARN, f"{detail}, but the CRIU found is {install.version}",
+                     "`cutbench criu install --with-cuda-plugin --force` rebuilds it for this CRIU")
+    if shutil.which("cuda-checkpoint") is None:
+        detail += "; it also needs cuda-checkpoint on PATH, missing (see cuda-checkpoint)"
+    return Check(name, OK, detail)
 
 
 def check_postgres() -> Check:
@@ -199,7 +220,7 @@ def run_checks(prefix: Path | None = None) -> list[Check]:
     checks.append(check_kernel())
     checks.append(check_network_lock(install))
     checks += check_gpu()
-    checks.append(check_criu_cuda_plugin())
+    checks.append(check_criu_cuda_plugin(prefix, install))
     checks.append(check_postgres())
     checks += check_packages()
     return checks

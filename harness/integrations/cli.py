@@ -295,23 +295,38 @@ def criu() -> None:
 @click.option("--download-only", type=click.Path(file_okay=False), default=None, help="Only download the .debs into DIR.")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True), default=None, help="Install from .debs in DIR (no network).")
 @click.option("--suite", default="unstable", show_default=True, help="Debian suite carrying CRIU >= 4.2.")
-@click.option("--force", is_flag=True, help="Reinstall even if a working CRIU is present.")
+@click.option("--force", is_flag=True, help="Reinstall even if a working CRIU (and, with --with-cuda-plugin, its plugin) is present.")
 @click.option("--mirror", default=None, help="Debian mirror URL (default: read from this machine's apt configuration).")
+@click.option("--with-cuda-plugin", is_flag=True,
+              help="Also build CRIU's CUDA plugin (cuda_plugin.so) from the same CRIU release's source into PREFIX/lib/criu "
+                   "(needs gcc, make, libc6-dev); with --download-only also fetch that source, with --from build from it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the CRIU found or installed as JSON.")
 def criu_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool, mirror: str | None,
-                 as_json: bool) -> None:
+                 with_cuda_plugin: bool, as_json: bool) -> None:
     """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
+    import os
+
     from cutbench.harness.environment import criu_tool
 
-    result = criu_tool.install(Path(prefix) if prefix else None, download_only=Path(download_only) if download_only else None,
-                               from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror)
+    prefix_path = Path(prefix) if prefix else None
+    result = criu_tool.install(prefix_path, download_only=Path(download_only) if download_only else None,
+                               from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror,
+                               with_cuda_plugin=with_cuda_plugin)
+    plugin = criu_tool.installed_plugin_dir(prefix_path) / criu_tool.PLUGIN if with_cuda_plugin and result else None
     if as_json:
         click.echo(json.dumps({"downloaded_to": download_only} if result is None else
-                              {"version": result.version, "source": result.source, "argv": list(result.argv)}))
-    elif result is None:
-        say(f"downloaded CRIU packages into {download_only}")
-    else:
-        say(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}")
+                              {"version": result.version, "source": result.source, "argv": list(result.argv),
+                               **({"cuda_plugin": str(plugin)} if plugin else {})}))
+        return
+    if result is None:
+        say(f"downloaded CRIU packages{', its source and build .debs (for the CUDA plugin)' if with_cuda_plugin else ''} into {download_only}")
+        return
+    say(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}")
+    if plugin:
+        say(f"CRIU CUDA plugin ready: {plugin}")
+        env = os.environ.get(criu_tool.PLUGIN_ENV)
+        if env and Path(env) != plugin.parent:
+            say(f"note: {criu_tool.PLUGIN_ENV}={env} is set and wins over it; unset it to use this plugin")
 
 
 @cli.group()
@@ -324,6 +339,39 @@ def receiver() -> None:
 from cutbench.receivers.command import serve_command  # noqa: E402
 
 receiver.add_command(serve_command)
+
+
+@cli.group()
+def engine() -> None:
+    """The container engines of the docker and podman backends."""
+
+
+@engine.command("start")
+@click.argument("name", type=click.Choice(["docker"]))
+def engine_start(name: str) -> None:
+    """Start the project's own dockerd (experimental on, the project's CRIU on its PATH) unless it answers."""
+    from cutbench.harness.environment import engines
+
+    started = engines.start_docker()
+    say(("started: " if started else "already running: ") + engines.engine_status(name))
+
+
+@engine.command("stop")
+@click.argument("name", type=click.Choice(["docker"]))
+def engine_stop(name: str) -> None:
+    """Stop the project's own dockerd and remove the trial containers it still holds."""
+    from cutbench.harness.environment import engines
+
+    say("stopped" if engines.stop_docker() else f"no dockerd of the project was running ({engines.docker_paths().root})")
+
+
+@engine.command("status")
+def engine_status() -> None:
+    """One line per engine: where it is and whether it can checkpoint."""
+    from cutbench.harness.environment import engines
+
+    for name in engines.ENGINES:
+        say(engines.engine_status(name))
 
 
 @cli.command("list")

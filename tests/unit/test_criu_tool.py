@@ -1,5 +1,6 @@
-"""CRIU provisioning without CRIU: apt config parsing and discovery (the download and the real dump and
-restore are in tests/criu/test_criu_tool.py).
+"""CRIU provisioning without CRIU: apt config parsing, discovery and the CUDA plugin's argument checks (the
+download, the real dump and restore are in tests/criu/test_criu_tool.py, the plugin's real build in
+tests/criu/test_cuda_plugin_build.py).
 
 The `criu` tests fail, never skip, when CRIU is not provisioned: CI runs
 `cutbench criu install` first, so a missing CRIU there is a real failure.
@@ -7,10 +8,14 @@ The `criu` tests fail, never skip, when CRIU is not provisioned: CI runs
 
 from __future__ import annotations
 
+import tarfile
+
 import pytest
 
+from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import criu_tool
 from tests.conftest import REPO
+from tests.fixtures.run_fixtures import cli
 from cutbench.errors import InvalidArgument, Unavailable
 
 DEB822 = """\
@@ -177,3 +182,96 @@ def test_nothing_found_explains(monkeypatch, tmp_path):
     monkeypatch.setattr(criu_tool, "_required", {})
     with pytest.raises(Unavailable, match="(?s)no bundled CRIU.*cutbench criu install"):
         criu_tool.require_criu(tmp_path / "empty")
+
+
+# ----------------------------------------------------------------------------- the CUDA plugin (unit)
+
+
+def _fake_criu_deb(directory, version="4.2.1-1"):
+    """An empty file named like Debian's criu .deb: what `--from DIR` reads the CRIU version from."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"criu_{version}_amd64.deb").write_bytes(b"")
+    return directory
+
+
+def test_upstream_version_drops_epoch_and_revision():
+    assert criu_tool.upstream_version("4.2.1-1") == "4.2.1"
+    assert criu_tool.upstream_version("1:4.2.1-1+b1") == "4.2.1"
+    assert criu_tool.upstream_version("4.2") == "4.2"
+
+
+def test_with_cuda_plugin_still_rejects_both_modes(tmp_path):
+    with pytest.raises(InvalidArgument, match="exclude each other"):
+        criu_tool.install(tmp_path, download_only=tmp_path / "a", from_dir=tmp_path / "b", with_cuda_plugin=True)
+
+
+def test_from_dir_without_the_source_names_the_file_and_the_fix(tmp_path):
+    debs = _fake_criu_deb(tmp_path / "debs")
+    with pytest.raises(Unavailable) as err:
+        criu_tool.install(tmp_path / "prefix", from_dir=debs, force=True, with_cuda_plugin=True)
+    said = str(err.value)
+    assert "no criu_4.2.1.orig.tar.xz there" in said
+    assert "`cutbench criu install --download-only DIR --with-cuda-plugin`" in said
+    assert "--from DIR --with-cuda-plugin" in said
+    assert not (tmp_path / "prefix").exists()  # refused before unpacking anything
+
+
+def test_plugin_source_must_match_the_criu_version(tmp_path):
+    (tmp_path / "criu_4.2.orig.tar.xz").write_bytes(b"")
+    assert criu_tool.plugin_source_in(tmp_path) == tmp_path / "criu_4.2.orig.tar.xz"
+    with pytest.raises(Unavailable, match=r"no criu_4\.2\.1\.orig\.tar\.xz there .*for CRIU 4\.2\.1"):
+        criu_tool.plugin_source_in(tmp_path, "4.2.1")
+
+
+def test_cli_from_dir_without_the_source_exits_254_naming_the_file(tmp_path):
+    debs = _fake_criu_deb(tmp_path / "debs")
+    proc = cli("criu", "install", "--prefix", str(tmp_path / "prefix"), "--from", str(debs), "--with-cuda-plugin")
+    assert proc.returncode == 254, proc.stdout + proc.stderr
+    assert "criu_4.2.1.orig.tar.xz" in proc.stdout + proc.stderr and "--with-cuda-plugin" in proc.stdout + proc.stderr
+
+
+def test_cli_with_cuda_plugin_keeps_the_modes_exclusive(tmp_path):
+    proc = cli("criu", "install", "--download-only", str(tmp_path / "a"), "--from", str(tmp_path),
+               "--with-cuda-plugin")
+    assert proc.returncode == 254 and "exclude each other" in proc.stdout + proc.stderr
+
+
+def test_installed_plugin_is_found_without_the_variable(monkeypatch, tmp_path):
+    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
+    monkeypatch.setenv("CUTBENCH_CRIU_PREFIX", str(tmp_path / "prefix"))
+    backend = checkpointers.get("criu-cuda-plugin")
+    reason = backend.unavailable_reason()
+    assert "`cutbench criu install --with-cuda-plugin`" in reason and criu_tool.PLUGIN_ENV in reason
+    assert backend.extra_args == ()
+    lib = tmp_path / "prefix" / "lib" / "criu"
+    lib.mkdir(parents=True)
+    (lib / "cuda_plugin.so").write_bytes(b"")
+    assert criu_tool.plugin_dir() == lib
+    assert backend.extra_args == ("--libdir", str(lib))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "cuda-checkpoint" in backend.unavailable_reason()
+    # The variable wins when set, even over an installed plugin.
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv(criu_tool.PLUGIN_ENV, str(other))
+    assert criu_tool.plugin_dir() is None
+    assert "holds no cuda_plugin.so" in criu_tool.plugin_unavailable_reason()
+    (other / "cuda_plugin.so").write_bytes(b"")
+    assert backend.extra_args == ("--libdir", str(other))
+
+
+def test_missing_toolchain_is_named_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no make
+    with pytest.raises(Unavailable, match=r"needs gcc, make, missing here.*`apt-get install gcc make`"):
+        criu_tool._ensure_toolchain(tmp_path, may_install=False)
+
+
+def test_build_refuses_a_tarball_that_is_not_criu(tmp_path):
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "README").write_text("not criu\n")
+    tarball = tmp_path / "criu_4.2.1.orig.tar.xz"
+    with tarfile.open(tarball, "w:xz") as tar:
+        tar.add(junk, arcname="junk")
+    with pytest.raises(Unavailable, match="holds no CRIU source tree with plugins/cuda"):
+        criu_tool.build_cuda_plugin(tarball, None, tmp_path / "work")

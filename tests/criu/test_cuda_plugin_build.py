@@ -1,0 +1,95 @@
+"""CRIU's CUDA plugin built for real: CRIU's source downloaded from the Debian mirror, compiled, loaded by CRIU.
+
+The offline path end to end: ``--download-only DIR --with-cuda-plugin`` (network)
+fills DIR, ``--from DIR --with-cuda-plugin`` builds from it. The build goes into a
+prefix kept under the project's CRIU prefix (:data:`CACHE`), so the unpacked and
+compiled source survives between runs: a fresh machine builds in a few seconds,
+a repeated run only reruns make. No GPU is needed: CRIU loads the plugin, which
+finds no GPU and stands aside.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cutbench.errors import Unavailable
+from cutbench.harness.environment import criu_tool
+from tests.fixtures.run_fixtures import cli
+
+CACHE = criu_tool.default_prefix() / "test-cuda-plugin"
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory) -> Path:
+    """What an offline machine needs, downloaded once per run from the machine's Debian mirror."""
+    d = tmp_path_factory.mktemp("offline")
+    assert criu_tool.install(download_only=d, with_cuda_plugin=True) is None
+    return d
+
+
+def _dump_log_with(criu: criu_tool.CriuInstall, libdir: Path, tmp_path: Path) -> str:
+    """CRIU's -v4 log of a `criu dump --libdir LIBDIR --leave-running` of a sleeping process."""
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        p = subprocess.run(criu.command("dump", "-t", str(child.pid), "-D", str(tmp_path), "-o", "dump.log", "-v4",
+                                        "--leave-running", "--libdir", str(libdir)),
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        child.kill()
+        child.wait()
+    log = (tmp_path / "dump.log").read_text()
+    assert p.returncode == 0, log[-3000:]
+    return log
+
+
+def test_download_only_fetches_the_source_of_the_same_criu(source_dir):
+    deb = next(source_dir.glob("criu_*.deb"))
+    version = criu_tool.upstream_version(deb.name.split("_")[1])
+    assert (source_dir / f"criu_{version}.orig.tar.xz").is_file()
+    assert list((source_dir / "build-deps").glob("libcap-dev_*.deb"))
+    assert not list(source_dir.glob("libcap-dev_*.deb"))  # kept out of the CRIU tree --from unpacks
+
+
+def test_install_from_dir_builds_a_plugin_that_criu_loads(source_dir, monkeypatch, tmp_path):
+    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
+    t0 = time.monotonic()
+    proc = cli("criu", "install", "--prefix", str(CACHE), "--from", str(source_dir), "--with-cuda-plugin", "--json")
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = json.loads(proc.stdout)
+    plugin = CACHE / "lib" / "criu" / "cuda_plugin.so"
+    assert said["cuda_plugin"] == str(plugin) and plugin.is_file()
+    criu = criu_tool.bundled(CACHE)
+    assert criu is not None and said["version"] == criu.version
+    record = criu_tool.plugin_record(plugin.parent)
+    assert record["criu_version"] == criu.version and record["source"] == f"criu_{criu.version}.orig.tar.xz"
+    print(f"criu install --from DIR --with-cuda-plugin: {took:.1f} s (plugin: {record['took_s']} s)")
+    # Found where the backend looks, without CUTBENCH_CRIU_PLUGIN_DIR.
+    assert criu_tool.plugin_dir(CACHE) == plugin.parent
+    # CRIU itself loads it: the dump would fail on a plugin it cannot dlopen or verify.
+    assert 'Plugin "cuda_plugin"' in _dump_log_with(criu, plugin.parent, tmp_path)
+
+
+def test_a_second_install_keeps_the_plugin_and_force_rebuilds_from_the_cache(source_dir):
+    plugin = criu_tool.install_cuda_plugin(CACHE, from_dir=source_dir)  # built by the test above
+    before = plugin.stat()
+    assert criu_tool.install(CACHE, from_dir=source_dir, with_cuda_plugin=True) is not None
+    assert (plugin.stat().st_ino, plugin.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # untouched
+    t0 = time.monotonic()
+    assert criu_tool.install_cuda_plugin(CACHE, from_dir=source_dir, force=True) == plugin
+    took = time.monotonic() - t0
+    assert plugin.stat().st_ino != before.st_ino  # checked again and swapped in
+    assert took < 30, f"a rebuild from the kept source tree took {took:.1f} s"
+
+
+def test_verify_rejects_a_plugin_criu_cannot_load(tmp_path):
+    criu = criu_tool.require_criu()
+    (tmp_path / "cuda_plugin.so").write_bytes(b"not an ELF file\n")
+    with pytest.raises(Unavailable, match="does not load"):
+        criu_tool.verify_plugin(criu, tmp_path)
