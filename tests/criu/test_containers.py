@@ -65,7 +65,11 @@ def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu
                  "--set", 'pipeline.backends=["docker", "podman"]')
     assert len(trials) and (trials["status"] != "unknown").all(), trials[trials["status"] == "unknown"][["variant", "arm", "error"]]
     control = trials[(trials["fault"] == "none") & (trials["receiver_mode"] == "idempotent")]
-    assert (control["outcome"] == "valid").all(), control[control["outcome"] != "valid"][["variant", "arm", "findings"]]
+    assert (control["outcome"] != "invalid").all(), control[control["outcome"] == "invalid"][["variant", "arm", "findings"]]
+    # A cut of one rank of a multi-process workload: the engines checkpoint whole containers only.
+    refused = trials[trials["outcome"] == "refused"]
+    assert set(refused["variant"]) <= {"ranks/one-rank"}, refused[["variant", "arm", "error"]]
+    assert refused["error"].str.contains("whole containers only").all()
     assert (trials["restarted"] == 0).all()
     assert left_behind() == []
 

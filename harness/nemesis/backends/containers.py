@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import cutbench
-from cutbench.errors import Unavailable
+from cutbench.errors import StageRefused, Unavailable
 from cutbench.harness.nemesis.backends.criu import NETWORK_LOCK
 from cutbench.procs import Child, is_zombie_or_gone
 
@@ -57,6 +57,20 @@ def rootfs_tarball() -> bytes:
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
     return buf.getvalue()
+
+
+def container_of(target: Child, stage: str) -> str:
+    """The container ``target`` is; a refusal of ``stage`` when it is one process inside a container.
+
+    A multi-process workload may name one of its processes for the cut (an
+    uncoordinated cut of one rank); an engine checkpoints whole containers
+    only, so it declines such a cut and the workload runs on.
+    """
+    container = getattr(target, "container", "")
+    if not container:
+        raise StageRefused(stage, f"the cut names one process of the workload (pid {target.pid} in the container's "
+                                  "namespace); the engine checkpoints whole containers only")
+    return container
 
 
 def container_name(cwd: str) -> str:

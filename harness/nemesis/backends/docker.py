@@ -29,7 +29,8 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name, criu_options,
+from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
+                                                          container_of, criu_options,
                                                           host_mounts, rootfs_tarball)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
@@ -131,7 +132,7 @@ class DockerCheckpointer:
     # -- stages ----------------------------------------------------------------
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
         """Stage ``docker_checkpoint``: the engine's checkpoint of the container (it stops only for ``kill``)."""
-        cid = _container_of(target)
+        cid = container_of(target, "docker_checkpoint")
         name = f"c{ctx.cut_index}"
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         log = ctx.images_dir / "criu-dump.log"
@@ -184,14 +185,6 @@ class DockerCheckpointer:
     def _checkpoint_dir(self, cid: str, name: str) -> Path:
         root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
         return root / "containers" / cid / "checkpoints" / name
-
-
-def _container_of(target: Child) -> str:
-    container = getattr(target, "container", "")
-    if not container:
-        raise StageRefused("docker_checkpoint", f"pid {target.pid} is not a container this backend started "
-                                                "(a single-process cut of a multi-process workload)")
-    return container
 
 
 def _message(reply: Any) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, criu_options,
+from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of, criu_options,
                                                           host_mounts, rootfs_tarball)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext
@@ -132,9 +132,7 @@ class PodmanCheckpointer:
     # -- stages --------------------------------------------------------------------
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
         """Stage ``podman_checkpoint``: export the container's checkpoint into the cut's images directory."""
-        container = getattr(target, "container", "")
-        if not container:
-            raise StageRefused("podman_checkpoint", f"pid {target.pid} is not a container this backend started")
+        container = container_of(target, "podman_checkpoint")
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         archive = ctx.images_dir / "checkpoint.tar"
         options = self._options[container]
