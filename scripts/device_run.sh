@@ -61,6 +61,9 @@ step_repro() {
   nvidia-smi --query-gpu=driver_version,name --format=csv > "$RES/repro/environment.txt" 2>&1
   $PY -m cutbench doctor >> "$RES/repro/environment.txt" 2>&1 || true
 }
+# CRIU and its CUDA plugin from the files `cutbench criu install --download-only DIR --with-cuda-plugin`
+# wrote on a machine with network (CRIU_OFFLINE, default .carry/criu-offline).
+step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).

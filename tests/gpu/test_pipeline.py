@@ -110,6 +110,22 @@ def test_cuda_criu_counter(tmp_path, backend, fault, mode, split):
     assert all(s in got for s in want), got
 
 
+@with_utility
+@pytest.mark.parametrize("fault,mode", [("kill", "at_least_once"), ("none", "at_least_once"),
+                                        ("leave_running", "idempotent")])
+def test_criu_cuda_plugin_counter(tmp_path, fault, mode):
+    """CRIU's CUDA plugin (CRIUgpu's design), built by `cutbench criu install --with-cuda-plugin`, on the same cuts."""
+    from cutbench.harness.nemesis.backends.criu_cuda_plugin import CriuCudaPluginCheckpointer
+
+    reason = CriuCudaPluginCheckpointer().unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    r = one(scenario("criu-cuda-plugin", fault, mode=mode), tmp_path)
+    assert r.verdict.outcome == "valid", r.verdict
+    assert r.record.report["pointer_table_ok"]
+    assert r.record.restores == (0 if fault == "none" else 1) and r.record.facts["image_bytes"] > 0
+
+
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("cuda-checkpoint", marks=with_utility)])
 def test_cuda_in_place_suspend_resume(tmp_path, backend):
     r = one(scenario(backend, "none"), tmp_path)
