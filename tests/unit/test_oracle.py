@@ -7,14 +7,26 @@ the real ``counter`` reference.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import time
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cutbench.harness.checker import oracle
+from cutbench.harness.checker import oracle, per_op
 from cutbench.harness.checker.oracle import judge
+from cutbench.harness.store import analysis
+from cutbench.harness.store.rundir import RunDir
+from cutbench.workloads import api as workload_api
+from cutbench.workloads.common import ReplayReference
 from cutbench.workloads.counter import Counter
+from tests.conftest import REPO
 
 PARAMS = {"seed": 7, "state_size": 64}
 REF = Counter.reference(PARAMS)
@@ -275,3 +287,166 @@ def test_a_restore_that_started_the_workload_again_is_restarted():
     assert judge(record(fresh_starts=1), clean_effects(), REF).outcome == "valid"  # a restore that continued
     assert judge(record(), clean_effects(), REF).outcome == "valid"  # records from before the count: one start
     assert judge(record(restores=0, cut_outcomes=[], fresh_starts=2), clean_effects(), REF).outcome == "valid"
+
+
+# -- the effect finders against their plain per-op definitions -------------------
+#
+# The oracle judges the effects table with whole-column operations; per_op holds
+# the same definitions as loops over ops and rows. They must agree on every
+# table, finding for finding (kind, op, detail, order) and, where a table is
+# malformed, on the reason the trial is unknown.
+
+DECISIONS = ("applied", "committed", "suppressed", "aborted", "prepared", "rejected")
+# What an effect carries: its own payload, the previous op's (a stale digest), other text, or nothing.
+DIGESTS = ("own", "previous", "other", "none")
+# The dtypes an effects table comes in: the store's (int64 and Arrow strings), plain objects (pandas 2),
+# floats with NaN ops and epochs, pandas' nullable types; and a table lacking one column.
+LAYOUTS = ("store", "object", "float", "nullable")
+DROPPABLE = ("op_id", "digest", "decision", "epoch")
+
+
+def digest_for(op: int, kind: str) -> str | None:
+    return {"own": REF.payload(op), "previous": REF.payload(op - 1), "other": "0" * 32, "none": None}[kind]
+
+
+@st.composite
+def effect_tables(draw: Any) -> pd.DataFrame | None:
+    """Random receiver tables: duplicates, gaps, stale payloads, unseen decisions, odd dtypes, a missing column."""
+    rows = draw(st.lists(st.tuples(st.integers(-1, 12), st.integers(1, 3), st.integers(0, 3),
+                                   st.sampled_from(DECISIONS), st.sampled_from(DIGESTS)), max_size=30))
+    if not rows and draw(st.booleans()):
+        return draw(st.sampled_from((None, oracle.empty_effects())))
+    layout = draw(st.sampled_from(LAYOUTS))
+    dropped = draw(st.sampled_from(DROPPABLE)) if draw(st.integers(0, 4)) == 0 else None  # one table in five
+    frame = pd.DataFrame({
+        "op_id": [op for op, *_ in rows], "attempt": [a for _, a, *_ in rows], "epoch": [e for _, _, e, *_ in rows],
+        "decision": [d for *_, d, _ in rows], "digest": [digest_for(op, k) for op, *_, k in rows],
+    }, columns=list(oracle.EFFECT_COLUMNS))
+    frame = frame.astype({"op_id": "int64", "attempt": "int64", "epoch": "int64"})
+    if layout == "store":
+        frame = frame.astype({"digest": "str", "decision": "str"})
+        cut = draw(st.integers(0, len(frame)))  # a table put together from parts holds its strings in several chunks
+        frame = pd.concat([frame.iloc[:cut], frame.iloc[cut:]], ignore_index=True)
+    elif layout == "object":
+        frame = frame.astype(object)
+    elif layout == "float":  # op -1 and epoch 3 stand for values the receiver lost
+        frame["op_id"] = frame["op_id"].astype(float).where(frame["op_id"] >= 0)
+        frame["epoch"] = frame["epoch"].astype(float).where(frame["epoch"] < 3)
+    else:
+        frame = frame.astype({"op_id": "Int64", "epoch": "Int64", "digest": "string", "decision": "string"})
+        frame["op_id"] = frame["op_id"].where(frame["op_id"] >= 0)
+    return frame.drop(columns=[dropped]) if dropped else frame
+
+
+def outcome_of(finder: Any, *args: Any) -> Any:
+    """The findings, or the exception's type and text: both must agree."""
+    try:
+        return finder(*args)
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(effect_tables(), st.integers(0, 14))
+def test_the_vectorised_effect_finders_agree_with_their_per_op_definitions(e, committed):
+    assert outcome_of(oracle.find_duplicates, e) == outcome_of(per_op.find_duplicates, e)
+    assert outcome_of(oracle.find_missing, e, committed) == outcome_of(per_op.find_missing, e, committed)
+    assert outcome_of(oracle.payload_mismatches, e, REF) == outcome_of(per_op.payload_mismatches, e, REF)
+    rec = record(report=report(committed), marker_op=committed)
+    assert judge(rec, e, REF) == judge(rec, e, REF, finders=per_op.FINDERS)
+
+
+def test_findings_keep_their_order_and_detail_on_a_shuffled_table():
+    """Duplicates and gaps in op order; stale payloads in the order their (op, payload) pairs arrived."""
+    e = effects((5, 1, 0, "applied"), (2, 1, 0, "applied"), (5, 2, 1, "applied"), (4, 1, 0, "applied"),
+                (2, 2, 2, "applied"), (2, 3, 1, "committed"), (4, 2, 1, "suppressed"),
+                digest_of={5: REF.payload(4), 4: "f" * 32})
+    e = e.astype({"digest": "str", "decision": "str"})
+    rec = record(report=None, marker_op=6)
+    v = judge(rec, e, REF)
+    assert v == judge(rec, e, REF, finders=per_op.FINDERS)
+    assert [(f.kind, f.op, f.detail) for f in v.findings] == [
+        ("duplicate", 2, "applied 3 times (epochs [0, 1, 2])"),
+        ("duplicate", 5, "applied 2 times (epochs [0, 1])"),
+        ("missing", 1, "committed by the workload, never applied"),
+        ("missing", 3, "committed by the workload, never applied"),
+        ("missing", 6, "committed by the workload, never applied"),
+        ("mixed_epoch", 5, f"payload {REF.payload(4)[:12]}… ≠ reference {REF.payload(5)[:12]}…"),
+        ("mixed_epoch", 4, f"payload {'f' * 12}… ≠ reference {REF.payload(4)[:12]}…"),
+    ]
+
+
+def test_a_table_without_a_column_the_finders_read_is_unknown_for_the_same_reason():
+    e = clean_effects().drop(columns=["digest"])
+    v = judge(record(), e, REF)
+    assert v.outcome == "unknown" and "finder mixed_epoch raised KeyError" in v.reason
+    assert v == judge(record(), e, REF, finders=per_op.FINDERS)
+
+
+class HashedRun:
+    """A stand-in workload model for large tables: the payload of op i is a hash of i."""
+
+    def __init__(self) -> None:
+        self.op = 0
+
+    def step(self, op: int) -> str:
+        self.op = op
+        return hashlib.blake2b(str(op).encode(), digest_size=16).hexdigest()
+
+    def checksum(self) -> str:
+        return hashlib.blake2b(f"state {self.op}".encode(), digest_size=16).hexdigest()
+
+
+def test_the_oracle_judges_a_hundred_thousand_effects_in_a_fraction_of_a_second():
+    """The per-op finders take over 2 s of CPU for these 10⁵ effects, the oracle about 0.1 s: it must stay under 1 s.
+
+    CPU time, not wall time, so a busy machine does not fail it; benchmarks/oracle_speed.py measures the rate.
+    """
+    ref = ReplayReference(HashedRun)
+    ops = np.arange(1, 99_001)
+    once, again = ops[ops % 1000 != 7], ops[::100]  # 0.1% of the ops never applied, 1% applied again
+    op_id = np.r_[once, again]
+    e = pd.DataFrame({"op_id": op_id, "attempt": 1, "epoch": np.r_[np.zeros(len(once), int), np.ones(len(again), int)],
+                      "decision": pd.array(["applied"] * len(op_id), dtype="str"),
+                      "digest": pd.array([ref.payload(op) for op in op_id.tolist()], dtype="str")})
+    final = {"host_op": len(ops), "checksum": ref.checksum(len(ops)), "pointers_initial": {}, "pointers_final": {}}
+    rec = record(report=final, marker_op=len(ops))
+    t0 = time.process_time()
+    v = judge(rec, e, ref)
+    cpu = time.process_time() - t0
+    assert len(e) == 99_891 and v.counts()["duplicate"] == 990 and v.counts()["missing"] == 99 and v.outcome == "invalid"
+    assert cpu < 1.0, f"judging {len(e)} effects took {cpu:.2f} s of CPU"
+
+
+# -- the committed reference runs, re-judged ----------------------------------------
+
+REFERENCE_RUNS = sorted(p.parent for p in (REPO / "results" / "reference").rglob("effects.parquet"))
+
+
+@functools.lru_cache(maxsize=None)
+def workload_reference(workload: str, params: str) -> Any:
+    """One reference per workload and parameters: replaying a large counter takes a second."""
+    return workload_api.load(workload).reference(json.loads(params))
+
+
+@pytest.mark.parametrize("path", REFERENCE_RUNS, ids=lambda p: str(p.relative_to(REPO / "results" / "reference")))
+def test_every_committed_reference_run_is_judged_as_it_was_stored(path):
+    """Every trial: the verdict stored in its record and in trials.parquet (outcome, findings with detail, counts),
+    from the oracle and from the per-op finders alike."""
+    run = RunDir.open(path)
+    table, stored = run.table("effects"), run.table("trials").set_index("trial_id")
+    kinds = [k for k in oracle.FINDING_KINDS if k in stored.columns]
+    for trial in run.trial_records():
+        spec = trial["spec"]
+        ref = workload_reference(spec["workload"], json.dumps(spec["params"], sort_keys=True))
+        e = analysis.trial_effects(table, spec["trial_id"])
+        v = judge(trial["record"], e, ref)
+        assert v == judge(trial["record"], e, ref, finders=per_op.FINDERS), spec["trial_id"]
+        assert v.to_dict() == trial["verdict"], spec["trial_id"]
+        row = stored.loc[spec["trial_id"]]
+        assert (row["outcome"], json.loads(row["findings"])) == (v.outcome, [f.to_dict() for f in v.findings]), spec["trial_id"]
+        assert {k: int(row[k]) for k in kinds} == {k: v.counts()[k] for k in kinds}, spec["trial_id"]
+
+
+def test_the_reference_runs_are_found():
+    assert len(REFERENCE_RUNS) >= 10 and all((p / "trials.parquet").is_file() for p in REFERENCE_RUNS)
