@@ -6,6 +6,17 @@ or growing file ties the workload to the harness (a restored process would
 need it back). The harness is a child subreaper, so a workload that CRIU
 restores (``restore -d``, whose parent is the exiting criu) is re-parented to
 the harness and can still be waited for.
+
+A parallel run (``run.jobs`` > 1) starts each workload tree in a PID
+namespace of its own (``spawn(..., pid_namespace=True)``): CRIU restores a
+tree with the pids it had, and in the host's namespace another trial's new
+process may hold one of them by then ("Can't fork … File exists"). The
+workload is then the init of its namespace: CRIU dumps that namespace with
+it and restores it as a new one, so the restored tree keeps its
+namespace-local pids and gets new host pids. Inside, ``os.getpid()`` is the
+namespace-local pid (the root is 1); ``Child.pid`` is always a host pid, and
+``Child.host_pid`` maps a pid a workload wrote (``cut_pid``) to it. /proc
+stays the host's (no mount namespace: CRIU would have to dump one too).
 """
 
 from __future__ import annotations
@@ -15,10 +26,37 @@ import errno
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+
+# Run as ``python -I -S -c _PID_NAMESPACE_INIT ARGV...`` (a fresh, single-threaded
+# process: unshare and fork are safe there, unlike in the threaded harness):
+# unshare the PID namespace, fork its init, give the init its own session
+# (CRIU refuses a namespace whose init's session leader is outside it) and stdio
+# on /dev/null, exec ARGV in it, print the init's host pid and exit. The init is
+# then re-parented to the harness, the child subreaper.
+_PID_NAMESPACE_INIT = """
+import ctypes, os, sys
+if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
+    sys.stdout.write("unshare(CLONE_NEWPID): " + os.strerror(ctypes.get_errno()))
+    sys.exit(1)
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+sys.stdout.write(str(pid))
+"""
 
 
 def become_subreaper() -> bool:
@@ -30,8 +68,15 @@ def become_subreaper() -> bool:
         return False
 
 
-def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> "Child":
-    """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`."""
+def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False) -> "Child":
+    """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`.
+
+    ``pid_namespace``: as the init of a new PID namespace (see the module
+    docstring); the handle's ``pid`` is its host pid. Raises ``OSError`` when
+    no namespace can be made here (it needs CAP_SYS_ADMIN, as CRIU does).
+    """
+    if pid_namespace:
+        return _spawn_namespace_init(argv, cwd=cwd, env=env)
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -45,17 +90,40 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> "C
     # The Popen object is kept (never polled) until the pid is reaped, so that
     # subprocess's finaliser never reaps it behind our back, whoever holds the
     # Child (a backend's restore hands the pipeline only the pid).
-    _UNREAPED[proc.pid] = proc
+    with _UNREAPED_LOCK:
+        _UNREAPED[proc.pid] = proc
     return Child(pid=proc.pid)
 
 
-# Popen objects of spawned processes not yet reaped (see spawn), by pid.
+def _spawn_namespace_init(argv: list[str], *, cwd: str, env: dict[str, str] | None) -> "Child":
+    """``argv`` as the init of a new PID namespace (through ``_PID_NAMESPACE_INIT``); its :class:`Child`."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _PID_NAMESPACE_INIT, *argv],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    out, _ = launcher.communicate()
+    text = out.decode(errors="replace").strip()
+    if launcher.returncode != 0 or not text.isdigit():
+        raise OSError(f"cannot start {argv[0]} in a PID namespace of its own: {text or f'exit {launcher.returncode}'}")
+    return Child(pid=int(text), pid_namespace=True)
+
+
+# Popen objects of spawned processes not yet reaped (see spawn), by pid. Worker
+# threads of a parallel run spawn and reap concurrently: the lock keeps it whole.
 _UNREAPED: dict[int, subprocess.Popen] = {}
+_UNREAPED_LOCK = threading.Lock()
 
 
 def _reaped(pid: int, status: int) -> None:
     """``pid`` was reaped with ``status``: its Popen's finaliser has nothing left to do."""
-    popen = _UNREAPED.pop(pid, None)
+    with _UNREAPED_LOCK:
+        popen = _UNREAPED.pop(pid, None)
     if popen is not None:
         popen.returncode = status
 
@@ -67,6 +135,8 @@ class Child:
     pid: int
     returncode: int | None = None
     history: list[int] = field(default_factory=list)  # earlier pids (before restores)
+    # The process is the init of a PID namespace of its own (spawn(pid_namespace=True), or its restored copy).
+    pid_namespace: bool = False
 
     def poll(self) -> int | None:
         """The exit status if it has exited (reaping it), else None."""
@@ -121,8 +191,14 @@ class Child:
         leave a restored process the handle does not know about: CRIU gives it
         the dumped pid, session and group back, so its group is one of ours
         even though this handle already reaped that pid once.
+
+        The init of a PID namespace takes its namespace with it when it dies,
+        and a restored copy has a new host pid: only the current group is
+        killed (an earlier init's host pid may belong to another trial by
+        now); :func:`kill_namespace_inits` removes a copy an interrupted
+        restore left behind.
         """
-        for pgid in dict.fromkeys([self.pid, *self.history]):
+        for pgid in ([self.pid] if self.pid_namespace else dict.fromkeys([self.pid, *self.history])):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -143,6 +219,77 @@ class Child:
         self.history.append(self.pid)
         self.pid = pid
         self.returncode = None
+
+    def host_pid(self, pid: int) -> int | None:
+        """The host pid of the process a workload calls ``pid`` (its ``os.getpid()``).
+
+        Outside a PID namespace that is ``pid`` itself. For the init of one, the
+        process of its tree (every process of the namespace descends from its
+        init) whose pid in that namespace is ``pid``; None when there is none.
+        """
+        if not self.pid_namespace:
+            return pid
+        depth = len(_ns_pids(self.pid))  # the init's level: its namespace is the last in NSpid
+        if not depth:
+            return None
+        for host in _tree(self.pid):
+            ns = _ns_pids(host)
+            if len(ns) >= depth and ns[depth - 1] == pid:
+                return host
+        return None
+
+
+def _ns_pids(pid: int) -> list[int]:
+    """``NSpid`` of ``pid``: its pid in each PID namespace from the host's inward ([] if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(v) for v in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants' host pids (from /proc/PID/task/*/children)."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def kill_namespace_inits(timeout: float = 2.0) -> list[int]:
+    """SIGKILL and reap every child of this process that lives in another PID namespace; return their pids.
+
+    Those are workload trees' inits (``spawn(pid_namespace=True)`` and CRIU's
+    restores of them). A restore interrupted half-way (Ctrl-C while ``criu
+    restore`` runs) can leave one whose host pid no handle knows; call this
+    when no trial is running (the end of a parallel run), as the receiver and
+    CRIU itself live in this process's namespace and are never touched.
+    """
+    own = os.readlink("/proc/self/ns/pid")
+    me = str(os.getpid())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] != me:
+                continue
+            if os.readlink(proc / "ns" / "pid") == own:
+                continue
+        except (OSError, IndexError):
+            continue
+        found.append(int(proc.name))
+    for pid in found:
+        Child(pid=pid, pid_namespace=True).kill(timeout)
+    return found
 
 
 def _alive(pid: int) -> bool:

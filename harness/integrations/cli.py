@@ -126,12 +126,19 @@ def _report_run(outcome: Any, as_json: bool) -> int:
 @click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool) -> None:
+@click.option("--jobs", "jobs", default=None, metavar="N|auto",
+              help="Trials run at once (the scenario's run.jobs; default 1): N, or auto for one per CPU "
+                   "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run.")
+def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None) -> None:
     """Run every trial of SCENARIO and store the results under --out."""
+    from dataclasses import replace
+
     from cutbench.harness.runner.run import run_scenario
-    from cutbench.harness.model.scenario import load_scenario
+    from cutbench.harness.model.scenario import check_jobs, load_scenario
 
     scen = load_scenario(scenario, list(overrides))
+    if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
+        scen = replace(scen, jobs=check_jobs("--jobs", int(jobs) if jobs.strip().isdigit() else jobs))
     progress = _progress_printer(as_json)
     try:
         outcome = run_scenario(scen, out, progress=progress)
@@ -269,6 +276,35 @@ def compare(run_a: str, run_b: str, fail_on_regression: bool, as_json: bool) -> 
         for t in regressions["trial_b"]:
             click.echo(f"regressed: {replay_command(b.path, t)}")
     sys.exit(1 if fail_on_regression and len(regressions) else 0)
+
+
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--into", "into", default=None, type=click.Path(file_okay=False),
+              help="Run directory that stores criteria.parquet and gets the report section (default: the first RUN).")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON records.")
+def criteria(runs: tuple[str, ...], into: str | None, as_json: bool) -> None:
+    """The six criteria per backend (consistency, transparency, coverage, speed, correctness, overhead) from RUNS.
+
+    Stores criteria.parquet in the first run (or --into) and regenerates its
+    report.html, which then has a criteria section with its plots.
+    """
+    from cutbench.harness.reports import criteria as crit
+    from cutbench.harness.reports import html as rep
+    from cutbench.harness.store.rundir import RunDir
+
+    opened = [RunDir.open(r) for r in runs]
+    table = crit.criteria([crit.StoredRun(r.table("trials"), r.table("timeline"), r.meta()) for r in opened])
+    target = RunDir.open(into) if into else opened[0]
+    path = target.write_table("criteria", table)
+    files = rep.build(target)
+    if as_json:
+        click.echo(json.dumps({"criteria": str(path), "report": str(files.report),
+                               "rows": json.loads(table.to_json(orient="records"))}))
+        return
+    shown = crit.display(table)
+    click.echo(shown.drop(columns=["method"]).to_markdown(index=False))
+    say(f"criteria: {path}; report: {files.report} (how each row was measured: the method column there)")
 
 
 @cli.command()

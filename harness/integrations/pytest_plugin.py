@@ -12,7 +12,9 @@ Three ways in, each one test item per arm of a scenario:
 Options: ``--cutbench-scenario`` (repeatable, globs allowed),
 ``--cutbench-backend`` (repeatable, replaces the scenarios' backends),
 ``--cutbench-max-invalid-rate`` (default 0), ``--cutbench-out`` (results
-root; default a directory under pytest's base temp). Gate figures go to
+root; default a directory under pytest's base temp), ``--cutbench-jobs``
+(trials of an arm run at once: N or auto, like ``cutbench run --jobs``;
+default the scenario's ``run.jobs``). Gate figures go to
 JUnit XML as ``<property>`` elements; a failing gate prints each failing
 trial's ``cutbench replay`` command.
 
@@ -42,9 +44,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Largest invalid recovery rate that passes, 0..1 (default 0, or the marker's).")
     group.addoption("--cutbench-out", default=None, metavar="DIR",
                     help="Results root for gate runs (default: a 'cutbench' directory under pytest's base temp).")
+    group.addoption("--cutbench-jobs", type=_jobs_option, default=None, metavar="N|auto",
+                    help="Trials of a gate arm run at once (replaces the scenarios' run.jobs): N, or auto for one per "
+                         "CPU (run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run.")
     group.addoption("--cutbench-allow-skip", action="store_true", default=False,
                     help="Skip (instead of fail) a gate arm or trial that cannot run here (no CRIU, no GPU, ...). "
                          "Without it a gate that tested nothing fails.")
+
+
+def _jobs_option(text: str) -> int | str:
+    """``--cutbench-jobs`` checked as ``run.jobs`` is (cutbench is imported only when the option is given)."""
+    import argparse
+
+    from cutbench.errors import InvalidArgument
+    from cutbench.harness.model.scenario import check_jobs
+
+    try:
+        return check_jobs("--cutbench-jobs", int(text) if text.strip().isdigit() else text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,6 +131,11 @@ def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[
     from cutbench.errors import Unavailable
 
     scenario, arm = gate.point_by_label(gate.load(path, backends, overrides), arm_label)
+    jobs = config.getoption("--cutbench-jobs")
+    if jobs is not None:
+        from dataclasses import replace
+
+        scenario = replace(scenario, jobs=jobs)
     try:
         outcome = gate.run_arm(scenario, arm, _results_root(config))
     except Unavailable as exc:

@@ -27,7 +27,7 @@ from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
-PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis")
+PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis", "periodic")
 # Upper bounds of the numeric fields (documented in scenarios/README.md): beyond
 # them a run would exhaust memory or time in planning before its first trial.
 LIMITS: dict[str, int | float] = {
@@ -35,9 +35,12 @@ LIMITS: dict[str, int | float] = {
     "plan.trials": 1_000_000,
     "plan.cuts_per_trial": 8,
     "plan.exhaustive_plans": 1_000_000,
+    "plan.periodic_cuts": 10_000,
     "run.watchdog_s": 86_400,
     "run.trial_timeout_s": 86_400,
     "run.stage_timeout_s": 86_400,
+    "run.jobs": 1024,
+    "run.trials_per_gpu": 64,
     "pipeline.ms": 3_600_000,
 }
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
@@ -49,8 +52,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "receiver": ("store", "modes"),
     "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
                  "rank_skew_ms", "restore_targets", "certify"),
-    "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile"),
-    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s"),
+    "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile",
+             "interval_ops"),
+    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "jobs", "trials_per_gpu"),
 }
 
 
@@ -115,12 +119,17 @@ class Scenario:
     trials: int = 10
     seed: int = 0
     cuts_per_trial: int = 1
+    # The periodic source: a cut every ``interval_ops`` ops over plan.ops (0: no cut, the native run).
+    interval_ops: int = 0
     cut_mode: str = "precise"
     async_offset_ms: tuple[float, ...] = (0.0,)
     profile: str = "ci"
     watchdog_s: float = 20.0
     trial_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
+    # Trials run at once (``run.jobs``): an integer, or "auto" (see check_jobs); the runner resolves "auto".
+    jobs: int | str = 1
+    trials_per_gpu: int = 1
     source_path: str = ""
     # ``[[variants]]``: named overlays of this scenario (e.g. one per workload),
     # each a complete scenario; a run runs all of them instead of this one.
@@ -223,12 +232,15 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         trials=_bounded("plan.trials", _get(pn, "plan", "trials", int, 10)),
         seed=_get(pn, "plan", "seed", int, 0),
         cuts_per_trial=_bounded("plan.cuts_per_trial", _get(pn, "plan", "cuts_per_trial", int, 1)),
+        interval_ops=check_range("plan.interval_ops", _get(pn, "plan", "interval_ops", int, 0), 0, LIMITS["plan.ops"]),
         cut_mode=check_choice("plan.cut_mode", _get(pn, "plan", "cut_mode", str, "precise"), ("precise", "async", "mixed")),
         async_offset_ms=_ms("plan.async_offset_ms", _get(pn, "plan", "async_offset_ms", (list, int, float), [0.0])),
         profile=check_choice("plan.profile", _get(pn, "plan", "profile", str, "ci"), PROFILES),
         watchdog_s=float(_bounded("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
         trial_timeout_s=float(_bounded("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
         stage_timeout_s=float(_bounded("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
+        jobs=check_jobs("run.jobs", rn.get("jobs", 1)),
+        trials_per_gpu=_bounded("run.trials_per_gpu", _get(rn, "run", "trials_per_gpu", int, 1)),
         source_path=source_path,
         variants=variants,
     )
@@ -257,6 +269,10 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
             raise InvalidArgument(f"{where} ({name}): unknown field(s) {unknown}; allowed: {', '.join(_VARIANT_KEYS)}")
         if isinstance(table.get("receiver"), dict) and "store" in table["receiver"]:
             raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
+        for key in ("jobs", "trials_per_gpu"):
+            if isinstance(table.get("run"), dict) and key in table["run"]:
+                raise InvalidArgument(f"{where}.run.{key}: a run has one pool of trials running at once; "
+                                      f"set run.{key} at the top level (or pass --jobs)")
         merged = copy.deepcopy(base)
         _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
         for item in overrides:
@@ -269,6 +285,22 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
             raise InvalidArgument(f"{where} ({name}): plan.source = 'hypothesis' is adaptive; variants run exhaustive or random plans")
         out.append(replace(sub, variant=name))
     return tuple(out)
+
+
+def check_jobs(where: str, value: Any) -> int | str:
+    """``value`` as a number of trials to run at once: an integer from 1 to ``LIMITS["run.jobs"]``, or "auto".
+
+    "auto" is one trial per CPU, or on a GPU host ``run.trials_per_gpu`` per
+    GPU (the runner resolves it). ``where`` names the field or option in the
+    error (``run.jobs``, ``--jobs``), with the fix.
+    """
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMITS["run.jobs"]:
+        raise InvalidArgument(f"{where} = {value!r}: expected a whole number of trials to run at once, 1 to "
+                              f"{LIMITS['run.jobs']} (1 runs them one after another), or \"auto\" (one per CPU, "
+                              "or run.trials_per_gpu per GPU on a GPU host)")
+    return value
 
 
 # -- helpers ---------------------------------------------------------------

@@ -4,12 +4,27 @@
 runs a list of specs, or an adaptive :data:`Driver`, in one
 :class:`~cutbench.harness.runner.trial.Session` and writes the run directory
 through :class:`~cutbench.harness.store.rundir.RunDir`, the only writer.
+
+With ``run.jobs`` > 1 a list of specs runs on that many worker threads of the
+one session (one receiver serves them all); the plans are built before any
+runs, a worker takes the next spec in plan order, and this thread alone
+writes each trial's file in plan order and the tables in plan order, so a
+parallel run stores what a serial run of the same plans stores. Each
+workload tree runs in a PID namespace of its own where the backend copes
+(``criu``; see ``cutbench.procs``). The adaptive ``hypothesis`` source
+decides each trial from the one before: it runs one trial at a time.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import queue
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +46,7 @@ from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
+from cutbench.procs import kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 
 
@@ -175,8 +191,14 @@ def execute(
     ``specs`` is a list, or a :data:`Driver` that decides trial by trial (the
     adaptive ``hypothesis`` source): it is called as ``driver(run_one, run)``
     and may return more top-level keys for ``run.toml``; ``planned`` is then
-    the number of trials the progress display expects.
+    the number of trials the progress display expects. A list runs on
+    ``scenario.jobs`` workers (see the module docstring); ``progress`` is
+    called in this thread as each trial finishes.
     """
+    env = environment.collect()
+    jobs = max(1, min(resolve_jobs(scenario, env), len(specs))) if isinstance(specs, list) else 1
+    if jobs > 1:
+        check_pid_namespaces(specs)
     run = RunDir.create(results_root, name or scenario.name)
     started = time.time()
     if isinstance(specs, list):
@@ -191,10 +213,11 @@ def execute(
         "started": started,
         "cutbench_version": environment.cutbench_version(),
         "scenario": scenario.to_dict(),
-        "environment": environment.collect(),
+        "environment": env,
         "skipped_arms": skipped or [],
         "n_trials_planned": planned,
         "arms_planned": arms_planned,
+        "jobs": jobs,
         **(extra_meta or {}),
     }
     run.write_meta(meta)
@@ -202,7 +225,7 @@ def execute(
     complete = False
     total = planned or 0
     try:
-        with Session(run.run_id, scenario.store, workdir=workdir) as session:
+        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1) as session:
 
             def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
@@ -212,7 +235,9 @@ def execute(
                     progress(result, len(results), max(total, len(results)))
                 return result
 
-            if isinstance(specs, list):
+            if jobs > 1 and isinstance(specs, list):
+                _run_parallel(session, specs, jobs, run, scenario.store, results, progress)
+            elif isinstance(specs, list):
                 for spec in specs:
                     run_one(spec)
             else:
@@ -223,6 +248,170 @@ def execute(
     finally:
         frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, skipped or [])
+
+
+# -- parallel trials ---------------------------------------------------------
+
+
+def resolve_jobs(scenario: Scenario, env: dict[str, Any] | None = None) -> int:
+    """How many trials ``scenario`` runs at once here: ``run.jobs``, or for "auto"
+    the GPUs × ``run.trials_per_gpu`` on a GPU host and the CPUs this process
+    may use elsewhere. ``env`` is the run's environment record (its GPU list)."""
+    if scenario.jobs != "auto":
+        return int(scenario.jobs)
+    gpu = (env if env is not None else environment.collect()).get("gpu") or {}
+    gpus = len(gpu.get("gpus") or ()) or int((gpu.get("cupy") or {}).get("device_count") or 0)
+    if gpus:
+        return gpus * scenario.trials_per_gpu
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
+    """Raise :class:`Unavailable` when a parallel run needs PID namespaces (an arm's
+    backend declares ``pid_namespace``) and this process cannot make one."""
+    names = sorted({s.backend for s in specs})
+    if not any(getattr(checkpointers.CHECKPOINTERS.load(n), "pid_namespace", False) for n in names):
+        return
+    try:
+        spawn([sys.executable, "-c", ""], cwd="/", pid_namespace=True).wait(10)
+    except OSError as exc:
+        raise Unavailable(f"run.jobs > 1: each trial's workload needs a PID namespace of its own (CRIU restores the pids "
+                          f"a tree had, and another trial's process may hold one by then), and none can be made here "
+                          f"({exc}): run as root, as CRIU needs, or with --jobs 1") from None
+
+
+def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir, store: str,
+                  results: list[TrialResult], progress: ProgressFn | None) -> None:
+    """Run ``specs`` on ``jobs`` workers of ``session``; append to ``results`` and write the trial files in plan order.
+
+    A trial's file is written once every earlier trial's is; when the run
+    stops early, every trial that finished is written, in plan order (an
+    interrupted trial, as in a serial run, has no result).
+    """
+    finished: dict[int, TrialResult] = {}
+    counts = {"done": 0, "next": 0}  # trials finished; the next plan position to write
+
+    def write(final: bool) -> None:
+        while counts["next"] < len(specs) and (counts["next"] in finished or final):
+            result = finished.pop(counts["next"], None)
+            counts["next"] += 1
+            if result is not None:
+                run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
+                results.append(result)
+
+    def on_result(index: int, result: TrialResult) -> None:
+        finished[index] = result
+        counts["done"] += 1
+        if progress:  # as trials finish: the whole run's count, whichever worker ran it
+            progress(result, counts["done"], len(specs))
+        write(final=False)
+
+    workers = _Workers(session, specs, jobs)
+    try:
+        workers.run(on_result)
+    finally:
+        # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
+        kill_namespace_inits()
+        finished.update(workers.late)
+        write(final=True)
+
+
+class _Workers:
+    """``jobs`` threads running the specs of one session, taking them in plan order.
+
+    Results come back to the thread that calls :meth:`run`. A KeyboardInterrupt
+    (Ctrl-C) there is raised in every worker that is inside a trial, where it
+    does what it does in a serial run: the trial cleans up its processes and
+    image directory and gives no result. :meth:`run` re-raises it once every
+    worker has stopped; trials that finished meanwhile are in :attr:`late`.
+    """
+
+    def __init__(self, session: Session, specs: list[TrialSpec], jobs: int):
+        self.session = session
+        self.todo: deque[tuple[int, TrialSpec]] = deque(enumerate(specs))
+        self.n = len(specs)
+        self.done: queue.Queue[tuple[int, TrialResult | None, BaseException | None]] = queue.Queue()
+        self.busy: set[int] = set()  # thread idents of the workers inside a trial
+        self.stopping = False
+        self.late: dict[int, TrialResult] = {}
+        self.threads = [threading.Thread(target=self._work, name=f"cutbench-trials-{k + 1}", daemon=True)
+                        for k in range(jobs)]
+
+    def run(self, on_result: Callable[[int, TrialResult], None]) -> None:
+        """Run every spec, calling ``on_result(plan position, result)`` in this thread as each finishes."""
+        for thread in self.threads:
+            thread.start()
+        try:
+            for _ in range(self.n):
+                index, result, error = self._next()
+                if error is not None:  # the harness's own failure: stop, as a serial run stops at it
+                    raise error
+                if result is not None:
+                    on_result(index, result)
+        except BaseException:
+            self._interrupt()
+            self._join()
+            raise
+        if self._join():
+            raise KeyboardInterrupt  # pressed while the last trials finished
+
+    def _next(self) -> tuple[int, TrialResult | None, BaseException | None]:
+        while True:
+            try:
+                return self.done.get(timeout=0.2)  # wakes up: Ctrl-C is seen here at once
+            except queue.Empty:
+                if not any(t.is_alive() for t in self.threads) and self.done.empty():
+                    raise RuntimeError("every trial worker stopped before the run was done") from None
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        try:
+            while not self.stopping:
+                try:
+                    index, spec = self.todo.popleft()
+                except IndexError:
+                    return
+                self.busy.add(me)
+                # Checked after joining ``busy``: an interrupt either sees this worker busy or is seen here.
+                if self.stopping:
+                    return
+                item: tuple[int, TrialResult | None, BaseException | None]
+                try:
+                    item = (index, self.session.run_trial(spec), None)
+                except KeyboardInterrupt:
+                    item = (index, None, None)  # interrupted: cleaned up, no verdict
+                except Exception as exc:
+                    item = (index, None, exc)
+                finally:
+                    self.busy.discard(me)
+                self.done.put(item)
+        except KeyboardInterrupt:
+            pass  # the interrupt reached this worker between two trials
+        finally:
+            self.busy.discard(me)
+
+    def _interrupt(self) -> None:
+        """Stop taking specs; raise KeyboardInterrupt in every worker inside a trial."""
+        self.stopping = True
+        for ident in list(self.busy):
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+    def _join(self) -> bool:
+        """Wait for every worker and keep what finished unread; True when Ctrl-C came meanwhile."""
+        pressed = False
+        for thread in self.threads:
+            while thread.is_alive():
+                try:
+                    thread.join()
+                except KeyboardInterrupt:
+                    # Leaving the workers would leave their processes: stop them and keep waiting.
+                    pressed = True
+                    self._interrupt()
+        while not self.done.empty():
+            index, result, _ = self.done.get()
+            if result is not None:
+                self.late[index] = result
+        return pressed
 
 
 def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, complete: bool, started: float,

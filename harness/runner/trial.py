@@ -8,10 +8,12 @@ to a ``TrialResult`` and never raises for a failing stage or workload.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cutbench.errors import HarnessFault
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.checker import oracle
 from cutbench.harness.model.plan import CutPlan, position
@@ -41,18 +44,28 @@ class Session:
 
     Use as a context manager; leaving it stops the receiver and removes the
     work directory, whatever happened inside.
+
+    Several threads may run trials of one session at once (``run.jobs``):
+    each thread gets its own receiver client (the client is single-threaded
+    by design) and its own backend instances (a backend keeps a cut's state
+    on itself). ``pid_namespace``: start each workload tree as the init of a
+    PID namespace of its own where the backend declares that it copes
+    (``pid_namespace`` on the class; see ``cutbench.procs``).
     """
 
-    def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None):
+    def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None, *,
+                 pid_namespace: bool = False):
         self.run_id = run_id
         self.store_spec = store
+        self.pid_namespace = pid_namespace
         self._workdir_arg = workdir
-        self._backends: dict[str, Any] = {}
+        self._backends: dict[str, Any] = {}  # instances put here by name serve every thread as they are
+        self._local = threading.local()  # this thread's backends and receiver client
+        self._clients: list[Any] = []  # every thread's client, closed on exit
+        self._clients_lock = threading.Lock()
         self.receiver = None
-        self.control_client = None
 
     def __enter__(self) -> "Session":
-        from cutbench.receivers.client import ReceiverClient
         from cutbench.receivers.process import start_receiver
 
         become_subreaper()
@@ -61,27 +74,45 @@ class Session:
         self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
         try:
             self.receiver = start_receiver(self.store_url, self.workdir)
-            self.control_client = ReceiverClient(self.receiver.address)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.control_client is not None:
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
             try:
-                self.control_client.close()
+                client.close()
             except Exception:
                 pass
         if self.receiver is not None:
             self.receiver.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
+    @property
+    def control_client(self) -> Any:
+        """This thread's client of the run's receiver (None before the receiver runs)."""
+        from cutbench.receivers.client import ReceiverClient
+
+        client = getattr(self._local, "client", None)
+        if client is None and self.receiver is not None:
+            client = self._local.client = ReceiverClient(self.receiver.address)
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
+
     def backend(self, name: str) -> Any:
-        """The (cached) backend instance for ``name``."""
-        if name not in self._backends:
-            self._backends[name] = checkpointers.get(name)
-        return self._backends[name]
+        """This thread's (cached) backend instance for ``name``."""
+        if name in self._backends:
+            return self._backends[name]
+        if not hasattr(self._local, "backends"):
+            self._local.backends = {}
+        backends = self._local.backends
+        if name not in backends:
+            backends[name] = checkpointers.get(name)
+        return backends[name]
 
     def effects(self, receiver_trial: str) -> pd.DataFrame:
         """The receiver's stored rows for one trial, read from the store (not the server's memory)."""
@@ -137,6 +168,8 @@ class TrialRunner:
             seq = self._arm(control, spec.cut_plan(), 0)
             # A backend that must own the workload's start (a container engine) launches it itself.
             launch = getattr(backend, "launch", None) or spawn
+            if launch is spawn and self._own_pid_namespace(backend, domains):
+                launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):
                 child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
             self._cuts(control, child, backend, seq, state)
@@ -209,6 +242,7 @@ class TrialRunner:
                 stage_timeout_s=spec.stage_timeout_s,
                 control=control,
                 certifier=self.coordinator.for_cut(i, cut),
+                phases=self.phases,
             )
             arming = _NextCut(self, control, plan, i, seq, cut.fault)
             target = self._cut_target(control, child)
@@ -295,6 +329,13 @@ class TrialRunner:
         the ``cut_pid`` slot (an uncoordinated cut of a single rank). A restored
         single process is re-parented to us, so it is killed at the end of the trial."""
         pid = control.get("cut_pid")
+        if pid > 0 and child.pid_namespace:  # the workload wrote its namespace's pid (the root is 1)
+            if child.host_pid(pid) != child.pid:
+                # CRIU dumps a PID namespace only with its init ("Can't dump a pid namespace without the process init").
+                raise HarnessFault(f"the workload named one process of its tree to cut (cut_pid {pid}), but it runs in a "
+                                   "PID namespace of its own (a parallel run) and CRIU dumps a namespace only whole: "
+                                   "declare the 'peer' domain for such cuts (they then run without one) or use --jobs 1")
+            return child
         if pid <= 0 or pid == child.pid:
             return child
         for known in self.cut_targets:
@@ -302,6 +343,16 @@ class TrialRunner:
                 return known
         self.cut_targets.append(Child(pid=pid))
         return self.cut_targets[-1]
+
+    def _own_pid_namespace(self, backend: Any, domains: list[str]) -> bool:
+        """Whether this trial's workload tree starts as the init of a PID namespace of its own.
+
+        Where the session asks for it (a parallel run), the backend declares it
+        copes (``pid_namespace``: plain ``criu``) and the workload may not name
+        a single process of its tree to cut (the ``peer`` domain: CRIU cannot
+        dump one process of a namespace without its init).
+        """
+        return self.s.pid_namespace and getattr(backend, "pid_namespace", False) and "peer" not in domains
 
     def _arm(self, control: ControlFile, plan: CutPlan, index: int) -> int | None:
         """Arm cut ``index`` if it is precise; return its sequence (None: async or none left)."""

@@ -5,7 +5,9 @@ gets SIGINT, as a terminal's Ctrl-C does (CRIU, run by the harness, gets it
 too). Each case waits for a different moment of a trial: the workload
 running toward its cut, CRIU dumping it, and CRIU restoring it after the
 restored process already exists — the moment a restore handle does not yet
-know the restored pid.
+know the restored pid. With ``--jobs 2`` two trials are in flight at each of
+those moments, each workload the init of a PID namespace of its own, and
+every worker must clean up as a serial run does.
 """
 
 from __future__ import annotations
@@ -62,15 +64,20 @@ MOMENTS = {
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("moment, presses, sig", [(m, 1, signal.SIGINT) for m in MOMENTS] + [("criu_dump", 3, signal.SIGINT)]
-                         + [("criu_dump", 1, signal.SIGTERM), ("criu_restore_after_the_restored_task_exists", 1, signal.SIGHUP)])
-def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int, sig: int):
+@pytest.mark.parametrize("moment, presses, sig, jobs",
+                         [(m, 1, signal.SIGINT, 1) for m in MOMENTS] + [("criu_dump", 3, signal.SIGINT, 1)]
+                         + [("criu_dump", 1, signal.SIGTERM, 1), ("criu_restore_after_the_restored_task_exists", 1, signal.SIGHUP, 1)]
+                         + [(m, 1, signal.SIGINT, 2) for m in MOMENTS] + [("criu_dump", 3, signal.SIGINT, 2)])
+def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Path, moment: str, presses: int, sig: int,
+                                                             jobs: int):
     """``presses`` > 1: an impatient user presses Ctrl-C again while the harness cleans up. SIGTERM and
-    SIGHUP (a CI runner's cancel, ``timeout``) get the same cleanup and exit 128 + the signal."""
+    SIGHUP (a CI runner's cancel, ``timeout``) get the same cleanup and exit 128 + the signal. ``jobs`` 2:
+    two workers, each with a trial in flight."""
     tmp = tmp_path / "tmp"  # the run's work directory lands here (TMPDIR), so its processes are recognisable
     tmp.mkdir()
     out = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(out), "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(out), "--json",
+                             "--jobs", str(jobs)],
                             cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -109,7 +116,8 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
     run = RunDir.open(run_dir)
     meta = run.meta()
     trials = run.table("trials")
-    assert meta["status"] == "partial"
+    assert meta["status"] == "partial" and meta["jobs"] == jobs
+    assert list(trials["trial_id"]) == sorted(trials["trial_id"])  # plan order, whichever worker finished first
     assert 1 <= meta["n_trials"] == len(trials) == len(run.trial_records()) < meta["n_trials_planned"]
     assert set(trials["outcome"]) <= {"valid", "invalid", "refused", "unknown"}
     assert "interrupted" in (run_dir / "summary.md").read_text()

@@ -10,6 +10,13 @@ its 4-tuple sits in TIME_WAIT, so ``--tcp-established`` restore fails with
 "Can't connect inet socket back"; the restore uses ``--tcp-close`` instead and
 the workload's client sees a dead socket, reconnects and resends — which is
 exactly the application's real recovery path.
+
+In a parallel run the workload's root is the init of a PID namespace of its
+own (``cutbench.procs``): CRIU dumps that namespace with the tree and restores
+it as a new one (namespace-local pids kept, new host pids), and ``--pidfile``
+names the restored init's host pid. Nothing here depends on the host pids
+staying the same, which is why this backend declares ``pid_namespace``; a
+subclass (a CRIU plugin that may track host pids) declares it itself.
 """
 
 from __future__ import annotations
@@ -59,6 +66,14 @@ class CriuCheckpointer:
     extra_args: tuple[str, ...] = ()
     # Extra options for dump only (e.g. ``--ghost-limit``).
     dump_args: tuple[str, ...] = ()
+    # The workload may run as the init of its own PID namespace (a parallel run; see the module docstring).
+    pid_namespace: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Not inherited: a subclass adds what it drives (a plugin), and only it knows whether that copes
+        # with host pids that change across a restore.
+        super().__init_subclass__(**kwargs)
+        cls.pid_namespace = cls.__dict__.get("pid_namespace", False)
 
     def unavailable_reason(self) -> str | None:
         """Why CRIU cannot be used here (with the fix), or None."""

@@ -1,0 +1,72 @@
+"""Wall time of one scenario run serially and on several workers (``run.jobs``), side by side.
+
+Runs SCENARIO (default ``scenarios/quick.toml``) once with ``jobs = 1`` and
+once for every ``--jobs`` value (default 2), one after another in this
+process, each into its own run directory under ``--out``. Prints, per
+worker count, the trials, the wall time of the run (planning, receiver and
+report included), trials per minute, the speed-up over the serial run and
+whether every plan got the serial run's verdict (outcome and finding kinds),
+then the figures as JSON. The speed-up is bounded by the CPUs (a trial's
+CRIU dump and restore are CPU work) and by the longest trial.
+
+    python benchmarks/parallel_speed.py [SCENARIO] [--jobs 2 4] [--out results/parallel-speed] [--set SECTION.KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd  # noqa: E402
+
+from cutbench.harness.model.scenario import check_jobs, load_scenario  # noqa: E402
+from cutbench.harness.runner.run import run_scenario  # noqa: E402
+
+
+def verdicts(trials: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, tuple[str, ...]]]:
+    """Per (variant, arm, plan): the outcome and the kinds of finding."""
+    return {(r.variant, r.arm, r.plan): (r.outcome, tuple(sorted({f["kind"] for f in json.loads(r.findings)})))
+            for r in trials.itertuples()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenario", nargs="?", default="scenarios/quick.toml")
+    ap.add_argument("--jobs", nargs="+", type=int, default=[2], help="worker counts to run beside the serial run")
+    ap.add_argument("--out", default="results/parallel-speed")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = ap.parse_args()
+    scenario = load_scenario(args.scenario, args.overrides)
+    counts = [1] + [check_jobs("--jobs", j) for j in args.jobs if j != 1]
+    rows, serial = [], None
+    for jobs in counts:
+        t0 = time.monotonic()
+        outcome = run_scenario(replace(scenario, jobs=jobs), Path(args.out) / f"jobs-{jobs}")
+        wall = time.monotonic() - t0
+        if not outcome.complete:
+            print(f"jobs {jobs}: the run did not complete ({outcome.run.path})", file=sys.stderr)
+            return 1
+        serial = serial or {"wall": wall, "verdicts": verdicts(outcome.trials)}
+        rows.append({"jobs": jobs, "trials": len(outcome.trials), "wall_s": wall,
+                     "trials_per_min": 60.0 * len(outcome.trials) / wall, "speedup": serial["wall"] / wall,
+                     "same_verdicts": verdicts(outcome.trials) == serial["verdicts"],
+                     "unknown": int((outcome.trials["outcome"] == "unknown").sum()), "run": outcome.run.path.name})
+    table = pd.DataFrame(rows)
+    print(f"# Parallel trials: {scenario.name}, {len(os.sched_getaffinity(0))} CPUs\n")
+    print(table.to_markdown(index=False, floatfmt=".2f"))
+    command = " ".join(["python benchmarks/parallel_speed.py", args.scenario, "--jobs", *map(str, args.jobs),
+                        "--out", args.out, *[f"--set {o}" for o in args.overrides]])
+    print(json.dumps({"scenario": scenario.name, "cpus": len(os.sched_getaffinity(0)), "runs": rows, "command": command},
+                     indent=2, default=str))
+    return 0 if table["same_verdicts"].all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
