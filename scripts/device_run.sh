@@ -64,6 +64,8 @@ step_repro() {
 # CRIU and its CUDA plugin from the files `cutbench criu install --download-only DIR --with-cuda-plugin`
 # wrote on a machine with network (CRIU_OFFLINE, default .carry/criu-offline).
 step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
+# The six criteria over the newest run (criteria.parquet and the report's section in it).
+step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).

@@ -66,6 +66,8 @@ def plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
         return exhaustive(scenario, arm)
     if scenario.plan_source == "random":
         return random_plans(scenario, arm)
+    if scenario.plan_source == "periodic":
+        return periodic(scenario, arm)
     raise InvalidArgument(f"plan.source = {scenario.plan_source!r} is adaptive; use cutbench.harness.generator.search")
 
 
@@ -118,6 +120,26 @@ def random_plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
             cuts.append(cut_from_position(arm, op, phase, mode=mode, async_offset_ms=offset))
         out.append(CutPlan(tuple(cuts)))
     return out
+
+
+def periodic(scenario: Scenario, arm: Arm) -> list[CutPlan]:
+    """``scenario.trials`` copies of one plan: a cut every ``plan.interval_ops`` ops over ``plan.ops``.
+
+    Periodic checkpoints, as a job's checkpointer takes them, for the
+    steady-state overhead of a tool: each cut is precise, at the first of
+    ``plan.phases`` (in execution order), at ops ``lo, lo + N, lo + 2N, … ≤ hi``.
+    ``interval_ops = 0`` gives plans with no cut at all: the same run with no
+    checkpointer, the native throughput the others are compared with. The
+    copies are repeats (for a confidence interval), not different plans.
+    """
+    phase = positions(scenario)[0][1]
+    lo, hi = scenario.plan_ops
+    n = scenario.interval_ops
+    cuts = tuple(cut_from_position(arm, op, phase) for op in range(lo, hi + 1, n)) if n else ()
+    if len(cuts) > LIMITS["plan.periodic_cuts"]:
+        raise InvalidArgument(f"plan: the periodic source would place {len(cuts):,} cuts in one trial (more than "
+                              f"{LIMITS['plan.periodic_cuts']:,}): raise plan.interval_ops or narrow plan.ops")
+    return [CutPlan(cuts) for _ in range(scenario.trials)]
 
 
 def arm_seed(scenario: Scenario, arm: Arm) -> int:

@@ -40,6 +40,8 @@ class CutContext:
     control: Any = None
     # The cut's certifier (see :class:`Certifier`); None when the cut is not certified.
     certifier: Any = None
+    # The workload's phases in execution order (to compare its control slots with the cut).
+    phases: tuple[str, ...] = ()
 
     def mark(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
         """Report that capture stage ``stage`` (``cuda_lock``, ``criu_freeze``, ``app_save``) has taken its domain now.
@@ -75,6 +77,8 @@ class Capabilities:
     stages: tuple[str, ...] = ()
     # State domains its image holds (a workload domain outside this set is an unsafe acceptance).
     covers: frozenset[str] = frozenset()
+    # What it needs of the workload's code ("" for nothing: a transparent, system-level tool).
+    workload_changes: str = ""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))

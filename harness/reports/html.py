@@ -101,12 +101,19 @@ class ReportFiles:
         return {"summary": str(self.summary), "report": str(self.report), "plots": {k: str(v) for k, v in self.plots.items()}}
 
 
-def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame) -> ReportFiles:
-    """Write ``summary.md``, ``plots/<name>.png`` and ``report.html`` for a run; return their paths."""
+def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame,
+              criteria: pd.DataFrame | None = None) -> ReportFiles:
+    """Write ``summary.md``, ``plots/<name>.png`` and ``report.html`` for a run; return their paths.
+
+    ``criteria`` (the table ``cutbench criteria`` stored) adds the criteria
+    section and its plots (``plots/criteria_<criterion>.png``).
+    """
     summary_path = run.write_text("summary.md", summary.render(meta, trials))
     pngs = plots.render_all(trials, timeline)
+    if criteria is not None and not criteria.empty:
+        pngs.update({f"criteria_{c}": plots.criteria_plot(criteria, c) for c in plots.CRITERIA_PLOTS})
     plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
-    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs))
+    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria))
     return ReportFiles(summary_path, report_path, plot_paths)
 
 
@@ -114,7 +121,7 @@ def build(run: RunDir) -> ReportFiles:
     """Regenerate every artefact of ``run`` from its stored ``run.toml`` and tables; return their paths."""
     # Replay commands must name where the run is now (it may have been moved or downloaded).
     meta = {**run.meta(), "run_dir": str(run.path)}
-    return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"))
+    return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"), run.table("criteria"))
 
 
 # -- HTML ----------------------------------------------------------------------
@@ -364,8 +371,25 @@ def _certificates(trials: pd.DataFrame) -> list[str]:
             "<code>certificates.parquet</code>.</p>"]
 
 
-def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes]) -> str:
-    """The complete, self-contained ``report.html`` text for a run."""
+def _criteria_section(table: pd.DataFrame, pngs: dict[str, bytes]) -> list[str]:
+    """The six criteria per backend: the table (value with interval, how measured, the command) and a plot per criterion."""
+    from cutbench.harness.reports.criteria import display
+
+    shown = display(table).assign(command=table["command"])
+    out = ['<h2 id="criteria">The six criteria</h2>',
+           '<p class="muted">Consistency, transparency, coverage, speed, correctness and overhead per backend, from the '
+           "runs named to <code>cutbench criteria</code>; every value says how it was measured.</p>",
+           _html_table(shown, "criteria-table", wrap_cells=("method", "command"))]
+    for name in [n for n in pngs if n.startswith("criteria_")]:
+        data = base64.b64encode(pngs[name]).decode("ascii")
+        out.append(f'<figure id="plot-{_e(name)}"><img alt="{_e(name)}" src="data:image/png;base64,{data}">'
+                   f"<figcaption>{_e(name.removeprefix('criteria_'))} per backend, with 95% intervals.</figcaption></figure>")
+    return out
+
+
+def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes],
+                criteria: pd.DataFrame | None = None) -> str:
+    """The complete, self-contained ``report.html`` text for a run (with the criteria section when ``criteria`` has rows)."""
     scen = meta.get("scenario", {})
     run_dir = str(meta.get("run_dir", ""))
     title = f"cutbench {scen.get('name', '')} {meta.get('run_id', '')}"
@@ -416,6 +440,9 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
         out.append(_findings_list(trials, run_dir))
         out += _certificates(trials)
+
+    if criteria is not None and not criteria.empty:
+        out += _criteria_section(criteria, pngs)
 
     out.append('<h2 id="plots">Plots</h2>')
     for name, (caption, _fn) in plots.PLOTS.items():

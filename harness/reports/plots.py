@@ -310,3 +310,36 @@ PLOTS: dict[str, tuple[str, Callable[[pd.DataFrame, pd.DataFrame], bytes]]] = {
 def render_all(trials: pd.DataFrame, timeline: pd.DataFrame) -> dict[str, bytes]:
     """Every plot of :data:`PLOTS` as ``{name: png bytes}``."""
     return {name: fn(trials, timeline) for name, (_caption, fn) in PLOTS.items()}
+
+
+# The criteria with numbers, each one figure in the report's criteria section.
+CRITERIA_PLOTS: tuple[str, ...] = ("consistency", "speed", "correctness", "overhead")
+
+
+def criteria_plot(table: pd.DataFrame, criterion: str) -> bytes:
+    """One criterion of a criteria table (:func:`cutbench.harness.reports.criteria.criteria`) as bars with 95% intervals.
+
+    One bar per backend and quantity; a panel per unit (seconds, %, ratios
+    do not share an axis). Rows without a number are left out; a criterion
+    with none at all says so.
+    """
+    rows = table[(table["criterion"] == criterion) & table["value"].notna()]
+    if rows.empty:
+        return _empty(f"{criterion}", "no measured value in these runs")
+    units = list(dict.fromkeys(rows["unit"]))
+    fig, axes = plt.subplots(len(units), 1, figsize=(8, 0.9 + 0.32 * len(rows) + 0.6 * len(units)), squeeze=False)
+    for ax, unit in zip(axes[:, 0], units):
+        part = rows[rows["unit"] == unit].iloc[::-1]
+        labels = [f"{b} · {q}" for b, q in zip(part["backend"], part["quantity"])]
+        values = part["value"].to_numpy(float)
+        low = np.where(part["low"].notna(), values - part["low"].to_numpy(float), 0.0)
+        high = np.where(part["high"].notna(), part["high"].to_numpy(float) - values, 0.0)
+        colours = [stage_colours(sorted(rows["backend"].unique()))[b] for b in part["backend"]]
+        ax.barh(labels, values, xerr=[np.maximum(low, 0), np.maximum(high, 0)], color=colours, capsize=3)
+        ax.set_xlabel({"%": "percent", "s": "seconds", "ratio": "ratio (1 = equal)"}.get(unit, unit))
+        if unit == "ratio":
+            ax.axvline(1.0, color="#555", linewidth=0.8, linestyle="--")
+        ax.tick_params(axis="y", labelsize=8)
+    axes[0, 0].set_title(f"{criterion} (95% intervals where measured)")
+    fig.tight_layout()
+    return _png(fig)

@@ -28,7 +28,7 @@ import tomli_w
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 
-TABLES = ("trials", "timeline", "effects", "certificates")
+TABLES = ("trials", "timeline", "effects", "certificates", "criteria")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
 REQUIRED_TABLES = ("trials", "timeline", "effects")
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {

@@ -74,6 +74,16 @@ def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu
     assert left_behind() == []
 
 
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_several_restores_of_one_container_in_one_trial(criu, docker_engine, podman_engine, results_root, engine):
+    """Periodic checkpoints: the restored container is cut, killed and restored again, twice more."""
+    trials = run(results_root, "quick.toml", "--set", f'pipeline.backends=["{engine}"]', "--set", 'pipeline.faults=["kill"]',
+                 "--set", 'receiver.modes=["at_least_once"]', "--set", "plan.source=periodic", "--set", "plan.ops=[2, 6]",
+                 "--set", "plan.interval_ops=2", "--set", "plan.trials=1", "--set", 'plan.phases=["commit"]')
+    [row] = trials.itertuples()
+    assert row.outcome == "valid" and row.n_cuts == 3 and row.restores == 3, (row.outcome, row.error)
+
+
 def test_podman_reports_its_own_statistics_as_facts(criu, podman_engine, results_root):
     run(results_root, "quick.toml", "--set", 'pipeline.backends=["podman"]', "--set", 'pipeline.faults=["kill"]',
         "--set", 'receiver.modes=["idempotent"]', "--set", 'plan.phases=["commit"]')

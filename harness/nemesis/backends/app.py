@@ -36,6 +36,7 @@ class AppCheckpointer:
         faults=frozenset({"kill", "leave_running", "none"}),
         stages=("app_save", "app_restore"),
         covers=frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"}),
+        workload_changes="save_state/load_state hooks in the workload (docs/workload-api.md)",
     )
 
     def __init__(self) -> None:

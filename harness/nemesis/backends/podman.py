@@ -93,9 +93,13 @@ class PodmanCheckpointer:
         self.podman("wait", container, timeout=30)
 
     def remove(self, container: str) -> None:
-        """Remove ``container``; no error when absent."""
-        self.podman("rm", "--force", "--ignore", container, timeout=60)
+        """Remove ``container`` for good (the trial's end); no error when absent."""
+        self._discard(container)
         self._options.pop(container, None)
+
+    def _discard(self, container: str) -> None:
+        """Remove the container but keep what the backend knows of it (a restore brings it back under its name)."""
+        self.podman("rm", "--force", "--ignore", container, timeout=60)
 
     # -- the workload's container ------------------------------------------------
     def launch(self, argv: list[str], *, cwd: str) -> Child:
@@ -161,7 +165,7 @@ class PodmanCheckpointer:
         log = ctx.images_dir / "criu-restore.log"
         criu_options(options, log=log, restore_after=ctx.cut.fault)
         with ctx.timeline.stage("podman_restore", ctx.cut_index):
-            self.remove(container)
+            self._discard(container)
             p = self.podman("container", "restore", "--import", str(archive), "--print-stats",
                             *(["--tcp-established"] if ctx.cut.fault == "kill" else []), timeout=ctx.stage_timeout_s)
             if p.returncode != 0:

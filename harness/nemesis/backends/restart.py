@@ -12,8 +12,11 @@ starts, not from this backend's word): that is what a restart is.
 
 from __future__ import annotations
 
-from cutbench.errors import HarnessFault, StageRefused
-from cutbench.harness.nemesis.backends.app import command_of, start_until
+import time
+
+from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.harness.nemesis.backends.app import POLL_S, command_of, start_until
+from cutbench.harness.model.plan import position
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
 
@@ -24,7 +27,7 @@ class RestartCheckpointer:
     name = "restart"
     capabilities = Capabilities(
         faults=frozenset({"kill", "leave_running"}),
-        stages=("restart_record", "restart_spawn"),
+        stages=("restart_record", "restart_spawn", "restart_catch_up"),
         covers=frozenset({"cpu", "cuda", "ipc"}),
     )
 
@@ -49,7 +52,33 @@ class RestartCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
         argv, cwd = self._command
-        return start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running").pid
+        child = start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running")
+        self._catch_up(child, ctx)
+        return child.pid
+
+    def _catch_up(self, child: Child, ctx: CutContext) -> None:
+        """Stage ``restart_catch_up``: wait until the new process stands at the cut point again.
+
+        It recomputes ops 1..k and parks there (the cut is still armed and held)
+        or, for an asynchronous cut, passes it. A process that exits or does
+        not get there within the stage timeout fails the stage.
+        """
+        control, phases = ctx.control, ctx.phases
+        target = position(ctx.cut, phases) if phases else None
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        # The slots still hold where the crashed process got to: only progress since is the new one's.
+        stale = control.get("progress_count")
+        with ctx.timeline.stage("restart_catch_up", ctx.cut_index):
+            while target is not None:
+                moved = control.get("progress_count") != stale
+                if moved and control.get("progress_op") * len(phases) + control.get("progress_phase") >= target:
+                    return
+                if not child.alive():
+                    raise StageFailed("restart_catch_up", f"the started workload exited ({child.returncode}) before op {ctx.cut.op}")
+                if time.monotonic() > deadline:
+                    raise StageFailed("restart_catch_up", f"the started workload was not back at {ctx.cut.op}/{ctx.cut.phase} "
+                                                          f"within {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
         """Never called: fault ``none`` is not offered (a restart without a crash is no restart)."""
