@@ -129,14 +129,17 @@ def _report_run(outcome: Any, as_json: bool) -> int:
 @click.option("--jobs", "jobs", default=None, metavar="N|auto",
               help="Trials run at once (the scenario's run.jobs; default 1): N, or auto for one per CPU "
                    "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run.")
-def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None) -> None:
+@click.option("--variant", "variants", multiple=True, metavar="NAME",
+              help="Run only this [[variants]] entry of the scenario (repeatable); default: every variant.")
+def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None,
+        variants: tuple[str, ...]) -> None:
     """Run every trial of SCENARIO and store the results under --out."""
     from dataclasses import replace
 
     from cutbench.harness.runner.run import run_scenario
-    from cutbench.harness.model.scenario import check_jobs, load_scenario
+    from cutbench.harness.model.scenario import check_jobs, load_scenario, select_variants
 
-    scen = load_scenario(scenario, list(overrides))
+    scen = select_variants(load_scenario(scenario, list(overrides)), variants)
     if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
         scen = replace(scen, jobs=check_jobs("--jobs", int(jobs) if jobs.strip().isdigit() else jobs))
     progress = _progress_printer(as_json)

@@ -161,6 +161,21 @@ class Scenario:
         return asdict(self)
 
 
+def select_variants(scenario: "Scenario", names: tuple[str, ...] | list[str]) -> "Scenario":
+    """``scenario`` with only the ``[[variants]]`` named in ``names`` (all of them when ``names`` is empty).
+
+    Raises :class:`InvalidArgument` naming an unknown variant and the known ones.
+    """
+    if not names:
+        return scenario
+    known = [v.variant for v in scenario.variants]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidArgument(f"--variant {', '.join(unknown)}: the scenario has "
+                              + (f"the variants {', '.join(known)}" if known else "no [[variants]]"))
+    return replace(scenario, variants=tuple(v for v in scenario.variants if v.variant in names))
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, merge (``include``), override and validate a scenario file."""
     data = _read_with_includes(Path(path), seen=())

@@ -137,3 +137,44 @@ def test_every_static_source_keeps_earlier_cuts_precise_and_only_the_last_async(
         for plan in source:
             assert [c.mode for c in plan.cuts] == ["precise"] * (len(plan.cuts) - 1) + ["async"]
     assert any(len(p.cuts) == 2 for p in plans)
+
+
+def test_periodic_plans_cut_every_interval_and_zero_means_no_checkpointer():
+    from cutbench.harness.generator.scheduler import periodic
+    from cutbench.harness.model.scenario import Arm, parse_scenario
+
+    base = {"workload": {"name": "counter", "params": {"ops": 20}}, "pipeline": {"faults": ["none"]},
+            "plan": {"source": "periodic", "ops": [5, 20], "phases": ["commit", "admit"], "interval_ops": 5, "trials": 3}}
+    scen = parse_scenario(base)
+    plans = periodic(scen, Arm(backend="criu", receiver_mode="idempotent", fault="none", crash_after_ms=0.0, split_window_ms=0.0))
+    assert len(plans) == 3 and len(set(p.to_json() for p in plans)) == 1  # repeats of one plan
+    assert [(c.op, c.phase, c.mode) for c in plans[0].cuts] == [(5, "admit", "precise"), (10, "admit", "precise"),
+                                                               (15, "admit", "precise"), (20, "admit", "precise")]
+    native = parse_scenario({**base, "plan": {**base["plan"], "interval_ops": 0}})
+    assert [p.cuts for p in periodic(native, Arm(backend="criu", receiver_mode="idempotent", fault="none", crash_after_ms=0.0, split_window_ms=0.0))] == [()] * 3
+
+
+def test_periodic_refuses_a_plan_with_too_many_cuts_and_a_negative_interval():
+    from cutbench.errors import InvalidArgument
+    from cutbench.harness.generator.scheduler import periodic
+    from cutbench.harness.model.scenario import Arm, parse_scenario
+
+    plan = {"source": "periodic", "ops": [1, 50_000], "phases": ["commit"], "interval_ops": 1}
+    scen = parse_scenario({"workload": {"name": "counter", "params": {"ops": 50_000}}, "plan": plan})
+    with pytest.raises(InvalidArgument, match="plan.interval_ops"):
+        periodic(scen, Arm(backend="criu", receiver_mode="idempotent", fault="kill", crash_after_ms=0.0, split_window_ms=0.0))
+    with pytest.raises(InvalidArgument, match="plan.interval_ops"):
+        parse_scenario({"workload": {"name": "counter", "params": {"ops": 50_000}}, "plan": {**plan, "interval_ops": -1}})
+
+
+def test_a_run_of_chosen_variants_only_and_an_unknown_variant_named():
+    from cutbench.errors import InvalidArgument
+    from cutbench.harness.model.scenario import load_scenario, select_variants
+    from tests.conftest import REPO
+
+    scen = load_scenario(REPO / "scenarios" / "criteria-cpu.toml")
+    picked = select_variants(scen, ["soak-native", "soak-every-20"])
+    assert [v.variant for v in picked.variants] == ["soak-native", "soak-every-20"]
+    assert select_variants(scen, []) is scen
+    with pytest.raises(InvalidArgument, match="soak-native"):
+        select_variants(scen, ["nope"])
