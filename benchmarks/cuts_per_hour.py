@@ -1,20 +1,47 @@
-"""Cuts per hour on one GPU at 1 GiB of device state, and the harness's overhead.
+"""Cuts per hour at 1 GiB of device state as parallel trials grow, and where the time goes.
 
-Runs ``--trials`` random single-cut ``cuda+criu`` trials (kill fault) of the
-CuPy ``counter`` with 1 GiB of ballast, each judged by the oracle. For every
-trial, from the moment the runner starts it until its verdict and files are
-written (the gap between progress callbacks):
+For every ``--cuts-per-trial`` value K and every ``--jobs`` value N, one run
+(``run_scenario``, ``run.jobs = N``) of random kill trials of the
+``counter`` workload (``--array``, default CuPy, with ``--ballast-mib`` of
+ballast, default 1 GiB) under ``--backend`` (default ``cuda+criu``), each
+judged by the oracle. The plans come from one seed, so every N runs the same
+plans (a larger run's plans begin with a smaller one's). ``--source random``
+draws 1 to K cuts per trial (``plan.cuts_per_trial``); ``--source periodic``
+places exactly K, a cut at every op 1..K (``plan.interval_ops = 1``).
+
+A trial's wall runs from the moment a worker takes it until its verdict
+reaches the run (the first N trials start with the run, receiver start
+included; the next starts when a worker frees up, the previous trial's
+verdict). Of that wall:
 
 * tool time: the checkpoint tool's stages (``cuda_*`` calls, split window,
   CRIU dump/restore, the fault);
-* workload time: the workload's own running (``spawn`` — interpreter, CuPy,
-  allocating and filling 1 GiB — ``reach_cut`` and ``run_to_end``);
-* harness overhead = trial wall − tool time − workload time (receiver
-  bookkeeping, NVML discovery, arming, image removal, the oracle, writing).
+* workload time: the workload's own running (``spawn``, ``reach_cut`` —
+  interpreter, CuPy, allocating and filling the ballast — and ``run_to_end``);
+* harness overhead = wall − tool time − workload time (receiver bookkeeping,
+  NVML discovery, arming, image removal, the oracle, writing); the part in no
+  timed stage at all is the pseudo-stage ``(untimed)``.
 
-Prints cuts/hour and the overhead as a fraction of wall time (target ≤ 10%).
+Per configuration it prints validated cuts/hour (the valid trials' cuts over
+the run's wall from its start to the last verdict: report writing, once per
+run, is left out), the overhead as a fraction of wall time, the mean trial
+wall, the ``unknown`` trials and why, and the stage that stretches most
+against the fewest jobs (the one whose time per trial grows most in seconds:
+a 1 ms stage tripling matters less than a dump doubling), with each stage's
+mean and its ratio to the fewest jobs. Writes ``cuts_per_hour.csv`` (every
+trial), ``cuts_per_hour.json`` (every configuration), ``stages.csv`` (jobs,
+cuts_per_trial, stage, mean_s, …) and the run directories under ``--out/runs/``.
 
-    python benchmarks/cuts_per_hour.py --out results/cuts-per-hour [--trials 12] [--ballast-mib 1024]
+``--trials-per-job T`` sizes each run at T × N trials (each worker runs
+about T; ``--min-trials M`` gives the fewest jobs at least M);
+``--max-seconds S`` stops a configuration S seconds in, as Ctrl-C does (the
+trials in flight give no verdict and their time counts against the run: a
+guard, not the way to size it). On a GPU host every trial of a run
+shares the one GPU: ``run.trials_per_gpu`` is set to N beside ``run.jobs``, and
+N trials of the ballast and a CUDA context must fit in its memory.
+
+    python benchmarks/cuts_per_hour.py --out results/cuts-per-hour --jobs 1 4 8 16 --cuts-per-trial 1 4 --trials-per-job 2 --min-trials 6
+    python benchmarks/cuts_per_hour.py --out /tmp/cph --backend criu --array numpy --ballast-mib 0 --jobs 1 2 --cuts-per-trial 1 3 --trials-per-job 2
 """
 
 from __future__ import annotations
@@ -23,18 +50,26 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.runner.run import run_scenario  # noqa: E402
-from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
+from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
+from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
 
 TOOL_PREFIXES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "split_window", "criu_", "fault_",
                  "run_until_crash")
 WORKLOAD_STAGES = ("spawn", "reach_cut", "run_to_end")
+UNTIMED = "(untimed)"
+# What one trial holds on the GPU beside its ballast: the CUDA context, CuPy's pool, the counter's state
+# (1.51 GiB of process GPU memory at 1 GiB of ballast on the H200, results/reference/cuts-per-hour).
+CONTEXT_MIB = 512
+SOURCES = ("random", "periodic")
+OPS = 4  # the counter's ops (more when a periodic plan needs them)
 
 
 def classify(stage: str) -> str:
@@ -46,65 +81,326 @@ def classify(stage: str) -> str:
     return "harness"
 
 
-def main() -> int:
+def scenario_data(*, backend: str, array: str, ballast_mib: int, jobs: int, cuts_per_trial: int, trials: int,
+                  source: str = "random") -> dict[str, Any]:
+    """The scenario (as parsed from TOML) of one configuration: ``trials`` kill trials on ``jobs`` workers.
+
+    ``random``: 1 to ``cuts_per_trial`` cuts per trial, drawn from seed 4 over
+    ops 1–4 and every phase; ``periodic``: exactly ``cuts_per_trial`` precise
+    cuts, at ops 1, 2, … of the first phase. Every trial shares the host's one
+    GPU, so ``run.trials_per_gpu`` is ``jobs`` too. Raises
+    :class:`InvalidArgument` for an unknown source.
+    """
+    if source not in SOURCES:
+        raise InvalidArgument(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+    if source == "random":
+        plan: dict[str, Any] = {"source": "random", "trials": trials, "ops": [1, OPS], "phases": "all", "seed": 4,
+                                "cuts_per_trial": cuts_per_trial}
+    else:
+        plan = {"source": "periodic", "trials": trials, "ops": [1, cuts_per_trial], "interval_ops": 1, "phases": "all"}
+    return {
+        "name": f"cph-{backend.replace('+', '-')}-j{jobs}-k{cuts_per_trial}",
+        "workload": {"name": "counter", "array": array,
+                     "params": {"ops": max(OPS, cuts_per_trial), "state_size": 1 << 16, "seed": 2,
+                                "ballast_mib": ballast_mib}},
+        "receiver": {"modes": ["idempotent"]},
+        "pipeline": {"backends": [backend], "faults": ["kill"]},
+        "plan": plan,
+        "run": {"watchdog_s": 30, "trial_timeout_s": 300, "stage_timeout_s": 120, "jobs": jobs, "trials_per_gpu": jobs},
+    }
+
+
+def gpu_fit_error(jobs: int, ballast_mib: int, memory_mib: int | None) -> str | None:
+    """Why ``jobs`` trials of ``ballast_mib`` would oversubscribe a GPU of ``memory_mib``, or None when they fit
+    (or its memory is unknown)."""
+    need = jobs * (ballast_mib + CONTEXT_MIB)
+    if memory_mib is None or need <= memory_mib:
+        return None
+    return (f"--jobs {jobs} with --ballast-mib {ballast_mib}: {jobs} trials × ({ballast_mib} + ~{CONTEXT_MIB} MiB "
+            f"of CUDA context) = {need} MiB, more than the GPU's {memory_mib} MiB; lower --jobs or --ballast-mib")
+
+
+def trial_walls(finishes: Iterable[tuple[int, str, float]], jobs: int, t_start: float) -> dict[str, tuple[float, float]]:
+    """Each finished trial's ``(start, end)`` from ``(plan position, trial_id, verdict time)`` in the order the
+    verdicts came.
+
+    The workers take the specs in plan order: the first ``jobs`` positions
+    start with the run at ``t_start``, and position p ≥ ``jobs`` starts when
+    the (p − jobs + 1)-th verdict frees a worker. With one job this is the gap
+    between verdicts. Raises :class:`InvalidArgument` for ``jobs`` < 1.
+    """
+    if jobs < 1:
+        raise InvalidArgument(f"jobs = {jobs}: expected at least 1")
+    done = list(finishes)
+    ends = sorted(t for _, _, t in done)
+    walls = {}
+    for position, trial_id, end in done:
+        start = t_start if position < jobs else ends[position - jobs]
+        walls[trial_id] = (start, end)
+    return walls
+
+
+def breakdown(walls: dict[str, tuple[float, float]], timeline: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial of ``walls``: ``wall_s``, ``tool_s``, ``workload_s``, ``harness_stages_s``, ``untimed_s``,
+    ``overhead_s`` (wall − tool − workload) and ``overhead_frac``, from the run's timeline (``trial_id``,
+    ``stage``, ``duration_s``)."""
+    kinds = timeline.assign(kind=timeline["stage"].map(classify)).pivot_table(
+        index="trial_id", columns="kind", values="duration_s", aggfunc="sum", fill_value=0.0)
+    rows = []
+    for trial_id, (start, end) in walls.items():
+        by = kinds.loc[trial_id] if trial_id in kinds.index else {}
+        tool, workload, harness = (float(by.get(k, 0.0)) for k in ("tool", "workload", "harness"))
+        wall = end - start
+        rows.append({"trial_id": trial_id, "wall_s": wall, "tool_s": tool, "workload_s": workload,
+                     "harness_stages_s": harness, "untimed_s": wall - tool - workload - harness,
+                     "overhead_s": wall - tool - workload, "overhead_frac": (wall - tool - workload) / wall})
+    return pd.DataFrame(rows, columns=["trial_id", "wall_s", "tool_s", "workload_s", "harness_stages_s", "untimed_s",
+                                       "overhead_s", "overhead_frac"])
+
+
+def stage_means(timeline: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
+    """Per stage of the trials in ``per_trial``: ``mean_s`` (one occurrence: a trial of K cuts has K dumps),
+    ``n`` (occurrences) and ``per_trial_s`` (seconds per trial), plus the :data:`UNTIMED` pseudo-stage."""
+    tl = timeline[timeline["trial_id"].isin(per_trial["trial_id"])]
+    n_trials = max(len(per_trial), 1)
+    out = tl.groupby("stage")["duration_s"].agg(mean_s="mean", n="count", total="sum").reset_index()
+    out["per_trial_s"] = out.pop("total") / n_trials
+    untimed = pd.DataFrame([{"stage": UNTIMED, "mean_s": per_trial["untimed_s"].mean(), "n": len(per_trial),
+                             "per_trial_s": per_trial["untimed_s"].mean()}])
+    return pd.concat([out, untimed], ignore_index=True) if len(per_trial) else out
+
+
+def stretch(stages: pd.DataFrame) -> pd.DataFrame:
+    """``stages`` (``jobs``, ``cuts_per_trial``, ``stage``, ``mean_s``, ``per_trial_s``) with ``ratio``: each stage's
+    mean over its mean at the fewest jobs of the same ``cuts_per_trial`` (NaN where that stage is absent or took
+    no time), and ``added_s``: the seconds per trial it gained."""
+    base_jobs = stages.groupby("cuts_per_trial")["jobs"].transform("min")
+    base = stages[stages["jobs"] == base_jobs][["cuts_per_trial", "stage", "mean_s", "per_trial_s"]]
+    base = base.rename(columns={"mean_s": "base_mean_s", "per_trial_s": "base_per_trial_s"})
+    out = stages.merge(base, on=["cuts_per_trial", "stage"], how="left")
+    out["ratio"] = out["mean_s"] / out["base_mean_s"].where(out["base_mean_s"] > 0)
+    out["added_s"] = out["per_trial_s"] - out["base_per_trial_s"]
+    return out.drop(columns=["base_mean_s", "base_per_trial_s"])
+
+
+def top_stretch(stretched: pd.DataFrame, jobs: int, cuts_per_trial: int) -> tuple[str, float] | None:
+    """The stage of (``jobs``, ``cuts_per_trial``) in :func:`stretch`'s frame whose time per trial grew most in
+    seconds, and its ratio; None at the fewest jobs (nothing to compare with) or when nothing grew."""
+    rows = stretched[(stretched["jobs"] == jobs) & (stretched["cuts_per_trial"] == cuts_per_trial)]
+    if rows.empty or jobs == stretched[stretched["cuts_per_trial"] == cuts_per_trial]["jobs"].min():
+        return None
+    grown = rows.dropna(subset=["added_s"])
+    grown = grown[grown["added_s"] > 0]
+    if grown.empty:
+        return None
+    top = grown.loc[grown["added_s"].idxmax()]
+    return str(top["stage"]), float(top["ratio"])
+
+
+def unknown_reasons(trials: pd.DataFrame) -> dict[str, int]:
+    """How many ``unknown`` trials of ``trials`` (``outcome``, ``error``, ``failed_stage``) gave each reason: the
+    failed stage and the first line of the error (a PID collision at restore shows here)."""
+    unknown = trials[trials["outcome"] == "unknown"]
+    reasons: dict[str, int] = {}
+    for row in unknown.itertuples():
+        error = str(row.error or "no error recorded").strip().splitlines()[0][:160]
+        key = f"{row.failed_stage}: {error}" if isinstance(row.failed_stage, str) and row.failed_stage else error
+        reasons[key] = reasons.get(key, 0) + 1
+    return dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
+def summarize(per_trial: pd.DataFrame, trials: pd.DataFrame, span_s: float) -> dict[str, Any]:
+    """One configuration's figures from its per-trial rows (:func:`breakdown`), its trials table (``trial_id``,
+    ``outcome``, ``n_cuts``, ``error``, ``failed_stage``) and the run's wall up to its last verdict: validated
+    cuts/hour counts the valid trials' cuts, not trials."""
+    df = per_trial.merge(trials, on="trial_id")
+    valid = df[df["outcome"] == "valid"]
+    cuts = int(valid["n_cuts"].sum())
+    return {
+        "trials": len(df),
+        "outcomes": {str(k): int(v) for k, v in df["outcome"].value_counts().items()},
+        "valid_cuts": cuts,
+        "cuts_per_trial_mean": float(df["n_cuts"].mean()) if len(df) else 0.0,
+        "cuts_per_hour": 3600.0 * cuts / span_s if span_s > 0 else 0.0,
+        "mean_trial_wall_s": float(df["wall_s"].mean()) if len(df) else float("nan"),
+        "tool_s_mean": float(df["tool_s"].mean()) if len(df) else float("nan"),
+        "workload_s_mean": float(df["workload_s"].mean()) if len(df) else float("nan"),
+        "overhead_s_mean": float(df["overhead_s"].mean()) if len(df) else float("nan"),
+        "overhead_fraction": float(df["overhead_s"].sum() / df["wall_s"].sum()) if len(df) else float("nan"),
+        "unknown": int((df["outcome"] == "unknown").sum()),
+        "unknown_reasons": unknown_reasons(df),
+        "span_s": span_s,
+    }
+
+
+def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | None) -> dict[str, Any]:
+    """Run one configuration; return its summary, per-trial frame, stage frame and whether the budget or Ctrl-C
+    stopped it."""
+    from cutbench.harness.runner.run import run_scenario
+
+    finishes: list[tuple[int, str, float]] = []
+    state = {"budget_hit": False}
+    t_start = time.monotonic()
+
+    def progress(result: Any, done: int, total: int) -> None:
+        finishes.append((result.spec.index - 1, result.spec.trial_id, time.monotonic()))
+        if max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds:
+            # The runner's Ctrl-C path: workers stop, trials in flight clean up, the finished ones are stored.
+            state["budget_hit"] = True
+            raise KeyboardInterrupt
+
+    outcome = run_scenario(parse_scenario(data), out / "runs", progress=progress)
+    run_wall = time.monotonic() - t_start
+    if not finishes:
+        return {"summary": None, "per_trial": pd.DataFrame(), "stages": pd.DataFrame(), "run": outcome.run.path,
+                "interrupted": not outcome.complete and not state["budget_hit"], "budget_hit": state["budget_hit"]}
+    timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
+    per_trial = breakdown(trial_walls(finishes, jobs, t_start), timeline)
+    span = max(t for _, _, t in finishes) - t_start
+    summary = summarize(per_trial, outcome.trials[["trial_id", "outcome", "n_cuts", "error", "failed_stage"]], span)
+    facts = outcome.trials[["trial_id", "outcome", "plan", "n_cuts", "gpu_bytes", "image_bytes", "error"]]
+    per_trial = per_trial.merge(facts, on="trial_id")
+    summary.update(
+        planned=int(data["plan"]["trials"]), complete=outcome.complete, budget_hit=state["budget_hit"],
+        gpu_gib_median=float(per_trial["gpu_bytes"].median() / (1 << 30)) if per_trial["gpu_bytes"].notna().any() else None,
+        image_gb_median=float(per_trial["image_bytes"].median() / 1e9) if per_trial["image_bytes"].notna().any() else None,
+        run_wall_s=run_wall, run=str(outcome.run.path))
+    return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial),
+            "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
+            "budget_hit": state["budget_hit"]}
+
+
+def configuration_trials(jobs: int, trials: int, trials_per_job: int | None, min_trials: int = 1) -> int:
+    """How many trials a configuration of ``jobs`` workers runs: ``trials_per_job`` × ``jobs`` (each worker about
+    that many) when given, else ``trials``; at least ``min_trials`` (the fewest jobs would get too few)."""
+    return max(min_trials, trials_per_job * jobs if trials_per_job else trials)
+
+
+def check_gpu_fit(jobs: list[int], ballast_mib: int, array: str, backend: str) -> None:
+    """Raise :class:`InvalidArgument` when the most jobs would oversubscribe this host's first GPU (the one every
+    trial of a run uses); nothing to check on a CPU run or a host without a GPU."""
+    if array == "numpy" and "cuda" not in backend:
+        return
+    from cutbench.harness.environment import gpu_probe
+
+    gpus = gpu_probe.probe().get("gpus") or []
+    if gpus:
+        error = gpu_fit_error(max(jobs), ballast_mib, gpus[0].get("memory_mib"))
+        if error:
+            raise InvalidArgument(error)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: the job counts, cuts per trial and sizes in range (:class:`InvalidArgument`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--jobs", nargs="+", type=int, default=[1], help="worker counts, one run each (run.jobs)")
+    ap.add_argument("--cuts-per-trial", nargs="+", type=int, default=[1], help="cuts per trial (second axis)")
+    ap.add_argument("--source", choices=SOURCES, default="random",
+                    help="random: 1 to K cuts per trial from the seed; periodic: exactly K, at ops 1..K")
+    ap.add_argument("--trials", type=int, default=12, help="trials per configuration")
+    ap.add_argument("--trials-per-job", type=int, default=None, help="instead of --trials: jobs × this many")
+    ap.add_argument("--min-trials", type=int, default=1, help="at least this many trials per configuration")
+    ap.add_argument("--max-seconds", type=float, default=None, help="stop a configuration this long in (a guard)")
+    ap.add_argument("--backend", default="cuda+criu")
+    ap.add_argument("--array", default="cupy")
     ap.add_argument("--ballast-mib", type=int, default=1024)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for j in args.jobs:
+        check_jobs("--jobs", j)
+    limit = LIMITS["plan.cuts_per_trial"] if args.source == "random" else LIMITS["plan.periodic_cuts"]
+    for k in args.cuts_per_trial:
+        if not 1 <= k <= limit:
+            raise InvalidArgument(f"--cuts-per-trial {k}: expected 1 to {limit} with --source {args.source}")
+    for name in ("trials", "trials_per_job", "min_trials"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InvalidArgument(f"--{name.replace('_', '-')} {value}: expected at least 1")
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise InvalidArgument(f"--max-seconds {args.max_seconds:g}: expected a positive number of seconds")
+    if args.ballast_mib < 0:
+        raise InvalidArgument(f"--ballast-mib {args.ballast_mib}: expected 0 or more")
+    args.jobs = list(dict.fromkeys(args.jobs))
+    args.cuts_per_trial = list(dict.fromkeys(args.cuts_per_trial))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        check_gpu_fit(args.jobs, args.ballast_mib, args.array, args.backend)
+    except CutbenchError as exc:
+        print(f"cuts_per_hour: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {
-        "name": "cuts-per-hour",
-        "workload": {"name": "counter", "array": "cupy",
-                     "params": {"ops": 4, "state_size": 1 << 16, "seed": 2, "ballast_mib": args.ballast_mib}},
-        "receiver": {"modes": ["idempotent"]},
-        "pipeline": {"backends": ["cuda+criu"], "faults": ["kill"]},
-        "plan": {"source": "random", "trials": args.trials, "ops": [1, 4], "phases": "all", "seed": 4},
-        "run": {"watchdog_s": 30, "trial_timeout_s": 300, "stage_timeout_s": 120},
-    }
-    marks: list[tuple[str, float]] = []
-    t_start = time.monotonic()
-    outcome = run_scenario(parse_scenario(data), out / "runs",
-                           progress=lambda r, done, total: marks.append((r.spec.trial_id, time.monotonic())))
-    run_wall = time.monotonic() - t_start
-    timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
-    timeline["kind"] = timeline["stage"].map(classify)
-    rows = []
-    prev = None
-    for trial_id, t in marks:
-        tl = timeline[timeline["trial_id"] == trial_id]
-        by = tl.groupby("kind")["duration_s"].sum()
-        wall = t - prev if prev is not None else float(tl["t_end"].max())
-        prev = t
-        rows.append({"trial_id": trial_id, "wall_s": wall, "tool_s": by.get("tool", 0.0), "workload_s": by.get("workload", 0.0),
-                     "harness_stages_s": by.get("harness", 0.0)})
-    df = pd.DataFrame(rows).merge(outcome.trials[["trial_id", "outcome", "plan", "gpu_bytes", "image_bytes"]], on="trial_id")
-    # The first trial's wall has no earlier mark: it starts at the run (receiver start included).
-    df.loc[df.index[0], "wall_s"] = marks[0][1] - t_start
-    df["overhead_s"] = df["wall_s"] - df["tool_s"] - df["workload_s"]
-    df["overhead_frac"] = df["overhead_s"] / df["wall_s"]
-    df.to_csv(out / "cuts_per_hour.csv", index=False)
-    mean_wall = df["wall_s"].mean()
-    summary = {
-        "trials": len(df),
-        "outcomes": {k: int(v) for k, v in df["outcome"].value_counts().items()},
-        "gpu_gib_median": float(df["gpu_bytes"].median() / (1 << 30)),
-        "image_gb_median": float(df["image_bytes"].median() / 1e9),
-        "mean_trial_wall_s": mean_wall,
-        "cuts_per_hour": 3600.0 / mean_wall,
-        "tool_s_mean": df["tool_s"].mean(),
-        "workload_s_mean": df["workload_s"].mean(),
-        "overhead_s_mean": df["overhead_s"].mean(),
-        "overhead_fraction": df["overhead_s"].sum() / df["wall_s"].sum(),
-        "run_wall_s": run_wall,
-        "command": f"python benchmarks/cuts_per_hour.py --out {args.out} --trials {args.trials} --ballast-mib {args.ballast_mib}",
-    }
-    (out / "cuts_per_hour.json").write_text(json.dumps(summary, indent=2))
-    print(df[["trial_id", "outcome", "wall_s", "tool_s", "workload_s", "overhead_s", "overhead_frac"]].to_string(index=False,
-                                                                                                              float_format="%.3f"))
-    print(json.dumps(summary, indent=2))
+    configs, trial_frames, stage_frames = [], [], []
+    stopped = False
+    for k in args.cuts_per_trial:
+        for jobs in args.jobs:
+            trials = configuration_trials(jobs, args.trials, args.trials_per_job, args.min_trials)
+            data = scenario_data(backend=args.backend, array=args.array, ballast_mib=args.ballast_mib, jobs=jobs,
+                                 cuts_per_trial=k, trials=trials, source=args.source)
+            print(f"=== jobs {jobs}, cuts per trial {k}: {trials} trials", flush=True)
+            res = run_config(data, out, jobs, args.max_seconds)
+            if res["summary"] is not None:
+                configs.append({"jobs": jobs, "cuts_per_trial": k, **res["summary"]})
+                trial_frames.append(res["per_trial"].assign(jobs=jobs, cuts_per_trial=k))
+                stage_frames.append(res["stages"].assign(jobs=jobs, cuts_per_trial=k))
+            if res["interrupted"]:  # Ctrl-C, not the budget: keep what ran and stop
+                stopped = True
+                break
+        if stopped:
+            break
+    if not configs:
+        print("cuts_per_hour: no trial finished", file=sys.stderr)
+        return 1
+    stages = stretch(pd.concat(stage_frames, ignore_index=True))
+    for c in configs:
+        top = top_stretch(stages, c["jobs"], c["cuts_per_trial"])
+        c["top_stage"], c["top_stage_ratio"] = top if top else (None, None)
+    per_trial = pd.concat(trial_frames, ignore_index=True)
+    lead = ["jobs", "cuts_per_trial"]
+    per_trial[lead + [c for c in per_trial.columns if c not in lead]].to_csv(out / "cuts_per_hour.csv", index=False)
+    stages[lead + ["stage", "mean_s", "n", "per_trial_s", "ratio", "added_s"]].to_csv(out / "stages.csv", index=False)
+    command = " ".join(["python benchmarks/cuts_per_hour.py", "--out", args.out, "--jobs", *map(str, args.jobs),
+                        "--cuts-per-trial", *map(str, args.cuts_per_trial), "--source", args.source,
+                        *(["--trials-per-job", str(args.trials_per_job)] if args.trials_per_job
+                          else ["--trials", str(args.trials)]),
+                        *(["--min-trials", str(args.min_trials)] if args.min_trials > 1 else []),
+                        *(["--max-seconds", f"{args.max_seconds:g}"] if args.max_seconds else []),
+                        "--backend", args.backend, "--array", args.array, "--ballast-mib", str(args.ballast_mib)])
+    (out / "cuts_per_hour.json").write_text(json.dumps({"configs": configs, "command": command}, indent=2, default=str))
+    print_tables(configs, stages)
+    print(command)
     return 0
+
+
+def print_tables(configs: list[dict[str, Any]], stages: pd.DataFrame) -> None:
+    """The jobs × cuts-per-trial table, each configuration's unknown reasons, and per cuts-per-trial value each
+    stage's mean seconds at every job count with its ratio to the fewest jobs."""
+    table = pd.DataFrame([{
+        "jobs": c["jobs"], "cuts/trial": c["cuts_per_trial"], "trials": c["trials"],
+        "cuts/trial mean": c["cuts_per_trial_mean"], "valid cuts": c["valid_cuts"], "cuts/hour": c["cuts_per_hour"],
+        "overhead %": 100 * c["overhead_fraction"], "trial wall s": c["mean_trial_wall_s"], "unknown": c["unknown"],
+        "top stretching stage": f"{c['top_stage']} ×{c['top_stage_ratio']:.2f}" if c["top_stage"] else "—",
+        "stopped": "budget" if c["budget_hit"] else ("" if c["complete"] else "Ctrl-C"),
+    } for c in configs])
+    print()
+    print(table.to_markdown(index=False, floatfmt=".2f"))
+    for c in configs:
+        for reason, n in c["unknown_reasons"].items():
+            print(f"unknown at jobs {c['jobs']}, cuts/trial {c['cuts_per_trial']}: {n} × {reason}")
+    for k, group in stages.groupby("cuts_per_trial", sort=False):
+        base = group["jobs"].min()
+        wide = group.pivot_table(index="stage", columns="jobs", values=["mean_s", "ratio"])
+        cols = {}
+        for j in sorted(group["jobs"].unique()):
+            cols[f"j{j} mean s"] = wide[("mean_s", j)]
+            if j != base:
+                cols[f"j{j} ×j{base}"] = wide[("ratio", j)]
+        print(f"\nstages at {k} cut(s) per trial (mean of one occurrence; ×: ratio to {base} job(s))")
+        print(pd.DataFrame(cols).sort_values(f"j{base} mean s", ascending=False).to_markdown(floatfmt=".3f"))
 
 
 if __name__ == "__main__":

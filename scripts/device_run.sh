@@ -66,7 +66,7 @@ step_repro() {
 step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
 # The six criteria over the newest run (criteria.parquet and the report's section in it).
 step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
-step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} 2>&1 | tail -30; }
+step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} 2>&1 | tail -80; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).
 step_pack() {

@@ -1,0 +1,154 @@
+"""The pure parts of ``benchmarks/cuts_per_hour.py``: its scenarios, trial walls under N workers, the time
+breakdown, stage stretch and the figures of one configuration (no CRIU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.generator.scheduler import plans
+from cutbench.harness.model.scenario import parse_scenario
+from cutbench.harness.runner.run import resolve_jobs
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("cuts_per_hour", REPO / "benchmarks" / "cuts_per_hour.py")
+cph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cph)
+
+CPU = {"backend": "criu", "array": "numpy", "ballast_mib": 0}
+
+
+def scenario(**kw):
+    return parse_scenario(cph.scenario_data(**{**CPU, "jobs": 1, "cuts_per_trial": 1, "trials": 4, **kw}))
+
+
+def test_every_job_count_runs_the_same_plans_and_a_bigger_run_begins_with_a_smaller_ones():
+    small, big = scenario(jobs=1, trials=4, cuts_per_trial=4), scenario(jobs=8, trials=16, cuts_per_trial=4)
+    arm = small.arms()[0]
+    assert plans(big, big.arms()[0])[:4] == plans(small, arm)
+    assert plans(scenario(jobs=4, trials=4, cuts_per_trial=4), arm) == plans(small, arm)
+    assert {len(p.cuts) for p in plans(big, arm)} <= {1, 2, 3, 4}
+
+
+def test_periodic_places_exactly_k_cuts_per_trial_on_enough_ops():
+    sc = scenario(source="periodic", cuts_per_trial=6, trials=3)
+    assert [[c.op for c in p.cuts] for p in plans(sc, sc.arms()[0])] == [[1, 2, 3, 4, 5, 6]] * 3
+    assert sc.params["ops"] == 6
+    with pytest.raises(InvalidArgument, match="--source 'hourly'"):
+        cph.scenario_data(**CPU, jobs=1, cuts_per_trial=1, trials=1, source="hourly")
+
+
+@pytest.mark.parametrize("jobs", [1, 4, 16])
+def test_jobs_and_trials_per_gpu_agree_on_a_one_gpu_host(jobs):
+    sc = scenario(jobs=jobs)
+    one_gpu = {"gpu": {"gpus": [{"index": 0, "memory_mib": 143771}]}}
+    assert (sc.jobs, sc.trials_per_gpu) == (jobs, jobs)
+    assert resolve_jobs(replace(sc, jobs="auto"), one_gpu) == resolve_jobs(sc, one_gpu) == jobs
+
+
+def test_gpu_fit_refuses_fractional_oversubscription_with_the_fix():
+    assert cph.gpu_fit_error(16, 1024, 143771) is None  # 16 × 1.5 GiB on an H200
+    assert cph.gpu_fit_error(64, 4096, None) is None  # memory unknown: nothing to say
+    message = cph.gpu_fit_error(40, 4096, 143771)
+    assert message.startswith("--jobs 40 with --ballast-mib 4096: ") and "lower --jobs or --ballast-mib" in message
+
+
+def test_trial_walls_start_when_a_worker_frees_up():
+    # Two workers: positions 0 and 1 start with the run; 2 takes the first freed worker, 3 the second.
+    finishes = [(1, "t0002", 13.0), (0, "t0001", 14.0), (2, "t0003", 16.0), (3, "t0004", 17.0)]
+    assert cph.trial_walls(finishes, 2, 10.0) == {"t0002": (10.0, 13.0), "t0001": (10.0, 14.0),
+                                                  "t0003": (13.0, 16.0), "t0004": (14.0, 17.0)}
+    # One worker: the gaps between verdicts, the first from the run's start.
+    serial = [(0, "a", 2.0), (1, "b", 5.0), (2, "c", 9.0)]
+    assert cph.trial_walls(serial, 1, 0.0) == {"a": (0.0, 2.0), "b": (2.0, 5.0), "c": (5.0, 9.0)}
+    with pytest.raises(InvalidArgument, match="^jobs = 0"):
+        cph.trial_walls(serial, 0, 0.0)
+
+
+def timeline(rows):
+    return pd.DataFrame(rows, columns=["trial_id", "stage", "duration_s"])
+
+
+TIMELINE = timeline([
+    ("a", "spawn", 0.5), ("a", "reach_cut", 1.0), ("a", "criu_dump", 2.0), ("a", "cuda_discover", 0.5),
+    ("b", "spawn", 0.5), ("b", "reach_cut", 1.0), ("b", "criu_dump", 2.0), ("b", "criu_dump", 4.0),
+])
+
+
+def test_breakdown_splits_wall_into_tool_workload_and_overhead():
+    rows = cph.breakdown({"a": (0.0, 5.0), "b": (5.0, 13.0)}, TIMELINE).set_index("trial_id")
+    assert rows.loc["a", ["tool_s", "workload_s", "harness_stages_s", "untimed_s", "overhead_s"]].tolist() == \
+        [2.0, 1.5, 0.5, 1.0, 1.5]
+    assert rows.loc["a", "overhead_frac"] == pytest.approx(0.3)
+    assert rows.loc["b", ["wall_s", "tool_s", "overhead_s"]].tolist() == [8.0, 6.0, 0.5]
+
+
+def test_stage_means_are_per_occurrence_and_per_trial_with_the_untimed_rest():
+    per_trial = cph.breakdown({"a": (0.0, 5.0), "b": (5.0, 13.0)}, TIMELINE)
+    means = cph.stage_means(TIMELINE, per_trial).set_index("stage")
+    assert means.loc["criu_dump", ["mean_s", "n", "per_trial_s"]].tolist() == [pytest.approx(8 / 3), 3, 4.0]
+    assert means.loc[cph.UNTIMED, "mean_s"] == pytest.approx((1.0 + 0.5) / 2)
+    # A trial interrupted by the budget has no wall: its stages are left out.
+    assert cph.stage_means(TIMELINE, per_trial[per_trial["trial_id"] == "a"]).set_index("stage").loc["criu_dump", "n"] == 1
+
+
+def test_the_top_stretching_stage_is_the_one_that_gained_most_seconds_not_the_biggest_ratio():
+    stages = pd.DataFrame([
+        (1, 1, "spawn", 0.001, 0.001), (1, 1, "criu_dump", 1.0, 1.0), (1, 1, "reach_cut", 2.0, 2.0),
+        (4, 1, "spawn", 0.040, 0.040), (4, 1, "criu_dump", 2.5, 2.5), (4, 1, "reach_cut", 2.2, 2.2),
+        (4, 1, "cuda_discover", 0.3, 0.3),  # absent at one job: no ratio
+        (1, 4, "criu_dump", 1.0, 4.0), (4, 4, "criu_dump", 0.9, 3.6),
+    ], columns=["jobs", "cuts_per_trial", "stage", "mean_s", "per_trial_s"])
+    out = cph.stretch(stages).set_index(["jobs", "cuts_per_trial", "stage"])
+    assert out.loc[(4, 1, "spawn"), "ratio"] == pytest.approx(40.0)
+    assert out.loc[(4, 1, "criu_dump"), ["ratio", "added_s"]].tolist() == [pytest.approx(2.5), pytest.approx(1.5)]
+    assert pd.isna(out.loc[(4, 1, "cuda_discover"), "ratio"])
+    top = cph.stretch(stages)
+    assert cph.top_stretch(top, 4, 1) == ("criu_dump", pytest.approx(2.5))
+    assert cph.top_stretch(top, 1, 1) is None  # the baseline
+    assert cph.top_stretch(top, 4, 4) is None  # nothing grew
+
+
+def trials_table():
+    return pd.DataFrame({
+        "trial_id": ["a", "b", "c", "d"],
+        "outcome": ["valid", "valid", "unknown", "unknown"],
+        "n_cuts": [3, 1, 2, 2],
+        "error": [None, None, "criu restore: pid 4242 is busy\nmore", "criu restore: pid 4242 is busy"],
+        "failed_stage": [None, None, "criu_restore", "criu_restore"],
+    })
+
+
+def test_unknown_reasons_count_the_failed_stage_and_the_first_line():
+    assert cph.unknown_reasons(trials_table()) == {"criu_restore: criu restore: pid 4242 is busy": 2}
+
+
+def test_cuts_per_hour_counts_the_valid_trials_cuts_over_the_span():
+    per_trial = pd.DataFrame({"trial_id": list("abcd"), "wall_s": [10.0] * 4, "tool_s": [6.0] * 4,
+                              "workload_s": [3.0] * 4, "overhead_s": [1.0] * 4})
+    s = cph.summarize(per_trial, trials_table(), span_s=36.0)
+    assert (s["valid_cuts"], s["cuts_per_hour"], s["unknown"]) == (4, pytest.approx(400.0), 2)
+    assert (s["cuts_per_trial_mean"], s["overhead_fraction"], s["mean_trial_wall_s"]) == (2.0, 0.1, 10.0)
+    assert s["outcomes"] == {"valid": 2, "unknown": 2}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], r"^--jobs = 0"),
+    (["--cuts-per-trial", "9"], r"^--cuts-per-trial 9: expected 1 to 8 with --source random"),
+    (["--trials-per-job", "0"], r"^--trials-per-job 0: expected at least 1"),
+    (["--max-seconds", "0"], r"^--max-seconds 0: "),
+    (["--ballast-mib", "-1"], r"^--ballast-mib -1: "),
+])
+def test_bad_arguments_name_the_option(argv, message):
+    with pytest.raises(InvalidArgument, match=message):
+        cph.parse_args(["--out", "x", *argv])
+    assert cph.parse_args(["--out", "x", "--source", "periodic", "--cuts-per-trial", "12"]).cuts_per_trial == [12]
+
+
+def test_trials_scale_with_jobs_but_the_fewest_jobs_still_get_the_minimum():
+    assert [cph.configuration_trials(j, 12, 2, 6) for j in (1, 4, 8, 16)] == [6, 8, 16, 32]
+    assert [cph.configuration_trials(j, 12, None) for j in (1, 16)] == [12, 12]
