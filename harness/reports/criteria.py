@@ -17,7 +17,7 @@ over its wall time in the trial (spawn issued → exit seen).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,8 @@ class StoredRun:
     trials: pd.DataFrame
     timeline: pd.DataFrame
     meta: dict[str, Any]
+    # The receiver's effects (steady-state throughput from the first arrival of each op); may be empty.
+    effects: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def stage_roles(backend: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -83,6 +85,8 @@ def criteria(runs: list[StoredRun]) -> pd.DataFrame:
     """
     trials = pd.concat([_tagged(i, r) for i, r in enumerate(runs)], ignore_index=True) if runs else pd.DataFrame()
     timeline = pd.concat([r.timeline.assign(_run=i) for i, r in enumerate(runs)], ignore_index=True) if runs else pd.DataFrame()
+    effects = pd.concat([r.effects.assign(_run=i) for i, r in enumerate(runs) if not r.effects.empty], ignore_index=True) \
+        if any(not r.effects.empty for r in runs) else pd.DataFrame()
     rows: list[dict[str, Any]] = []
     if trials.empty:
         return pd.DataFrame(columns=list(COLUMNS))
@@ -96,7 +100,7 @@ def criteria(runs: list[StoredRun]) -> pd.DataFrame:
         rows += _coverage(backend, mine)
         rows += _speed(backend, mine, cut, stage_time)
         rows += _correctness(backend, mine)
-        rows += _overhead(backend, mine, native, timeline)
+        rows += _overhead(backend, mine, native, timeline, effects)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     return table.astype({"value": float, "low": float, "high": float, "n": "Int64"})
 
@@ -339,38 +343,56 @@ def _correctness(backend: str, t: pd.DataFrame) -> list[dict[str, Any]]:
     ]
 
 
-def _wall(timeline: pd.DataFrame) -> pd.DataFrame:
-    """Per (run, trial): the workload's wall time, spawn issued → exit seen."""
+def _pace(timeline: pd.DataFrame, effects: pd.DataFrame) -> pd.DataFrame:
+    """Per (run, trial): ``ops`` and ``span_s`` for its steady-state throughput.
+
+    From the receiver: the first arrival of op 1 to the first arrival of the
+    last op (start-up and shutdown left out; every checkpoint pause, restore
+    and recomputation in between counted). Without effects: the trial's wall
+    time, spawn issued → exit seen, over its ops.
+    """
+    if not effects.empty and {"op_id", "received_at", "trial_id"} <= set(effects.columns):
+        first = effects.groupby(["_run", "trial_id", "op_id"])["received_at"].min().reset_index()
+        span = first.groupby(["_run", "trial_id"]).agg(lo=("op_id", "min"), hi=("op_id", "max"),
+                                                        t0=("received_at", "min"), t1=("received_at", "max"))
+        span = span[span["hi"] > span["lo"]]
+        return pd.DataFrame({"ops": span["hi"] - span["lo"], "span_s": span["t1"] - span["t0"]}).reset_index()
     span = timeline.groupby(["_run", "trial_id"]).agg(t0=("t_start", "min"), t1=("t_end", "max"))
-    return (span["t1"] - span["t0"]).rename("wall_s").reset_index()
+    return pd.DataFrame({"ops": float("nan"), "span_s": span["t1"] - span["t0"]}).reset_index()
 
 
-def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: pd.DataFrame) -> list[dict[str, Any]]:
+def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: pd.DataFrame,
+              effects: pd.DataFrame) -> list[dict[str, Any]]:
     periodic = mine[mine["_source"] == "periodic"]
     # The native runs: the same workload with no cut, in the same runs.
     base = native[native["workload"].isin(periodic["workload"].unique()) & native["_run"].isin(periodic["_run"].unique())]
-    method = ("steady-state throughput (ops / wall s) with a checkpoint every T s against the same workload with no "
-              "checkpointer in the same runs; 1 - with/without, bootstrap 95% interval over repeats")
+    method = ("steady-state throughput (ops / s from the receiver's first arrival of op 1 to that of the last op: "
+              "start-up left out) with a checkpoint every T s against the same workload with no checkpointer in the "
+              "same runs; 1 - with/without, bootstrap 95% interval over repeats")
     if periodic.empty or base.empty:
         return [_row(backend, "overhead", "throughput lost", None, "%", method + "; needs plan.source = \"periodic\" "
                      "runs with and without cuts (plan.interval_ops 0): scenarios/criteria-*.toml", _commands(mine))]
-    wall = _wall(timeline)
+    pace = _pace(timeline, effects)
 
     def throughput(t: pd.DataFrame) -> pd.DataFrame:
-        w = t.merge(wall, on=["_run", "trial_id"])
-        return w.assign(ops_per_s=w["host_op"] / w["wall_s"])
+        w = t.merge(pace, on=["_run", "trial_id"])
+        ops = w["ops"].fillna(w["host_op"])
+        return w.assign(ops_per_s=ops / w["span_s"])
 
     nat = throughput(base)
     rows = []
     for (fault, n_cuts), group in throughput(periodic).groupby(["fault", "n_cuts"]):
         same = nat[nat["workload"].isin(group["workload"]) & nat["_run"].isin(group["_run"])]
         with_, without = group["ops_per_s"].to_numpy(float), same["ops_per_s"].to_numpy(float)
+        if not len(with_) or not len(without):
+            continue
         rng = np.random.default_rng(0)
         boot = [1 - rng.choice(with_, len(with_)).mean() / rng.choice(without, len(without)).mean() for _ in range(_BOOTSTRAP)]
-        interval_s = float(same["wall_s"].mean() / max(int(n_cuts), 1))
+        interval_s = float(same["span_s"].mean() / max(int(n_cuts), 1))
         rows.append(_row(backend, "overhead", f"throughput lost, fault {fault}, a cut every {interval_s:.2f} s",
                          100.0 * (1 - with_.mean() / without.mean()), "%",
                          method + f"; {int(n_cuts)} cuts per run, {with_.mean():.1f} against {without.mean():.1f} ops/s",
                          _commands(group), 100 * float(np.percentile(boot, 2.5)), 100 * float(np.percentile(boot, 97.5)),
                          len(group)))
-    return rows
+    return rows or [_row(backend, "overhead", "throughput lost", None, "%", method + "; no trial with a measured pace",
+                         _commands(mine))]
