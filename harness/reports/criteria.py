@@ -381,7 +381,8 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
 
     nat = throughput(base)
     rows = []
-    for (fault, n_cuts), group in throughput(periodic).groupby(["fault", "n_cuts"]):
+    periodic = periodic.assign(certify=periodic["certify"].fillna("off") if "certify" in periodic else "off")
+    for (fault, n_cuts, mode, certify), group in throughput(periodic).groupby(["fault", "n_cuts", "receiver_mode", "certify"]):
         same = nat[nat["workload"].isin(group["workload"]) & nat["_run"].isin(group["_run"])]
         with_, without = group["ops_per_s"].to_numpy(float), same["ops_per_s"].to_numpy(float)
         if not len(with_) or not len(without):
@@ -389,10 +390,20 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
         rng = np.random.default_rng(0)
         boot = [1 - rng.choice(with_, len(with_)).mean() / rng.choice(without, len(without)).mean() for _ in range(_BOOTSTRAP)]
         interval_s = float(same["span_s"].mean() / max(int(n_cuts), 1))
-        rows.append(_row(backend, "overhead", f"throughput lost, fault {fault}, a cut every {interval_s:.2f} s",
+        # A fenced receiver with certified cuts pays in effect latency too: its own row.
+        how = f", {mode} receiver, certify {certify}" if mode == "fenced" or certify != "off" else ""
+        rows.append(_row(backend, "overhead", f"throughput lost, fault {fault}{how}, a cut every {interval_s:.2f} s",
                          100.0 * (1 - with_.mean() / without.mean()), "%",
                          method + f"; {int(n_cuts)} cuts per run, {with_.mean():.1f} against {without.mean():.1f} ops/s",
                          _commands(group), 100 * float(np.percentile(boot, 2.5)), 100 * float(np.percentile(boot, 97.5)),
                          len(group)))
+    fenced = periodic[(periodic["receiver_mode"] == "fenced")]
+    if "release_latency_median_s" in fenced and fenced["release_latency_median_s"].notna().any():
+        lat = fenced["release_latency_median_s"].dropna().to_numpy(float)
+        med, lo, hi = _median_ci(lat)
+        rows.append(_row(backend, "overhead", "effect release latency, fenced receiver", med, "s",
+                         "median over the soak's fenced trials of each trial's median time from an effect's prepare to "
+                         "its release by the checkpoint that covers it (output commit's real cost)", _commands(fenced),
+                         lo, hi, len(lat)))
     return rows or [_row(backend, "overhead", "throughput lost", None, "%", method + "; no trial with a measured pace",
                          _commands(mine))]
