@@ -12,7 +12,7 @@ DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip "setuptools>=77"
-	$(BIN)/python -m pip install -q -e '.[test,pg,containers]'
+	$(BIN)/python -m pip install -q -e '.[test,pg,containers,ray]'
 	touch $@
 
 venv: $(VENV)/.installed

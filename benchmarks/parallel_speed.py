@@ -2,14 +2,17 @@
 
 Runs SCENARIO (default ``scenarios/quick.toml``) once with ``jobs = 1`` and
 once for every ``--jobs`` value (default 2), one after another in this
-process, each into its own run directory under ``--out``. Prints, per
-worker count, the trials, the wall time of the run (planning, receiver and
-report included), trials per minute, the speed-up over the serial run and
-whether every plan got the serial run's verdict (outcome and finding kinds),
-then the figures as JSON. The speed-up is bounded by the CPUs (a trial's
-CRIU dump and restore are CPU work) and by the longest trial.
+process, each into its own run directory under ``--out``; with
+``--executor ray`` once more as Ray tasks (a local Ray the run starts and
+stops, ``run.jobs = "auto"``: one trial per CPU). Prints, per run, the
+trials, the wall time of the run (planning, receiver and report included;
+for Ray also its start-up and shut-down), Ray's start-up alone, trials per
+minute, the speed-up over the serial run and whether every plan got the
+serial run's verdict (outcome and finding kinds), then the figures as JSON.
+The speed-up is bounded by the CPUs (a trial's CRIU dump and restore are
+CPU work) and by the longest trial.
 
-    python benchmarks/parallel_speed.py [SCENARIO] [--jobs 2 4] [--out results/parallel-speed] [--set SECTION.KEY=VALUE]
+    python benchmarks/parallel_speed.py [SCENARIO] [--jobs 2 4] [--executor ray] [--out results/parallel-speed] [--set SECTION.KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -40,21 +43,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", nargs="?", default="scenarios/quick.toml")
     ap.add_argument("--jobs", nargs="+", type=int, default=[2], help="worker counts to run beside the serial run")
+    ap.add_argument("--executor", choices=["ray"], default=None, help="also run the scenario as Ray tasks")
     ap.add_argument("--out", default="results/parallel-speed")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = ap.parse_args()
     scenario = load_scenario(args.scenario, args.overrides)
-    counts = [1] + [check_jobs("--jobs", j) for j in args.jobs if j != 1]
+    runs = [("threads", check_jobs("--jobs", j)) for j in [1] + [j for j in args.jobs if j != 1]]
+    if args.executor:
+        runs.append((args.executor, "auto"))
     rows, serial = [], None
-    for jobs in counts:
+    for executor, jobs in runs:
         t0 = time.monotonic()
-        outcome = run_scenario(replace(scenario, jobs=jobs), Path(args.out) / f"jobs-{jobs}")
+        point = replace(scenario, jobs=jobs, executor=executor)
+        outcome = run_scenario(point, Path(args.out) / (f"jobs-{jobs}" if executor == "threads" else executor))
         wall = time.monotonic() - t0
         if not outcome.complete:
-            print(f"jobs {jobs}: the run did not complete ({outcome.run.path})", file=sys.stderr)
+            print(f"{executor} jobs {jobs}: the run did not complete ({outcome.run.path})", file=sys.stderr)
             return 1
+        meta = outcome.run.meta()
         serial = serial or {"wall": wall, "verdicts": verdicts(outcome.trials)}
-        rows.append({"jobs": jobs, "trials": len(outcome.trials), "wall_s": wall,
+        rows.append({"executor": executor, "jobs": meta["jobs"], "trials": len(outcome.trials), "wall_s": wall,
+                     "startup_s": (meta.get("ray") or {}).get("startup_s", 0.0),
                      "trials_per_min": 60.0 * len(outcome.trials) / wall, "speedup": serial["wall"] / wall,
                      "same_verdicts": verdicts(outcome.trials) == serial["verdicts"],
                      "unknown": int((outcome.trials["outcome"] == "unknown").sum()), "run": outcome.run.path.name})
@@ -62,6 +71,7 @@ def main() -> int:
     print(f"# Parallel trials: {scenario.name}, {len(os.sched_getaffinity(0))} CPUs\n")
     print(table.to_markdown(index=False, floatfmt=".2f"))
     command = " ".join(["python benchmarks/parallel_speed.py", args.scenario, "--jobs", *map(str, args.jobs),
+                        *(["--executor", args.executor] if args.executor else []),
                         "--out", args.out, *[f"--set {o}" for o in args.overrides]])
     print(json.dumps({"scenario": scenario.name, "cpus": len(os.sched_getaffinity(0)), "runs": rows, "command": command},
                      indent=2, default=str))

@@ -131,14 +131,22 @@ def _report_run(outcome: Any, as_json: bool) -> int:
                    "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run.")
 @click.option("--variant", "variants", multiple=True, metavar="NAME",
               help="Run only this [[variants]] entry of the scenario (repeatable); default: every variant.")
+@click.option("--executor", "executor", type=click.Choice(["threads", "ray"]), default=None,
+              help="What runs the trials (the scenario's run.executor; default threads): worker threads here, "
+                   "or Ray tasks (pip install 'cutbench[ray]'; --jobs then defaults to auto).")
+@click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT|auto",
+              help="With --executor ray: the Ray cluster to connect to (run.ray_address); default: start a local Ray.")
 def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None,
-        variants: tuple[str, ...]) -> None:
+        variants: tuple[str, ...], executor: str | None, ray_address: str | None) -> None:
     """Run every trial of SCENARIO and store the results under --out."""
     from dataclasses import replace
 
     from cutbench.harness.runner.run import run_scenario
-    from cutbench.harness.model.scenario import check_jobs, load_scenario, select_variants
+    from cutbench.harness.model.scenario import check_jobs, load_scenario, select_variants, toml_value
 
+    # As overrides after --set (the options win), so the file's validation checks them together.
+    overrides += tuple(f"run.{key}={toml_value(value)}" for key, value in
+                       (("executor", executor), ("ray_address", ray_address)) if value is not None)
     scen = select_variants(load_scenario(scenario, list(overrides)), variants)
     if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
         scen = replace(scen, jobs=check_jobs("--jobs", int(jobs) if jobs.strip().isdigit() else jobs))
@@ -297,7 +305,7 @@ def criteria(runs: tuple[str, ...], into: str | None, as_json: bool) -> None:
     from cutbench.harness.store.rundir import RunDir
 
     opened = [RunDir.open(r) for r in runs]
-    table = crit.criteria([crit.StoredRun(r.table("trials"), r.table("timeline"), r.meta()) for r in opened])
+    table = crit.criteria([crit.StoredRun(r.table("trials"), r.table("timeline"), r.meta(), r.table("effects")) for r in opened])
     target = RunDir.open(into) if into else opened[0]
     path = target.write_table("criteria", table)
     files = rep.build(target)

@@ -43,6 +43,7 @@ LIMITS: dict[str, int | float] = {
     "run.trials_per_gpu": 64,
     "pipeline.ms": 3_600_000,
 }
+EXECUTORS: tuple[str, ...] = ("threads", "ray")  # what runs a run's trials (run.executor)
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
 ARRAYS: tuple[str, ...] = ARRAY_BACKENDS  # the workloads' runtime decides which array libraries exist
 
@@ -54,7 +55,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                  "rank_skew_ms", "restore_targets", "certify"),
     "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile",
              "interval_ops"),
-    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "jobs", "trials_per_gpu"),
+    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "jobs", "trials_per_gpu", "executor", "ray_address"),
 }
 
 
@@ -130,6 +131,10 @@ class Scenario:
     # Trials run at once (``run.jobs``): an integer, or "auto" (see check_jobs); the runner resolves "auto".
     jobs: int | str = 1
     trials_per_gpu: int = 1
+    # What runs the trials: worker threads of this process, or Ray tasks (``run.executor``,
+    # see check_executor); ``ray_address`` empty starts a local Ray.
+    executor: str = "threads"
+    ray_address: str = ""
     source_path: str = ""
     # ``[[variants]]``: named overlays of this scenario (e.g. one per workload),
     # each a complete scenario; a run runs all of them instead of this one.
@@ -222,6 +227,8 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
     if isinstance(phases, str):
         raise InvalidArgument(f"plan.phases = {phases!r}: use \"all\" or a list of {', '.join(phases_allowed)}")
     phases = check_choices("plan.phases", phases, phases_allowed)
+    executor, ray_address = check_executor(_get(rn, "run", "executor", str, "threads"),
+                                           _get(rn, "run", "ray_address", str, None))
 
     return Scenario(
         name=name,
@@ -254,8 +261,11 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         watchdog_s=float(_bounded("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
         trial_timeout_s=float(_bounded("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
         stage_timeout_s=float(_bounded("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
-        jobs=check_jobs("run.jobs", rn.get("jobs", 1)),
+        # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
+        jobs=check_jobs("run.jobs", rn.get("jobs", "auto" if executor == "ray" else 1)),
         trials_per_gpu=_bounded("run.trials_per_gpu", _get(rn, "run", "trials_per_gpu", int, 1)),
+        executor=executor,
+        ray_address=ray_address,
         source_path=source_path,
         variants=variants,
     )
@@ -284,10 +294,11 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
             raise InvalidArgument(f"{where} ({name}): unknown field(s) {unknown}; allowed: {', '.join(_VARIANT_KEYS)}")
         if isinstance(table.get("receiver"), dict) and "store" in table["receiver"]:
             raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
-        for key in ("jobs", "trials_per_gpu"):
+        for key in ("jobs", "trials_per_gpu", "executor", "ray_address"):
             if isinstance(table.get("run"), dict) and key in table["run"]:
+                option = "--jobs" if key in ("jobs", "trials_per_gpu") else f"--{key.replace('_', '-')}"
                 raise InvalidArgument(f"{where}.run.{key}: a run has one pool of trials running at once; "
-                                      f"set run.{key} at the top level (or pass --jobs)")
+                                      f"set run.{key} at the top level (or pass {option})")
         merged = copy.deepcopy(base)
         _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
         for item in overrides:
@@ -316,6 +327,33 @@ def check_jobs(where: str, value: Any) -> int | str:
                               f"{LIMITS['run.jobs']} (1 runs them one after another), or \"auto\" (one per CPU, "
                               "or run.trials_per_gpu per GPU on a GPU host)")
     return value
+
+
+def check_executor(executor: Any, ray_address: Any = None) -> tuple[str, str]:
+    """``(run.executor, run.ray_address)`` checked together; return them (the address "" when absent).
+
+    ``executor`` is one of :data:`EXECUTORS`. ``ray_address`` is read only
+    under ``"ray"``: a Ray cluster's address (``HOST:PORT``, or ``auto`` for
+    the one started on this machine); absent, a local Ray starts. A Ray
+    Client address (``ray://``) is refused: it runs the trials away from the
+    node whose loopback the run's receiver listens on. Errors name the field
+    (and the ``cutbench run`` option that sets it) and the fix.
+    """
+    executor = check_choice("run.executor", executor, EXECUTORS)
+    if ray_address is None:
+        return executor, ""
+    where = f"run.ray_address = {ray_address!r} (--ray-address)"
+    if executor != "ray":
+        raise InvalidArgument(f"{where}: only read with run.executor = \"ray\" (--executor ray); set it, "
+                              "or drop the address")
+    if not isinstance(ray_address, str) or not ray_address.strip() or any(c.isspace() for c in ray_address):
+        raise InvalidArgument(f"{where}: expected a Ray cluster's address, HOST:PORT or auto "
+                              "(leave it out to start a local Ray)")
+    if ray_address.startswith("ray://"):
+        raise InvalidArgument(f"{where}: a Ray Client address runs the trials away from this machine, whose "
+                              "loopback the run's receiver listens on: run cutbench on a node of the cluster and "
+                              "give the cluster's HOST:PORT (or auto)")
+    return executor, ray_address
 
 
 # -- helpers ---------------------------------------------------------------

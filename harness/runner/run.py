@@ -13,6 +13,11 @@ parallel run stores what a serial run of the same plans stores. Each
 workload tree runs in a PID namespace of its own where the backend copes
 (``criu``; see ``cutbench.procs``). The adaptive ``hypothesis`` source
 decides each trial from the one before: it runs one trial at a time.
+
+With ``run.executor = "ray"`` a list of specs runs as Ray tasks instead
+(:mod:`cutbench.harness.runner.ray_executor`), each trial in a fresh process
+of its own; this process keeps the receiver and still writes everything, in
+plan order.
 """
 
 from __future__ import annotations
@@ -196,10 +201,23 @@ def execute(
     called in this thread as each trial finishes.
     """
     env = environment.collect()
-    jobs = max(1, min(resolve_jobs(scenario, env), len(specs))) if isinstance(specs, list) else 1
-    if jobs > 1:
+    cluster = None
+    if isinstance(specs, list) and scenario.executor == "ray":
+        from cutbench.harness.runner.ray_executor import RayCluster
+
+        cluster = RayCluster.connect(scenario.ray_address)  # before the run directory: no run without Ray
+        cap = cluster.capacity(scenario.trials_per_gpu) if scenario.jobs == "auto" else int(scenario.jobs)
+        jobs = max(1, min(cap, len(specs)))
+    else:
+        jobs = max(1, min(resolve_jobs(scenario, env), len(specs))) if isinstance(specs, list) else 1
+    if jobs > 1 and cluster is None:
         check_pid_namespaces(specs)
-    run = RunDir.create(results_root, name or scenario.name)
+    try:
+        run = RunDir.create(results_root, name or scenario.name)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
     started = time.time()
     if isinstance(specs, list):
         planned = len(specs)
@@ -218,6 +236,7 @@ def execute(
         "n_trials_planned": planned,
         "arms_planned": arms_planned,
         "jobs": jobs,
+        **({"executor": "ray", "ray": cluster.describe(scenario.trials_per_gpu)} if cluster is not None else {}),
         **(extra_meta or {}),
     }
     run.write_meta(meta)
@@ -225,7 +244,8 @@ def execute(
     complete = False
     total = planned or 0
     try:
-        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1) as session:
+        # Under Ray this process runs no trial: its session is the receiver and the work directory.
+        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1 and cluster is None) as session:
 
             def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
@@ -235,7 +255,11 @@ def execute(
                     progress(result, len(results), max(total, len(results)))
                 return result
 
-            if jobs > 1 and isinstance(specs, list):
+            if cluster is not None and isinstance(specs, list):
+                pool = cluster.trials(specs, jobs, run_id=run.run_id, receiver=session.receiver.address,
+                                      store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu)
+                _run_parallel(session, specs, jobs, run, scenario.store, results, progress, pool=pool)
+            elif jobs > 1 and isinstance(specs, list):
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress)
             elif isinstance(specs, list):
                 for spec in specs:
@@ -246,6 +270,8 @@ def execute(
     except KeyboardInterrupt:
         complete = False
     finally:
+        if cluster is not None:
+            cluster.close()  # a Ray this run started stops here: its processes do not outlive the trials
         frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, skipped or [])
 
@@ -281,12 +307,14 @@ def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
 
 
 def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir, store: str,
-                  results: list[TrialResult], progress: ProgressFn | None) -> None:
+                  results: list[TrialResult], progress: ProgressFn | None, *, pool: Any = None) -> None:
     """Run ``specs`` on ``jobs`` workers of ``session``; append to ``results`` and write the trial files in plan order.
 
     A trial's file is written once every earlier trial's is; when the run
     stops early, every trial that finished is written, in plan order (an
-    interrupted trial, as in a serial run, has no result).
+    interrupted trial, as in a serial run, has no result). ``pool`` runs
+    the trials instead of worker threads (Ray tasks): anything with
+    ``run(on_result)`` and ``late``, as :class:`_Workers` has.
     """
     finished: dict[int, TrialResult] = {}
     counts = {"done": 0, "next": 0}  # trials finished; the next plan position to write
@@ -306,7 +334,7 @@ def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunD
             progress(result, counts["done"], len(specs))
         write(final=False)
 
-    workers = _Workers(session, specs, jobs)
+    workers = pool if pool is not None else _Workers(session, specs, jobs)
     try:
         workers.run(on_result)
     finally:

@@ -73,7 +73,7 @@ def test_quick_scenario_resolves_to_28_trials():
         ({"plan": {"source": "clever"}}, "plan.source", "hypothesis"),
         ({"receiver": {"modes": ["exactly_once"]}}, "receiver.modes", "idempotent"),
         ({"pipeline": {"faults": ["reboot"]}}, "pipeline.faults", "leave_running"),
-        ({"pipeline": {"backends": ["docker"]}}, "pipeline.backends", "cuda+criu"),
+        ({"pipeline": {"backends": ["kubernetes"]}}, "pipeline.backends", "cuda+criu"),
         ({"run": {"watchdog": 3}}, "run.watchdog", "watchdog_s"),
         ({"plan": {"ops": [3, 99]}, "workload": {"params": {"ops": 6}}}, "plan.ops", "workload.params.ops"),
     ],

@@ -1,0 +1,320 @@
+"""Trials as Ray tasks: ``run.executor = "ray"``, ``cutbench run --executor ray [--ray-address ADDR]``.
+
+The driver (the ``cutbench run`` process) builds the plans, runs the run's
+one receiver and alone writes the run directory, as with worker threads;
+each trial is a Ray task that starts a fresh child process,
+``python -m cutbench.harness.runner.trial_worker`` (see there why a Ray
+worker cannot run a trial itself). Results come back as they finish
+(``ray.wait``) and the runner writes them in plan order.
+
+Resources: one CPU per trial, or on a GPU host ``1 / run.trials_per_gpu`` of
+a GPU (Ray packs at most ``trials_per_gpu`` trials on one GPU). Ray hides the
+other GPUs from a GPU task (``CUDA_VISIBLE_DEVICES``), but a CUDA restore's
+GPU pair list must name every GPU the process sees, and the harness and the
+workload must see the same ones: the trial's process sees every GPU the
+driver saw (its ``CUDA_VISIBLE_DEVICES``, recorded before Ray starts), the
+one Ray assigned first, so the workload's default device is that GPU.
+
+Without an address ``ray.init()`` starts a local Ray (or joins the one
+``RAY_ADDRESS`` names), and the run stops it again; with one it connects and
+only disconnects. The receiver listens on the driver's loopback, so every
+trial is placed on the driver's Ray node (a node-affinity strategy); a
+cluster's other nodes would need a receiver on a routable address that the
+workloads' client authenticates to (``docs/DESIGN.md``, "Parallel trials").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import cutbench
+from cutbench.errors import InvalidArgument, Unavailable
+
+if TYPE_CHECKING:
+    from cutbench.harness.model.trial import TrialResult, TrialSpec
+
+INSTALL = "pip install 'cutbench[ray]' (in a checkout: .venv/bin/pip install -e '.[ray]')"
+WORKER_MODULE = "cutbench.harness.runner.trial_worker"
+# After Ctrl-C: how long the driver waits for the trials in flight to clean up before it leaves them to Ray.
+CANCEL_GRACE_S = 60.0
+POLL_S = 0.2
+RESOURCE_UNITS = 10_000  # Ray counts a resource in 1/10000 units
+
+
+def import_ray() -> Any:
+    """The ``ray`` module; raise :class:`Unavailable` with the install command when Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise Unavailable(f"run.executor = \"ray\" needs Ray, an optional extra: {INSTALL}; "
+                          "or run with --executor threads") from None
+    return ray
+
+
+def gpu_ids(visible: str | None, count: int) -> list[str]:
+    """The GPUs a node offers, as Ray names them: the entries of ``CUDA_VISIBLE_DEVICES`` when it is set
+    (``visible``), else ``0 .. count-1``."""
+    if visible is None:
+        return [str(i) for i in range(count)]
+    return [v.strip() for v in visible.split(",") if v.strip()]
+
+
+def trial_visible_devices(gpus: list[str], assigned: list[str], original: str | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a trial's process (None: leave it unset).
+
+    ``gpus`` are every GPU of the node, ``assigned`` those Ray gave the task,
+    ``original`` the driver's own value. A task without a GPU gets the
+    driver's value back; a GPU task sees every GPU, its assigned ones first
+    (its default device), the others in their order.
+    """
+    if not assigned:
+        return original
+    rest = [g for g in gpus if g not in assigned]
+    return ",".join([*assigned, *rest])
+
+
+def gpu_share(trials_per_gpu: int) -> float:
+    """The fraction of a GPU one trial asks Ray for: 1/``trials_per_gpu`` rounded down to Ray's resource
+    unit (1/10000), so that ``trials_per_gpu`` trials fit on one GPU and one more never does (up to 99)."""
+    return math.floor(RESOURCE_UNITS / trials_per_gpu) / RESOURCE_UNITS
+
+
+@dataclass
+class RayCluster:
+    """The Ray this run uses: whether the run started it, and what the driver's node offers."""
+
+    ray: Any
+    started: bool  # this run called ray.init (and shuts Ray down at the end)
+    address: str  # what was asked for ("" for a local Ray)
+    node_id: str  # the driver's node: trials run there (the receiver is on its loopback)
+    cpus: float
+    gpus: float
+    nodes: int
+    visible_devices: str | None  # the driver's CUDA_VISIBLE_DEVICES before Ray ran
+    startup_s: float
+
+    @classmethod
+    def connect(cls, address: str = "") -> "RayCluster":
+        """Start a local Ray (``address`` empty) or connect to ``address``; return the :class:`RayCluster`.
+
+        Raises :class:`Unavailable` without Ray, when Ray cannot start or
+        connect, or when the driver's node offers no CPU for a trial.
+        """
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        t0 = time.monotonic()
+        ray = import_ray()
+        started = not ray.is_initialized()
+        if started:
+            # ray.init replaces SIGTERM's handler with sys.exit; the CLI's (clean up, exit 143) must stay.
+            main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if main else None
+            try:
+                ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = f"connect to Ray at {address!r}" if address else "start a local Ray"
+                raise Unavailable(f"run.executor = \"ray\": cannot {where}: {exc}") from None
+            finally:
+                if main and sigterm is not None:
+                    signal.signal(signal.SIGTERM, sigterm)
+        node_id = ray.get_runtime_context().get_node_id()
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        resources = next((n.get("Resources", {}) for n in alive if n.get("NodeID") == node_id), {})
+        cluster = cls(ray, started, address, node_id, float(resources.get("CPU", 0)), float(resources.get("GPU", 0)),
+                      len(alive), visible, time.monotonic() - t0)
+        if cluster.cpus < 1:
+            cluster.close()
+            raise Unavailable(f"run.executor = \"ray\": the driver's Ray node ({node_id[:12]}) offers no CPU, and the "
+                              "trials run there (the receiver listens on its loopback): start that node with "
+                              "--num-cpus N, or run cutbench on a node that has CPUs")
+        return cluster
+
+    def capacity(self, trials_per_gpu: int) -> int:
+        """How many trials the driver's node holds at once: GPUs × ``trials_per_gpu``, or its CPUs."""
+        if self.gpus >= 1:
+            return max(1, int(self.gpus) * trials_per_gpu)
+        return max(1, int(self.cpus))
+
+    def task_resources(self, trials_per_gpu: int) -> dict[str, float]:
+        """A trial task's Ray resources: one CPU, and on a GPU host 1/``trials_per_gpu`` of a GPU."""
+        if self.gpus >= 1:
+            return {"num_cpus": 1, "num_gpus": gpu_share(trials_per_gpu)}
+        return {"num_cpus": 1}
+
+    def describe(self, trials_per_gpu: int) -> dict[str, Any]:
+        """What ``run.toml`` records of this Ray (the ``ray`` table)."""
+        return {"address": self.address or "local", "started_here": self.started, "nodes": self.nodes,
+                "node_id": self.node_id, "node_cpus": self.cpus, "node_gpus": self.gpus,
+                "task_resources": self.task_resources(trials_per_gpu), "startup_s": round(self.startup_s, 3),
+                "cuda_visible_devices": self.visible_devices}
+
+    def close(self) -> None:
+        """Shut Ray down when this run started it (its raylet and GCS stop); otherwise leave it as found."""
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+
+    def trials(self, specs: "list[TrialSpec]", window: int, *, run_id: str, receiver: str, store: str,
+               workdir: str | Path | None, trials_per_gpu: int) -> "RayTrials":
+        """A pool running ``specs`` as Ray tasks, at most ``window`` at once (see :class:`RayTrials`)."""
+        gpus = gpu_ids(self.visible_devices, int(self.gpus))
+        requests = [{"spec": s.to_dict(), "run_id": run_id, "receiver": receiver, "store": store,
+                     "workdir": str(workdir) if workdir else None, "pid_namespace": window > 1} for s in specs]
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = self.ray.remote(run_task).options(
+            **self.task_resources(trials_per_gpu), max_retries=0,  # a retried trial would publish its effects twice
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False))
+        return RayTrials(self.ray, lambda i: task.remote(requests[i], gpus, self.visible_devices), specs, window)
+
+
+@dataclass
+class RayTrials:
+    """The trials of one run as Ray tasks, taken in plan order, at most ``window`` in flight.
+
+    :meth:`run` calls ``on_result(plan position, result)`` as each finishes.
+    On Ctrl-C (or any error) it cancels what is queued and interrupts what
+    runs (a KeyboardInterrupt in the task, which passes SIGINT on to the
+    trial's process: it cleans up as a serial trial does and gives no
+    result), waits for those to end, and re-raises; trials that finished
+    meanwhile are in :attr:`late`, as with worker threads.
+    """
+
+    ray: Any
+    submit: Callable[[int], Any]
+    specs: "list[TrialSpec]"
+    window: int
+    late: "dict[int, TrialResult]" = field(default_factory=dict)
+
+    def run(self, on_result: "Callable[[int, TrialResult], None]") -> None:
+        """Run every spec; raise what a trial's process could not get past (this host cannot run the trial)."""
+        todo = deque(range(len(self.specs)))
+        pending: dict[Any, int] = {}
+        try:
+            while todo or pending:
+                while todo and len(pending) < self.window:
+                    index = todo.popleft()
+                    pending[self.submit(index)] = index
+                ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)  # Ctrl-C is seen here
+                for ref in ready:
+                    index = pending.pop(ref)
+                    result = self._result(ref, index)
+                    if result is not None:
+                        on_result(index, result)
+        except BaseException:
+            self._cancel(pending)
+            raise
+
+    def _result(self, ref: Any, index: int) -> "TrialResult | None":
+        try:
+            payload = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:
+            raise RuntimeError(f"Ray lost trial {self.specs[index].trial_id}: {type(exc).__name__}: {exc}") from None
+        return decode(payload, self.specs[index].trial_id)
+
+    def _cancel(self, pending: dict[Any, int]) -> None:
+        """Cancel ``pending`` and wait (at most :data:`CANCEL_GRACE_S`) until their processes have cleaned up."""
+        for ref in pending:
+            self.ray.cancel(ref)  # queued: dropped; running: KeyboardInterrupt in the task
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while pending and time.monotonic() < deadline:
+            try:
+                ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            except KeyboardInterrupt:
+                continue  # pressed again: the trials are cleaning up; keep waiting, as worker threads do
+            for ref in ready:
+                index = pending.pop(ref)
+                try:
+                    result = decode(self.ray.get(ref), self.specs[index].trial_id)
+                except (Exception, KeyboardInterrupt):
+                    continue  # cancelled before it ran, or interrupted: no verdict
+                if result is not None:
+                    self.late[index] = result
+
+
+def decode(payload: Any, trial_id: str) -> "TrialResult | None":
+    """The result a trial's process wrote (None: it was interrupted); raise the error it reported.
+
+    ``Unavailable`` and ``InvalidArgument`` come back as themselves (this
+    host cannot run the trial: the CLI's exit 254); anything else as a
+    RuntimeError with the worker's traceback.
+    """
+    data = pickle.loads(payload) if isinstance(payload, bytes) else payload
+    if "result" in data:
+        return data["result"]
+    if data.get("interrupted"):
+        return None
+    name, message = data["error"]
+    kind = {"Unavailable": Unavailable, "InvalidArgument": InvalidArgument}.get(name)
+    if kind is not None:
+        raise kind(message)
+    raise RuntimeError(f"trial {trial_id}: the trial's process failed: {name}: {message}")
+
+
+def run_task(request: dict[str, Any], gpus: list[str], visible: str | None) -> bytes:
+    """The Ray task: run one trial in a fresh child process (``trial_worker``); return what it wrote, pickled.
+
+    Runs in a Ray worker. ``gpus`` are the node's GPUs and ``visible`` the
+    driver's ``CUDA_VISIBLE_DEVICES`` (see :func:`trial_visible_devices`).
+    A KeyboardInterrupt (``ray.cancel``) is passed on to the child as SIGINT,
+    and the task waits for the child's cleanup.
+    """
+    import ray
+
+    env = dict(os.environ)
+    # The child must import this very cutbench, whatever the Ray worker's cwd and path are.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cutbench.IMPORT_ROOT), env.get("PYTHONPATH")) if p)
+    devices = trial_visible_devices(gpus, [str(g) for g in ray.get_gpu_ids()], visible)
+    if devices is None:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    return run_worker(request, env)
+
+
+def run_worker(request: dict[str, Any], env: dict[str, str] | None = None) -> bytes:
+    """Run ``request`` in a ``trial_worker`` child process; return the pickled payload it wrote.
+
+    A child that wrote nothing (it was killed) yields an error payload with
+    the tail of its output.
+    """
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="cutbench-trial-") as tmp:
+        req, out, log_path = Path(tmp) / "request.json", Path(tmp) / "result.pickle", Path(tmp) / "worker.log"
+        req.write_text(json.dumps(request))
+        with open(log_path, "wb") as log:
+            # Its own session: a terminal's Ctrl-C reaches the driver, which cancels; exactly one SIGINT comes here.
+            proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(req), str(out)], cwd=tmp, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+            interrupted = False
+            while True:
+                try:
+                    # Polled, not waited for: Ray's cancel is an exception raised between bytecodes.
+                    if proc.poll() is not None:
+                        break
+                    time.sleep(0.05)
+                except KeyboardInterrupt:
+                    if not interrupted:
+                        interrupted = True
+                        proc.send_signal(signal.SIGINT)
+        if out.exists():
+            return out.read_bytes()
+        tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+        if interrupted:
+            return pickle.dumps({"interrupted": True})
+        return pickle.dumps({"error": ("RuntimeError", f"the trial worker exited {proc.returncode} without a result:\n{tail}")})

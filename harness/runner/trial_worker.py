@@ -1,0 +1,179 @@
+"""One trial in a process of its own: ``python -m cutbench.harness.runner.trial_worker REQUEST.json RESULT.pickle``.
+
+The Ray executor (:mod:`cutbench.harness.runner.ray_executor`) runs each
+trial through this entry point, in a fresh child of the Ray task, because a
+Ray worker is neither a place CRIU's restores can come back to nor the run's
+session: a restored workload is re-parented to the nearest child subreaper,
+so every trial needs a subreaper of its own that waits for nothing else
+(this process), and a long-lived Ray worker must not collect other tasks'
+orphans.
+
+``REQUEST.json`` holds the trial's spec and what it needs of the run: the run
+id, the address of the run's one receiver (the driver's), a work directory
+and whether the workload tree starts in a PID namespace of its own. The
+process writes ``RESULT.pickle`` once, by rename: ``{"result": TrialResult}``,
+``{"interrupted": True}`` after SIGINT or SIGTERM (the trial cleaned up as a
+serial trial does on Ctrl-C), or ``{"error": (type name, message)}`` when it
+could not run the trial (this host lacks what the backend needs). The exit
+status is 0, 130 and 1 respectively.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.files import atomic_write
+from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.runner.trial import Session
+from cutbench.procs import become_subreaper, kill_namespace_inits, spawn
+from cutbench.registry import backend_capabilities
+
+PR_SET_PDEATHSIG = 1
+REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "store", "workdir", "pid_namespace"})
+
+
+class _Receiver:
+    """The run's receiver as a worker sees it: an address it does not own (the driver stops it)."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def stop(self) -> None:
+        """Nothing to stop: the receiver is the driver's."""
+
+
+class WorkerSession(Session):
+    """A :class:`Session` for one trial of a run whose receiver runs elsewhere (the driver's).
+
+    It becomes the child subreaper and owns a work directory as a run's
+    session does, but starts no receiver: it talks to the one at
+    ``receiver``, and reads the trial's effects through it (the store may be
+    a file on another host).
+    """
+
+    def __init__(self, run_id: str, receiver: str, store: str = "sqlite", workdir: str | Path | None = None, *,
+                 pid_namespace: bool = False):
+        super().__init__(run_id, store, workdir, pid_namespace=pid_namespace)
+        self._receiver_address = receiver
+
+    def __enter__(self) -> "WorkerSession":
+        import tempfile
+
+        become_subreaper()
+        base = Path(self._workdir_arg) if self._workdir_arg else None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-worker-", dir=base))
+        self.store_url = self.store_spec
+        self.receiver = _Receiver(self._receiver_address)
+        return self
+
+    def effects(self, receiver_trial: str) -> Any:
+        """The receiver's stored rows for one trial, exported by the receiver from its store."""
+        return self.control_client.export(trial=receiver_trial)
+
+
+def needs_root(backend: str) -> bool:
+    """Whether ``backend``'s stages need root: it drives CRIU or the CUDA driver's checkpoint calls."""
+    caps = backend_capabilities(backend)
+    return caps.drives_cuda or "criu_dump" in caps.stages
+
+
+def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None) -> None:
+    """Raise :class:`Unavailable` when this host cannot run ``spec``'s trial (root, the backend, a PID namespace)."""
+    host = socket.gethostname()
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0 and needs_root(spec.backend):
+        raise Unavailable(f"trial worker on {host} runs as uid {euid}, and backend {spec.backend!r} needs root "
+                          "(CRIU and the CUDA checkpoint calls do): start the Ray node as root "
+                          "(sudo ray start ...), or run with --executor threads as root")
+    reason = checkpointers.get(spec.backend).unavailable_reason()
+    if reason:
+        raise Unavailable(f"backend {spec.backend!r} cannot run on {host} (a Ray worker node): {reason}")
+    if pid_namespace and getattr(checkpointers.CHECKPOINTERS.load(spec.backend), "pid_namespace", False):
+        try:
+            spawn([sys.executable, "-c", ""], cwd="/", pid_namespace=True).wait(10)
+        except OSError as exc:
+            raise Unavailable(f"trial worker on {host}: trials that run at once each need a PID namespace of their "
+                              f"own (CRIU restores the pids a tree had), and none can be made here ({exc}): start "
+                              "the Ray node as root, or run with --jobs 1") from None
+
+
+def read_request(path: str | Path) -> dict[str, Any]:
+    """The request in ``path``, its keys checked; raise :class:`InvalidArgument` otherwise."""
+    request = json.loads(Path(path).read_text())
+    if not isinstance(request, dict) or set(request) != REQUEST_KEYS:
+        raise InvalidArgument(f"trial worker request {path}: expected the keys {', '.join(sorted(REQUEST_KEYS))}")
+    return request
+
+
+def run_request(request: dict[str, Any]) -> TrialResult:
+    """Run the trial of ``request`` (see the module docstring) and return its :class:`TrialResult`."""
+    spec = TrialSpec.from_dict(request["spec"])
+    become_subreaper()  # first: the namespace probe's init, like every workload, is re-parented to us
+    check_host(spec, pid_namespace=bool(request["pid_namespace"]))
+    try:
+        with WorkerSession(request["run_id"], request["receiver"], request["store"], request["workdir"],
+                           pid_namespace=bool(request["pid_namespace"])) as session:
+            return session.run_trial(spec)
+    finally:
+        if request["pid_namespace"]:
+            # A tree that an interrupted restore left has no handle: it is this process's child.
+            kill_namespace_inits()
+
+
+def _interrupt_once() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt once, so the trial cleans up; later ones wait for it."""
+
+    def handler(signum: int, frame: Any) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    # Ray starts its processes with SIGINT blocked; the mask is inherited, and the task forwards SIGINT.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this process when the Ray task that started it dies (the trial then cleans up)."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one trial as the module docstring says; return the exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m cutbench.harness.runner.trial_worker REQUEST.json RESULT.pickle", file=sys.stderr)
+        return 2
+    request_path, result_path = args
+    _interrupt_once()
+    _die_with_parent()
+    code = 0
+    try:
+        payload: dict[str, Any] = {"result": run_request(read_request(request_path))}
+    except KeyboardInterrupt:
+        payload, code = {"interrupted": True}, 130
+    except CutbenchError as exc:
+        payload, code = {"error": (type(exc).__name__, str(exc))}, 1
+    except Exception as exc:
+        payload, code = {"error": (type(exc).__name__, f"{exc}\n{traceback.format_exc()}")}, 1
+    atomic_write(result_path, pickle.dumps(payload))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Trials as Ray tasks (``--executor ray``) through real Ray and real CRIU (``criu``: must run in CI).
+
+A run on Ray must store what a serial run of the same plans stores, leave no
+process or image behind, and stop the local Ray it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutbench.harness.model.scenario import load_scenario
+from cutbench.harness.runner.run import run_scenario
+from cutbench.harness.store.analysis import reanalyze
+from cutbench.harness.store.rundir import RunDir
+from tests.conftest import REPO, live_processes, workload_processes
+from tests.criu.test_parallel import _verdicts
+
+pytestmark = pytest.mark.criu
+
+QUICK = REPO / "scenarios" / "quick.toml"
+# quick.toml at two phases of op 3: both faults (kill, leave_running) under both receiver modes, 8 trials.
+PHASES = 'plan.phases=["admit", "publish"]'
+
+
+def ray_processes() -> set[int]:
+    """Live processes of Ray (its raylet, GCS, workers, monitors)."""
+    return {pid for pid, cmd in live_processes()
+            if cmd.startswith("ray::") or "/site-packages/ray/" in cmd or "/ray/core/src/" in cmd}
+
+
+def _left_behind(run_id: str) -> list[str]:
+    stray = [cmd for _, cmd in workload_processes() if run_id in cmd]
+    stray += [cmd for _, cmd in live_processes() if "cutbench.harness.runner.trial_worker" in cmd]
+    stray += [str(p) for p in Path("/dev/shm").glob(f"cutbench-{run_id}-*")]
+    return stray
+
+
+def _wait_gone(pids: set[int], timeout: float = 20.0) -> set[int]:
+    """Those of ``pids`` still alive after ``timeout`` (Ray's processes exit a moment after shutdown)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = pids & ray_processes()
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_executor_ray_stores_the_serial_verdict_of_every_plan(criu, results_root: Path):
+    """``cutbench run quick.toml --executor ray`` (a local Ray, one CPU per trial) and a serial run of the same
+    plans: the same verdict per plan, trial files and tables in plan order; nothing of the trials or of Ray
+    is left afterwards."""
+    serial = run_scenario(load_scenario(QUICK, [PHASES]), results_root / "serial")
+    before = ray_processes()
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(QUICK), "--out", str(results_root / "ray"),
+                           "--set", PHASES, "--executor", "ray", "--json"],
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr  # invalid found: leave_running under at_least_once duplicates
+    printed = json.loads(proc.stdout)
+    assert printed["complete"], printed
+    run = RunDir.open(printed["run_dir"])
+    a, b = serial.trials, run.table("trials")
+    assert len(a) == len(b) == 8
+    assert list(b["trial_id"]) == list(a["trial_id"]) == sorted(a["trial_id"])  # plan order, whoever ran what
+    assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
+    assert (b["restores"] == 1).all()
+    assert _verdicts(b) == _verdicts(a)
+    assert set(b["outcome"]) == {"valid", "invalid"}
+
+    meta = run.meta()
+    assert meta["executor"] == "ray" and meta["scenario"]["executor"] == "ray"
+    assert meta["ray"]["started_here"] and meta["ray"]["address"] == "local"
+    assert meta["jobs"] == min(int(meta["ray"]["node_cpus"]), 8) and meta["ray"]["task_resources"] == {"num_cpus": 1}
+    records = run.trial_records()
+    assert [r["spec"]["trial_id"] for r in records] == list(b["trial_id"])
+    if meta["jobs"] > 1:  # trials at once: each tree in a PID namespace of its own, as with threads
+        assert all(r["record"]["facts"].get("pid_namespace") == 1 for r in records)
+    assert not reanalyze(run).differences
+
+    assert not _left_behind(run.run_id), "left behind"
+    assert not _wait_gone(ray_processes() - before), "the local Ray the run started is still running"
+    print(f"\nray run: {wall:.1f} s wall, Ray start-up {meta['ray']['startup_s']:.1f} s, "
+          f"run {meta['duration_s']:.1f} s; serial run {serial.run.meta()['duration_s']:.1f} s")
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_already_running_here_is_used_and_left_running(criu, results_root: Path):
+    """A process that started Ray itself (``ray.init``): the run uses that Ray, does not stop it, and the
+    run's own capacity follows it (``num_cpus=2``)."""
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        outcome = run_scenario(load_scenario(QUICK, ['plan.phases=["publish"]', "run.executor=ray"]), results_root)
+        assert ray.is_initialized(), "the run shut down a Ray it had not started"
+        assert outcome.complete and len(outcome.trials) == 4
+        meta = outcome.run.meta()
+        assert meta["ray"]["started_here"] is False and meta["jobs"] == 2
+        assert (outcome.trials["status"] != "unknown").all(), outcome.trials[["trial_id", "error"]]
+        assert _left_behind(outcome.run.run_id) == []
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_cancels_the_ray_trials_and_keeps_what_finished(criu, results_root: Path):
+    """SIGINT to ``cutbench run --executor ray`` mid-run: the trials in flight are interrupted in their own
+    processes and clean up, what finished is stored in plan order as a partial run (exit 130), and neither
+    a workload, a trial worker nor Ray is left running."""
+    before = ray_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(QUICK), "--out", str(results_root),
+                             "--executor", "ray"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until the first trial is stored: the next ones are in flight
+            if list(results_root.glob("*/trials/t0001.json")):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no trial finished within 120 s")
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    run = RunDir.open(next(p for p in results_root.iterdir() if p.name != "latest"))
+    meta = run.meta()
+    assert meta["status"] == "partial" and 0 < meta["n_trials"] < 28, meta
+    ids = [r["spec"]["trial_id"] for r in run.trial_records()]
+    assert ids == sorted(ids) and list(run.table("trials")["trial_id"]) == ids
+    assert not _left_behind(run.run_id), "left behind"
+    assert not _wait_gone(ray_processes() - before), "the local Ray the run started is still running"
