@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,17 +19,10 @@ import pytest
 from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS
 from tests.conftest import REPO
+from tests.fixtures.run_fixtures import run_table as run
 from tests.fixtures.container_fixtures import docker_engine, podman_engine  # noqa: F401
 
 pytestmark = pytest.mark.criu
-
-
-def run(results_root: Path, scenario: str, *extra: str) -> pd.DataFrame:
-    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / scenario),
-                           "--out", str(results_root), "--json", *extra],
-                          capture_output=True, text=True, timeout=1200, cwd=REPO)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return pd.read_parquet((results_root / "latest").resolve() / "trials.parquet")
 
 
 def left_behind() -> list[str]:

@@ -8,24 +8,13 @@ fresh starts) on every restart, and never on a CRIU restore, which continues.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO
+from tests.fixtures.run_fixtures import run_table as run
 
 pytestmark = pytest.mark.criu
-
-
-def run(results_root: Path, scenario: str, *extra: str) -> pd.DataFrame:
-    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / scenario),
-                           "--out", str(results_root), "--json", *extra],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return pd.read_parquet((results_root / "latest").resolve() / "trials.parquet")
 
 
 def kinds(row: pd.Series) -> set[str]:
