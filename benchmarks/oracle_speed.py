@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.checker import oracle, per_op  # noqa: E402
+from cutbench.harness.checker import oracle  # noqa: E402
+from tests.fixtures import per_op  # noqa: E402
 from cutbench.workloads.common import ReplayReference  # noqa: E402
 
 SEED = 7

@@ -97,6 +97,8 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_n
 
 def _spawn_namespace_init(argv: list[str], *, cwd: str, env: dict[str, str] | None) -> "Child":
     """``argv`` as the init of a new PID namespace (through ``_PID_NAMESPACE_INIT``); its :class:`Child`."""
+    # The init outlives its launcher and is re-parented: only a subreaper gets it back to wait for.
+    become_subreaper()
     launcher = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", _PID_NAMESPACE_INIT, *argv],
         cwd=cwd,
@@ -220,58 +222,17 @@ class Child:
         self.pid = pid
         self.returncode = None
 
-    def host_pid(self, pid: int) -> int | None:
-        """The host pid of the process a workload calls ``pid`` (its ``os.getpid()``).
 
-        Outside a PID namespace that is ``pid`` itself. For the init of one, the
-        process of its tree (every process of the namespace descends from its
-        init) whose pid in that namespace is ``pid``; None when there is none.
-        """
-        if not self.pid_namespace:
-            return pid
-        depth = len(_ns_pids(self.pid))  # the init's level: its namespace is the last in NSpid
-        if not depth:
-            return None
-        for host in _tree(self.pid):
-            ns = _ns_pids(host)
-            if len(ns) >= depth and ns[depth - 1] == pid:
-                return host
-        return None
-
-
-def _ns_pids(pid: int) -> list[int]:
-    """``NSpid`` of ``pid``: its pid in each PID namespace from the host's inward ([] if it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return [int(v) for v in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and its descendants' host pids (from /proc/PID/task/*/children)."""
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-    return out
-
-
-def kill_namespace_inits(timeout: float = 2.0) -> list[int]:
+def kill_namespace_inits(timeout: float = 2.0, *, cwd: str | Path | None = None) -> list[int]:
     """SIGKILL and reap every child of this process that lives in another PID namespace; return their pids.
 
     Those are workload trees' inits (``spawn(pid_namespace=True)`` and CRIU's
-    restores of them). A restore interrupted half-way (Ctrl-C while ``criu
-    restore`` runs) can leave one whose host pid no handle knows; call this
-    when no trial is running (the end of a parallel run), as the receiver and
-    CRIU itself live in this process's namespace and are never touched.
+    restores of them). A restore interrupted or failed half-way can leave one
+    whose host pid no handle knows. With ``cwd`` only those working in that
+    directory (one trial's: safe while other trials run); without it every
+    one (call it when no trial is running, as at the end of a parallel run).
+    The receiver and CRIU itself live in this process's namespace and are
+    never touched.
     """
     own = os.readlink("/proc/self/ns/pid")
     me = str(os.getpid())
@@ -283,6 +244,8 @@ def kill_namespace_inits(timeout: float = 2.0) -> list[int]:
             if (proc / "stat").read_text().rsplit(")", 1)[1].split()[1] != me:
                 continue
             if os.readlink(proc / "ns" / "pid") == own:
+                continue
+            if cwd is not None and os.readlink(proc / "cwd") != str(Path(cwd).resolve()):
                 continue
         except (OSError, IndexError):
             continue

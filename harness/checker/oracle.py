@@ -57,21 +57,6 @@ def empty_effects() -> pd.DataFrame:
     return pd.DataFrame(columns=list(EFFECT_COLUMNS))
 
 
-def visible(effects: pd.DataFrame | None) -> pd.DataFrame:
-    """The receiver rows that made an effect visible (decision ``applied`` or ``committed``)."""
-    if effects is None or effects.empty:
-        return empty_effects()
-    return effects[effects["decision"].isin(APPLIED)]
-
-
-def applied_counts(effects: pd.DataFrame | None) -> pd.Series:
-    """How many times each op was applied (visible) at the receiver, indexed by op."""
-    rows = visible(effects)
-    if rows.empty:
-        return pd.Series(dtype="int64")
-    return rows.groupby("op_id").size()
-
-
 # The effect finders below read the visible rows column by column: masking a
 # whole stored effects table (fourteen columns, a million rows) costs more than
 # the finders themselves. Each reads its columns in the order the plain

@@ -135,10 +135,11 @@ def periodic(scenario: Scenario, arm: Arm) -> list[CutPlan]:
     phase = positions(scenario)[0][1]
     lo, hi = scenario.plan_ops
     n = scenario.interval_ops
-    cuts = tuple(cut_from_position(arm, op, phase) for op in range(lo, hi + 1, n)) if n else ()
-    if len(cuts) > LIMITS["plan.periodic_cuts"]:
-        raise InvalidArgument(f"plan: the periodic source would place {len(cuts):,} cuts in one trial (more than "
+    ops = range(lo, hi + 1, n) if n else range(0)
+    if len(ops) > LIMITS["plan.periodic_cuts"]:  # before building them
+        raise InvalidArgument(f"plan: the periodic source would place {len(ops):,} cuts in one trial (more than "
                               f"{LIMITS['plan.periodic_cuts']:,}): raise plan.interval_ops or narrow plan.ops")
+    cuts = tuple(cut_from_position(arm, op, phase) for op in ops)
     return [CutPlan(cuts) for _ in range(scenario.trials)]
 
 

@@ -149,7 +149,7 @@ def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs
                        (("executor", executor), ("ray_address", ray_address)) if value is not None)
     scen = select_variants(load_scenario(scenario, list(overrides)), variants)
     if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
-        scen = replace(scen, jobs=check_jobs("--jobs", int(jobs) if jobs.strip().isdigit() else jobs))
+        scen = replace(scen, jobs=check_jobs("--jobs", jobs))
     progress = _progress_printer(as_json)
     try:
         outcome = run_scenario(scen, out, progress=progress)

@@ -60,7 +60,7 @@ def _jobs_option(text: str) -> int | str:
     from cutbench.harness.model.scenario import check_jobs
 
     try:
-        return check_jobs("--cutbench-jobs", int(text) if text.strip().isdigit() else text)
+        return check_jobs("--cutbench-jobs", text)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

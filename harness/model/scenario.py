@@ -322,6 +322,8 @@ def check_jobs(where: str, value: Any) -> int | str:
     """
     if value == "auto":
         return value
+    if isinstance(value, str) and value.strip().isdigit():  # a command line's "4"
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMITS["run.jobs"]:
         raise InvalidArgument(f"{where} = {value!r}: expected a whole number of trials to run at once, 1 to "
                               f"{LIMITS['run.jobs']} (1 runs them one after another), or \"auto\" (one per CPU, "

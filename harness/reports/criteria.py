@@ -16,6 +16,7 @@ over its wall time in the trial (spawn issued → exit seen).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,9 @@ def _tagged(index: int, run: StoredRun) -> pd.DataFrame:
     scenario = run.meta.get("scenario", {})
     # Each variant may have its own plan source (a soak beside restores): the run records them all.
     sources = {v.get("variant"): v.get("plan_source") for v in scenario.get("variants", [])}
+    # A native run is only the baseline of a soak with the same workload parameters.
+    params = {v.get("variant"): json.dumps(v.get("params", {}), sort_keys=True) for v in scenario.get("variants", [])}
+    t["_params"] = [params.get(v) or json.dumps(scenario.get("params", {}), sort_keys=True) for v in t["variant"]]
     base = scenario.get("plan_source", "")
     t["_source"] = [sources.get(v) or base for v in t["variant"]]
     for kind in OUTPUT_FINDINGS + SILENT_FINDINGS:  # runs stored before a finding existed never saw it
@@ -249,14 +253,13 @@ def _median_ci(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
 def _speed(backend: str, mine: pd.DataFrame, every: pd.DataFrame, stage_time: pd.DataFrame) -> list[dict[str, Any]]:
     capture, restore = stage_roles(backend)
     rows = []
-    first = mine[mine["n_cuts"] >= 1]
-    ck = _per_cut(first, stage_time, capture)
+    ck = _per_cut(mine, stage_time, capture)
     if len(ck):
         med, lo, hi = _median_ci(ck["seconds"].to_numpy())
         rows.append(_row(backend, "speed", "checkpoint", med, "s", f"median over trials of the first cut's {' + '.join(capture)}",
-                         _commands(first), lo, hi, len(ck)))
+                         _commands(mine), lo, hi, len(ck)))
     # Resumed in place (fault none) counts where the backend's restore stages ran for it (cuda, cuda-checkpoint).
-    restored = _brought_back(first)
+    restored = _brought_back(mine)
     # A cold start is only complete with both of its stages (older runs timed the spawn alone).
     rs = _per_cut(restored, stage_time, restore, every=backend == "restart")
     if not len(rs):
@@ -266,7 +269,9 @@ def _speed(backend: str, mine: pd.DataFrame, every: pd.DataFrame, stage_time: pd
     rows.append(_row(backend, "speed", "restore", med, "s", f"median over trials brought back of {' + '.join(restore)}",
                      _commands(restored), lo, hi, len(rs)))
     rows += _restore_vs_bytes(backend, restored, rs)
-    rows += _restore_vs_cold_start(backend, restored, rs, every, stage_time)
+    # Against a cold start only what came back after a crash: a resume in place never crashed.
+    crashed = restored[restored["restores"] > 0]
+    rows += _restore_vs_cold_start(backend, crashed, rs.merge(crashed[["_run", "trial_id"]]), every, stage_time)
     return rows
 
 
@@ -315,8 +320,8 @@ def _restore_vs_cold_start(backend: str, restored: pd.DataFrame, rs: pd.DataFram
     ratio = pairs["restore"] / pairs["cold"]
     rows = [_row(backend, "speed", "restore / native cold start", float(ratio.median()), "ratio",
                  "median over workload variants and cut points of (median restore) / (median cold start of `restart`: "
-                 "start again + recompute ops 1..k); below 1: restoring beats starting again",
-                 _commands(restored), float(ratio.min()), float(ratio.max()), len(pairs))]
+                 f"start again + recompute ops 1..k); below 1: restoring beats starting again; over {len(pairs)} "
+                 f"pairs the ratio ranged {ratio.min():.3g}–{ratio.max():.3g}", _commands(restored), n=len(pairs))]
     for (variant, workload, op, phase), r in pairs.iterrows():
         rows.append(_row(backend, "speed", f"restore / cold start, {variant or workload} at {int(op)}/{phase}",
                          float(r["restore"] / r["cold"]), "ratio",
@@ -335,7 +340,8 @@ def _correctness(backend: str, t: pd.DataFrame) -> list[dict[str, Any]]:
     s_low, s_high = wilson_interval(len(silent), n)
     return [
         _row(backend, "correctness", "invalid recovery rate", 100.0 * invalid / n, "%",
-             "invalid / (valid + invalid) trials under adversarial cut placement, Wilson 95% interval", _commands(judged),
+             "invalid / (valid + invalid) over every judged trial of these runs (their cut placement is the "
+             "scenarios'), Wilson 95% interval", _commands(judged),
              100 * low, 100 * high, n),
         _row(backend, "correctness", "silent corruption rate", 100.0 * len(silent) / n, "%",
              "trials the tool completed while the state it restored was wrong (" + ", ".join(SILENT_FINDINGS) +
@@ -365,7 +371,8 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
               effects: pd.DataFrame) -> list[dict[str, Any]]:
     periodic = mine[mine["_source"] == "periodic"]
     # The native runs: the same workload with no cut, in the same runs.
-    base = native[native["workload"].isin(periodic["workload"].unique()) & native["_run"].isin(periodic["_run"].unique())]
+    base = native[native["_params"].isin(periodic["_params"].unique()) & native["_run"].isin(periodic["_run"].unique())
+                  & native["status"].isin(["completed", "refused"])]
     method = ("steady-state throughput (ops / s from the receiver's first arrival of op 1 to that of the last op: "
               "start-up left out) with a checkpoint every T s against the same workload with no checkpointer in the "
               "same runs; 1 - with/without, bootstrap 95% interval over repeats")
@@ -373,6 +380,9 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
         return [_row(backend, "overhead", "throughput lost", None, "%", method + "; needs plan.source = \"periodic\" "
                      "runs with and without cuts (plan.interval_ops 0): scenarios/criteria-*.toml", _commands(mine))]
     pace = _pace(timeline, effects)
+    if pace["ops"].isna().all():
+        method = method.replace("from the receiver's first arrival of op 1 to that of the last op: start-up left out",
+                                "over the trial's wall time, spawn issued to exit seen: no effects stored")
 
     def throughput(t: pd.DataFrame) -> pd.DataFrame:
         w = t.merge(pace, on=["_run", "trial_id"])
@@ -382,8 +392,10 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
     nat = throughput(base)
     rows = []
     periodic = periodic.assign(certify=periodic["certify"].fillna("off") if "certify" in periodic else "off")
-    for (fault, n_cuts, mode, certify), group in throughput(periodic).groupby(["fault", "n_cuts", "receiver_mode", "certify"]):
-        same = nat[nat["workload"].isin(group["workload"]) & nat["_run"].isin(group["_run"])]
+    judged = periodic[periodic["outcome"] != "unknown"]
+    for (fault, n_cuts, mode, certify, _variant), group in throughput(judged).groupby(
+            ["fault", "n_cuts", "receiver_mode", "certify", "variant"]):
+        same = nat[nat["_params"].isin(group["_params"]) & nat["_run"].isin(group["_run"])]
         with_, without = group["ops_per_s"].to_numpy(float), same["ops_per_s"].to_numpy(float)
         if not len(with_) or not len(without):
             continue

@@ -360,6 +360,8 @@ class _Workers:
         self.n = len(specs)
         self.done: queue.Queue[tuple[int, TrialResult | None, BaseException | None]] = queue.Queue()
         self.busy: set[int] = set()  # thread idents of the workers inside a trial
+        self.interrupted: set[int] = set()  # workers already sent their KeyboardInterrupt
+        self.lock = threading.Lock()  # ``busy`` and a result's hand-over change together
         self.stopping = False
         self.late: dict[int, TrialResult] = {}
         self.threads = [threading.Thread(target=self._work, name=f"cutbench-trials-{k + 1}", daemon=True)
@@ -399,7 +401,8 @@ class _Workers:
                     index, spec = self.todo.popleft()
                 except IndexError:
                     return
-                self.busy.add(me)
+                with self.lock:
+                    self.busy.add(me)
                 # Checked after joining ``busy``: an interrupt either sees this worker busy or is seen here.
                 if self.stopping:
                     return
@@ -410,19 +413,25 @@ class _Workers:
                     item = (index, None, None)  # interrupted: cleaned up, no verdict
                 except Exception as exc:
                     item = (index, None, exc)
-                finally:
+                # Leaving ``busy`` and handing the result over are one step under the lock that
+                # :meth:`_interrupt` takes: an interrupt cannot land inside the hand-over.
+                with self.lock:
                     self.busy.discard(me)
-                self.done.put(item)
+                    self.done.put(item)
         except KeyboardInterrupt:
             pass  # the interrupt reached this worker between two trials
         finally:
-            self.busy.discard(me)
+            with self.lock:
+                self.busy.discard(me)
 
     def _interrupt(self) -> None:
-        """Stop taking specs; raise KeyboardInterrupt in every worker inside a trial."""
+        """Stop taking specs; raise KeyboardInterrupt, once, in every worker inside a trial."""
         self.stopping = True
-        for ident in list(self.busy):
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+        with self.lock:
+            # A second interrupt in a worker already cleaning up its trial would cut that cleanup short.
+            for ident in self.busy - self.interrupted:
+                self.interrupted.add(ident)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
 
     def _join(self) -> bool:
         """Wait for every worker and keep what finished unread; True when Ctrl-C came meanwhile."""

@@ -31,7 +31,7 @@ from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
-from cutbench.procs import Child, become_subreaper, spawn
+from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
@@ -184,6 +184,9 @@ class TrialRunner:
                 child.kill()
             if child is not None:
                 child.kill_groups()  # also what an interrupted restore left behind
+                if child.pid_namespace:
+                    # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
+                    kill_namespace_inits(cwd=self.tdir)
             for companion in [*companions, *self.cut_targets]:
                 companion.kill()
             progress_op, progress_phase = self._last_position(control, state)
@@ -330,7 +333,7 @@ class TrialRunner:
         single process is re-parented to us, so it is killed at the end of the trial."""
         pid = control.get("cut_pid")
         if pid > 0 and child.pid_namespace:  # the workload wrote its namespace's pid (the root is 1)
-            if child.host_pid(pid) != child.pid:
+            if pid != 1:
                 # CRIU dumps a PID namespace only with its init ("Can't dump a pid namespace without the process init").
                 raise HarnessFault(f"the workload named one process of its tree to cut (cut_pid {pid}), but it runs in a "
                                    "PID namespace of its own (a parallel run) and CRIU dumps a namespace only whole: "

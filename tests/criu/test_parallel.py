@@ -27,7 +27,7 @@ from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.runner.run import run_scenario
 from cutbench.harness.store.analysis import reanalyze
 from cutbench.harness.store.rundir import RunDir
-from cutbench.procs import Child, become_subreaper, spawn
+from cutbench.procs import become_subreaper, spawn
 from tests.conftest import REPO, workload_processes
 
 pytestmark = pytest.mark.criu
@@ -123,7 +123,7 @@ def test_a_restore_whose_pid_another_process_took(criu, tmp_path: Path, pid_name
             restored = backend.restore(ctx)
             assert restored != child.pid  # the pidfile names the restored init's host pid
             child.replaced_by(restored)
-            assert child.alive() and child.host_pid(1) == restored  # pid 1 of its namespace, as before
+            assert child.alive() and _ns_pid(restored) == 1  # pid 1 of its namespace, as before
             return
         finally:
             child.kill()
@@ -136,7 +136,7 @@ def test_a_restore_whose_pid_another_process_took(criu, tmp_path: Path, pid_name
 
 def test_a_namespace_init_is_pid_1_inside_and_mapped_back(tmp_path: Path):
     """``spawn(pid_namespace=True)``: the workload sees itself as pid 1 and its children by namespace pids;
-    ``Child.host_pid`` maps those back; the harness reaps the init (it is re-parented to the subreaper)."""
+    the harness reaps the init (it is re-parented to the subreaper), and killing it ends its tree."""
     become_subreaper()
     out = tmp_path / "pids"
     code = ("import os, subprocess, sys, time\n"
@@ -149,12 +149,10 @@ def test_a_namespace_init_is_pid_1_inside_and_mapped_back(tmp_path: Path):
         while not out.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         own, kid = map(int, out.read_text().split())
-        assert own == 1 and kid > 1
-        assert child.host_pid(1) == child.pid
-        host_kid = child.host_pid(kid)
-        assert host_kid not in (None, child.pid) and Path(f"/proc/{host_kid}").exists()
-        assert child.host_pid(kid + 1000) is None
-        assert Child(pid=child.pid).host_pid(kid) == kid  # outside a namespace a pid is its own
+        assert own == 1 and kid > 1 and _ns_pid(child.pid) == 1
+        children = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+        [host_kid] = [int(c) for c in children]
+        assert host_kid != child.pid and _ns_pid(host_kid) == kid
     finally:
         assert child.kill() == -9
     assert not Path(f"/proc/{host_kid}").exists() or Path(f"/proc/{host_kid}/stat").read_text().split()[2] == "Z", \
@@ -200,3 +198,11 @@ def test_a_one_rank_cut_runs_without_a_namespace_and_a_tree_cut_in_one(criu, res
         in_namespace[r["spec"]["variant"]].add(r["record"]["facts"].get("pid_namespace", 0))
         assert r["record"]["status"] != "unknown", r["record"]["error"]
     assert in_namespace == {"tree": {1}, "one-rank": {0}}
+
+
+def _ns_pid(host_pid: int) -> int:
+    """The pid ``host_pid`` has in its innermost PID namespace (the last of ``NSpid``)."""
+    for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {host_pid}")

@@ -103,3 +103,35 @@ def test_the_cli_stores_the_table_and_the_report_gets_its_section(tmp_path):
     html = (run / "report.html").read_text()
     assert 'id="criteria"' in html and 'id="plot-criteria_speed"' in html
     assert (run / "plots" / "criteria_overhead.png").stat().st_size > 1000
+
+
+def test_overhead_is_steady_state_from_the_receiver_when_effects_are_stored():
+    """Start-up is left out: op 1's first arrival to the last op's, whatever the trial's wall time."""
+    ids = ["n1", "n2", "p1", "p2"]
+    trials = pd.DataFrame({
+        "trial_id": ids, "backend": ["criu"] * 4, "workload": ["counter"] * 4,
+        "variant": ["native", "native", "soak", "soak"], "n_cuts": [0, 0, 4, 4], "host_op": [41] * 4,
+        "fault": ["kill"] * 4, "restores": [0, 0, 4, 4], "outcome": ["valid"] * 4, "status": ["completed"] * 4,
+        "receiver_mode": ["idempotent"] * 4, "arm": ["criu/idempotent/kill"] * 4, "cut_op": [None, None, 10, 10],
+        "cut_phase": [None, None, "commit", "commit"], "image_bytes": [None, None, 1e6, 1e6],
+        **{k: [0] * 4 for k in crit.OUTPUT_FINDINGS + crit.SILENT_FINDINGS}})
+    # Every trial spends 5 s starting; the native runs do 40 ops in 1 s, the soak in 4 s (a restored op 10 sent twice).
+    timeline = pd.DataFrame({"trial_id": ids, "cut_index": [0] * 4, "stage": ["run_to_end"] * 4, "t_start": [0.0] * 4,
+                             "t_end": [6.0, 6.0, 9.0, 9.0], "duration_s": [6.0, 6.0, 9.0, 9.0], "result": ["ok"] * 4})
+    rows = [{"trial_id": t, "op_id": op, "received_at": 100 + 5 + (op - 1) * (0.025 if t.startswith("n") else 0.1)}
+            for t in ids for op in range(1, 42)]
+    rows.append({"trial_id": "p1", "op_id": 10, "received_at": 200.0})  # a later re-send is not op 10's first arrival
+    effects = pd.DataFrame(rows)
+    params = {"ops": 41}
+    meta = {"scenario": {"plan_source": "exhaustive", "variants": [
+        {"variant": "native", "plan_source": "periodic", "params": params},
+        {"variant": "soak", "plan_source": "periodic", "params": params}]}}
+    table = crit.criteria([crit.StoredRun(trials, timeline, meta, effects)])
+    row = table[table["criterion"] == "overhead"]
+    assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(75.0), row  # 10 ops/s against 40 ops/s
+    assert "first arrival" in row["method"].iloc[0]
+    # A native run of other parameters is no baseline.
+    other = {"scenario": {**meta["scenario"], "variants": [{**meta["scenario"]["variants"][0], "params": {"ops": 9}},
+                                                            meta["scenario"]["variants"][1]]}}
+    row = crit.criteria([crit.StoredRun(trials, timeline, other, effects)])
+    assert row[row["criterion"] == "overhead"]["value"].isna().all()

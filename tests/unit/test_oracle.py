@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutbench.harness.checker import oracle, per_op
+from cutbench.harness.checker import oracle
+from tests.fixtures import per_op
 from cutbench.harness.checker.oracle import judge
 from cutbench.harness.store import analysis
 from cutbench.harness.store.rundir import RunDir

@@ -23,7 +23,7 @@ oracle (``restarted``), not taken on the engine's word.
 
 from __future__ import annotations
 
-import threading
+import fcntl
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,11 @@ class DockerCheckpointer:
 
     name = "docker"
     capabilities = Capabilities(stages=("docker_checkpoint", "docker_restore"), covers=frozenset({"cpu", "ipc"}))
-    # /etc/criu/runc.conf is one file per host: one Docker cut at a time.
-    _options_lock = threading.Lock()
 
     def __init__(self) -> None:
         self._client: Any = None
-        self._cuts: dict[Path, tuple[str, str]] = {}  # images_dir -> (container id, checkpoint name)
+        self._root: Path | None = None
+        self._cuts: dict[Path, tuple[str, str, Any]] = {}  # images_dir -> (container id, checkpoint name, lock)
 
     # -- engine ---------------------------------------------------------------
     @property
@@ -106,8 +105,7 @@ class DockerCheckpointer:
     def launch(self, argv: list[str], *, cwd: str) -> Child:
         """Start ``argv`` in a new container (working directory ``cwd``); returns its handle."""
         self._ensure_image()
-        data_root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
-        mounts = host_mounts(Path(cwd), forbidden=(data_root, engines.docker_paths().root))
+        mounts = host_mounts(Path(cwd), forbidden=(self.data_root(), engines.docker_paths().root))
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
         created = self.api.create_container(
@@ -121,6 +119,12 @@ class DockerCheckpointer:
             raise Unavailable(f"docker could not start the workload's container: {exc}") from exc
         _running, _code, pid = self.state(cid)
         return ContainerChild(pid=pid, container=cid, engine=self)
+
+    def data_root(self) -> Path:
+        """The engine's data root (asked once: its checkpoints live there)."""
+        if self._root is None:
+            self._root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
+        return self._root
 
     def _ensure_image(self) -> None:
         try:
@@ -136,14 +140,15 @@ class DockerCheckpointer:
         name = f"c{ctx.cut_index}"
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         log = ctx.images_dir / "criu-dump.log"
-        self._options_lock.acquire()  # released by cleanup, which follows every checkpoint
-        self._cuts[ctx.images_dir] = (cid, name)
+        # /etc/criu/runc.conf is one file per host: one Docker cut at a time, across processes too
+        # (a Ray worker runs each trial in a process of its own). Released by cleanup, which follows.
+        self._cuts[ctx.images_dir] = (cid, name, _lock_options())
         criu_options(RUNC_OPTIONS, log=log)
         ctx.mark("criu_freeze")
         with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
-            reply = self.api.post(self.api._url("/containers/{0}/checkpoints", cid),
-                                  json={"CheckpointID": name, "Exit": ctx.cut.fault == "kill"})
-            if reply.status_code >= 300:
+            reply = self._post(ctx, "docker_checkpoint", "/containers/{0}/checkpoints", cid,
+                               json={"CheckpointID": name, "Exit": ctx.cut.fault == "kill"})
+            if reply is None or reply.status_code >= 300:
                 reason = f"docker checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}"
                 if target.alive():
                     raise StageRefused("docker_checkpoint", reason)
@@ -154,12 +159,12 @@ class DockerCheckpointer:
 
     def restore(self, ctx: CutContext) -> int:
         """Stage ``docker_restore``: start the stopped container from its checkpoint; returns the new pid."""
-        cid, name = self._cuts[ctx.images_dir]
+        cid, name, _lock = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
         criu_options(RUNC_OPTIONS, log=log, restore_after=ctx.cut.fault)
         with ctx.timeline.stage("docker_restore", ctx.cut_index):
-            reply = self.api.post(self.api._url("/containers/{0}/start", cid), params={"checkpoint": name})
-            if reply.status_code >= 300:
+            reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
+            if reply is None or reply.status_code >= 300:
                 raise StageFailed("docker_restore", f"docker start --checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}")
             running, code, pid = self.state(cid)
             if not running:
@@ -174,20 +179,37 @@ class DockerCheckpointer:
         cut = self._cuts.pop(ctx.images_dir, None)
         if cut is None:
             return  # the checkpoint never began
+        cid, name, lock = cut
         try:
-            self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", *cut))
+            self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
         except Exception:
             pass
         if not _foreign(RUNC_OPTIONS):
             RUNC_OPTIONS.unlink(missing_ok=True)
-        self._options_lock.release()
+        lock.close()  # closing the file releases its lock
+
+    def _post(self, ctx: CutContext, stage: str, path: str, cid: str, **kwargs: Any) -> Any:
+        """POST to the engine within the stage's timeout; None when the engine did not answer (the reason kept)."""
+        try:
+            return self.api.post(self.api._url(path, cid), timeout=ctx.stage_timeout_s, **kwargs)
+        except Exception:  # a hung or gone engine (requests' timeout or connection error): the stage says so
+            return None
 
     def _checkpoint_dir(self, cid: str, name: str) -> Path:
-        root = Path(self.api.info().get("DockerRootDir", "/var/lib/docker"))
-        return root / "containers" / cid / "checkpoints" / name
+        return self.data_root() / "containers" / cid / "checkpoints" / name
+
+
+def _lock_options() -> Any:
+    """An exclusive lock on runc's CRIU options file for this process (a file beside it; close it to release)."""
+    RUNC_OPTIONS.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(RUNC_OPTIONS.parent / ".runc.conf.cutbench-lock", "w")
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    return fh
 
 
 def _message(reply: Any) -> str:
+    if reply is None:
+        return "the engine did not answer (no reply within the stage timeout, or the connection failed)"
     try:
         return f"{reply.status_code} {reply.json().get('message', reply.text)}"
     except ValueError:

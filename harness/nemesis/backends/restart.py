@@ -53,7 +53,11 @@ class RestartCheckpointer:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
         argv, cwd = self._command
         child = start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running")
-        self._catch_up(child, ctx)
+        try:
+            self._catch_up(child, ctx)
+        except BaseException:
+            child.kill()  # no handle of the trial knows this pid yet: nothing else would stop it
+            raise
         return child.pid
 
     def _catch_up(self, child: Child, ctx: CutContext) -> None:
