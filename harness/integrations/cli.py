@@ -142,14 +142,14 @@ def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs
     from dataclasses import replace
 
     from cutbench.harness.runner.run import run_scenario
-    from cutbench.harness.model.scenario import check_jobs, load_scenario, select_variants, toml_value
+    from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants, toml_value
 
     # As overrides after --set (the options win), so the file's validation checks them together.
     overrides += tuple(f"run.{key}={toml_value(value)}" for key, value in
                        (("executor", executor), ("ray_address", ray_address)) if value is not None)
     scen = select_variants(load_scenario(scenario, list(overrides)), variants)
     if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
-        scen = replace(scen, jobs=check_jobs("--jobs", jobs))
+        scen = replace(scen, jobs=parse_jobs("--jobs", jobs))
     progress = _progress_printer(as_json)
     try:
         outcome = run_scenario(scen, out, progress=progress)

@@ -57,10 +57,10 @@ def _jobs_option(text: str) -> int | str:
     import argparse
 
     from cutbench.errors import InvalidArgument
-    from cutbench.harness.model.scenario import check_jobs
+    from cutbench.harness.model.scenario import parse_jobs
 
     try:
-        return check_jobs("--cutbench-jobs", text)
+        return parse_jobs("--cutbench-jobs", text)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -313,6 +313,11 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
     return tuple(out)
 
 
+def parse_jobs(where: str, text: str) -> int | str:
+    """A command line's ``N|auto`` (``--jobs``, ``--cutbench-jobs``) checked as :func:`check_jobs` checks ``run.jobs``."""
+    return check_jobs(where, int(text) if text.strip().isdigit() else text)
+
+
 def check_jobs(where: str, value: Any) -> int | str:
     """``value`` as a number of trials to run at once: an integer from 1 to ``LIMITS["run.jobs"]``, or "auto".
 
@@ -322,8 +327,6 @@ def check_jobs(where: str, value: Any) -> int | str:
     """
     if value == "auto":
         return value
-    if isinstance(value, str) and value.strip().isdigit():  # a command line's "4"
-        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMITS["run.jobs"]:
         raise InvalidArgument(f"{where} = {value!r}: expected a whole number of trials to run at once, 1 to "
                               f"{LIMITS['run.jobs']} (1 runs them one after another), or \"auto\" (one per CPU, "
