@@ -33,17 +33,47 @@ PROG = "python -m cutbench.receivers"
               help="File to write the actual address to once listening.")
 @click.option("--max-frame", type=click.IntRange(P.MIN_FRAME, 1 << 30), default=P.MAX_FRAME, show_default=True,
               metavar="BYTES", help="Largest frame body accepted from clients and sent to them.")
+@click.option("--exit-with", "exit_with", type=click.IntRange(1), default=None, metavar="PID",
+              help="Shut down cleanly (as on SIGTERM) once process PID is gone: the harness that started it.")
 def serve_command(store: str, listen: str, token: str | None, allow_remote: bool, ready_file: str | None,
-                  max_frame: int) -> None:
-    """Run the receiver service in the foreground until SIGTERM or SIGINT."""
+                  max_frame: int, exit_with: int | None) -> None:
+    """Run the receiver service in the foreground until SIGTERM or SIGINT (or --exit-with's process ends)."""
     from .server import serve
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s receiver[%(process)d] %(levelname)s %(message)s")
+    if exit_with is not None:
+        _exit_with(exit_with)
     try:
         serve(store, listen, token=token, allow_remote=allow_remote, ready_file=ready_file, max_frame=max_frame)
     except OSError as exc:
         raise Unavailable(f"cannot listen on {listen}: {exc}") from None
+
+
+def _exit_with(pid: int) -> None:
+    """Send this process SIGTERM (the clean shutdown) once ``pid`` is gone, checked every second.
+
+    A harness killed outright (SIGKILL, a lost machine) cannot stop its
+    receiver; without this the receiver would outlive it, holding its port
+    and store.
+    """
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            except PermissionError:
+                pass  # alive, another user's
+
+    threading.Thread(target=watch, name="exit-with", daemon=True).start()
 
 
 @click.group(PROG)

@@ -63,7 +63,7 @@ class ReceiverHandle:
         if self.token:
             env[TOKEN_ENV] = self.token  # not on the command line, where ps would show it
         cmd = [sys.executable, "-m", "cutbench.receivers", "serve", "--store", self.store_url, "--listen", listen,
-               "--ready-file", str(self.ready_path)]
+               "--ready-file", str(self.ready_path), "--exit-with", str(os.getpid())]
         if self.allow_remote:
             cmd.append("--allow-remote")
         with open(self.log_path, "ab") as log:
