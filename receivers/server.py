@@ -402,6 +402,9 @@ async def _serve(store_url: str, listen: str, token: str | None, ready_file: str
             sockname = server.sockets[0].getsockname()
             address = f"[{sockname[0]}]:{sockname[1]}" if ":" in sockname[0] else f"{sockname[0]}:{sockname[1]}"
         stop = asyncio.Event()
+        # A blocked mask is inherited across exec (Ray blocks signals in the process that starts it):
+        # the receiver must stay stoppable whoever started it.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         writer = loop.create_task(service.writer())

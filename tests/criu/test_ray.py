@@ -99,8 +99,11 @@ def test_a_ray_already_running_here_is_used_and_left_running(criu, results_root:
     run's own capacity follows it (``num_cpus=2``)."""
     import logging
 
+    import signal
+
     import ray
 
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     try:
         outcome = run_scenario(load_scenario(QUICK, ['plan.phases=["publish"]', "run.executor=ray"]), results_root)
@@ -112,6 +115,8 @@ def test_a_ray_already_running_here_is_used_and_left_running(criu, results_root:
         assert _left_behind(outcome.run.run_id) == []
     finally:
         ray.shutdown()
+        # ray.init blocks signals in this (the test) process; its later children would inherit that.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.mark.timeout(300)
