@@ -55,23 +55,20 @@ def _exit_with(pid: int) -> None:
 
     A harness killed outright (SIGKILL, a lost machine) cannot stop its
     receiver; without this the receiver would outlive it, holding its port
-    and store.
+    and store. A zombie counts as gone: a harness whose parent does not reap
+    it (a subreaper that waits only for its own) is dead all the same.
     """
     import os
     import signal
     import threading
     import time
 
+    from cutbench.procs import is_zombie_or_gone
+
     def watch() -> None:
-        while True:
+        while not is_zombie_or_gone(pid):
             time.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            except PermissionError:
-                pass  # alive, another user's
+        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="exit-with", daemon=True).start()
 

@@ -260,3 +260,44 @@ def test_cutbench_receiver_serve_on_a_postgresql_store(pg_url: str, tmp_path: Pa
         proc.wait()
     with open_store(pg_url) as store:
         assert list(store.export().trial) == ["pg"]
+
+
+@pytest.mark.parametrize("harness_reaped", [True, False], ids=["harness-reaped", "harness-a-zombie"])
+def test_a_receiver_outlives_no_harness_killed_outright(tmp_path, harness_reaped):
+    """SIGKILL of the harness that started it: the receiver sees its starter gone and shuts down cleanly.
+
+    The test process is a subreaper, as every harness session makes it: the
+    orphaned receiver is re-parented here, so its exit leaves a zombie (which
+    ``kill(pid, 0)`` still finds) until reaped. The harness itself is left a
+    zombie too in one case: dead all the same.
+    """
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from cutbench.procs import become_subreaper, is_zombie_or_gone
+
+    become_subreaper()
+    code = ("import sys, time\nfrom pathlib import Path\nfrom cutbench.receivers.process import start_receiver\n"
+            "h = start_receiver('sqlite:' + sys.argv[1] + '/r.sqlite', Path(sys.argv[1]))\n"
+            "print(h._proc.pid, flush=True)\ntime.sleep(120)\n")
+    harness = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    receiver = int(harness.stdout.readline())
+    harness.kill()
+    if harness_reaped:
+        harness.wait()
+    try:
+        deadline = time.monotonic() + 15
+        while not is_zombie_or_gone(receiver):
+            if time.monotonic() > deadline:
+                os.kill(receiver, 9)
+                raise AssertionError("the receiver outlived the harness that started it")
+            time.sleep(0.1)
+    finally:
+        harness.wait()
+        try:
+            os.waitpid(receiver, 0)  # re-parented here: reap it
+        except ChildProcessError:
+            pass
+    assert "stopped after" in (tmp_path / "receiver.log").read_text()  # the clean shutdown, not a kill
