@@ -24,7 +24,12 @@ verdict). Of that wall:
 
 Per configuration it prints validated cuts/hour (the valid trials' cuts over
 the run's wall from its start to the last verdict: report writing, once per
-run, is left out), the overhead as a fraction of wall time, the mean trial
+run, is left out), the steady rate (the same from the N-th verdict on: the
+start-up of the first N trials side by side left out, which is what a
+long sweep approaches), the host's CPU (busy share of every CPU, busy
+CPU-seconds per valid cut, and the cuts/hour that would give with every
+CPU busy: the host's ceiling for this work), the overhead as a fraction of
+wall time, the mean trial
 wall, the ``unknown`` trials and why, and the stage that stretches most
 against the fewest jobs (the one whose time per trial grows most in seconds:
 a 1 ms stage tripling matters less than a dump doubling), with each stage's
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -233,17 +239,63 @@ def summarize(per_trial: pd.DataFrame, trials: pd.DataFrame, span_s: float) -> d
     }
 
 
+def host_cpu() -> tuple[int, int] | None:
+    """(busy, total) jiffies of every CPU of this host since boot, from ``/proc/stat`` (None where it is absent).
+
+    Busy is everything but idle and iowait: user, system, interrupts and
+    steal, the workloads', CRIU's, the driver's and the harness's alike.
+    """
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    total = sum(fields[:8])  # guest time is already inside user
+    return total - idle, total
+
+
+def host_load(before: tuple[int, int] | None, after: tuple[int, int] | None, cuts: int) -> dict[str, Any]:
+    """The host's CPU between two :func:`host_cpu` readings: ``cpu_busy_fraction`` of all its CPUs, the busy
+    ``cpu_s_per_cut`` per valid cut, and ``cpu_bound_cuts_per_hour``, what every CPU kept busy at that cost would
+    give (the host's ceiling for this configuration's work); empty when either reading is missing."""
+    if before is None or after is None or after[1] <= before[1]:
+        return {}
+    busy, total = after[0] - before[0], after[1] - before[1]
+    cpus = os.cpu_count() or 1
+    busy_s = busy / os.sysconf("SC_CLK_TCK")
+    out: dict[str, Any] = {"cpus": cpus, "cpu_busy_fraction": busy / total}
+    if cuts:
+        out["cpu_s_per_cut"] = busy_s / cuts
+        out["cpu_bound_cuts_per_hour"] = 3600.0 * cpus / out["cpu_s_per_cut"]
+    return out
+
+
+def steady_rate(finishes: list[tuple[int, str, float]], cuts_of: dict[str, int], jobs: int) -> float | None:
+    """Valid cuts per hour between the ``jobs``-th verdict and the last: the run with its start (receiver, the
+    first trials' start-up side by side) left out, which is what a long sweep approaches. None for too few
+    trials. ``cuts_of``: a valid trial's id → its cuts (absent: not valid)."""
+    ordered = sorted(finishes, key=lambda f: f[2])
+    if len(ordered) <= jobs:
+        return None
+    t0, rest = ordered[jobs - 1][2], ordered[jobs:]
+    span = rest[-1][2] - t0
+    return 3600.0 * sum(cuts_of.get(tid, 0) for _, tid, _ in rest) / span if span > 0 else None
+
+
 def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | None) -> dict[str, Any]:
     """Run one configuration; return its summary, per-trial frame, stage frame and whether the budget or Ctrl-C
     stopped it."""
     from cutbench.harness.runner.run import run_scenario
 
     finishes: list[tuple[int, str, float]] = []
-    state = {"budget_hit": False}
+    state: dict[str, Any] = {"budget_hit": False, "cpu_end": None}
+    cpu_start = host_cpu()
     t_start = time.monotonic()
 
     def progress(result: Any, done: int, total: int) -> None:
         finishes.append((result.spec.index - 1, result.spec.trial_id, time.monotonic()))
+        state["cpu_end"] = host_cpu()  # at the last verdict: the report's writing is left out, as in the span
         if max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds:
             # The runner's Ctrl-C path: workers stop, trials in flight clean up, the finished ones are stored.
             state["budget_hit"] = True
@@ -264,7 +316,10 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
         planned=int(data["plan"]["trials"]), complete=outcome.complete, budget_hit=state["budget_hit"],
         gpu_gib_median=float(per_trial["gpu_bytes"].median() / (1 << 30)) if per_trial["gpu_bytes"].notna().any() else None,
         image_gb_median=float(per_trial["image_bytes"].median() / 1e9) if per_trial["image_bytes"].notna().any() else None,
-        run_wall_s=run_wall, run=str(outcome.run.path))
+        run_wall_s=run_wall, run=str(outcome.run.path),
+        **host_load(cpu_start, state["cpu_end"], summary["valid_cuts"]))
+    valid = outcome.trials[outcome.trials["outcome"] == "valid"]
+    summary["steady_cuts_per_hour"] = steady_rate(finishes, dict(zip(valid["trial_id"], valid["n_cuts"])), jobs)
     return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial),
             "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
             "budget_hit": state["budget_hit"]}
@@ -382,6 +437,9 @@ def print_tables(configs: list[dict[str, Any]], stages: pd.DataFrame) -> None:
     table = pd.DataFrame([{
         "jobs": c["jobs"], "cuts/trial": c["cuts_per_trial"], "trials": c["trials"],
         "cuts/trial mean": c["cuts_per_trial_mean"], "valid cuts": c["valid_cuts"], "cuts/hour": c["cuts_per_hour"],
+        "steady cuts/hour": c.get("steady_cuts_per_hour"),
+        "host CPU busy %": 100 * c["cpu_busy_fraction"] if "cpu_busy_fraction" in c else None,
+        "CPU s/cut": c.get("cpu_s_per_cut"), "CPU-bound cuts/hour": c.get("cpu_bound_cuts_per_hour"),
         "overhead %": 100 * c["overhead_fraction"], "trial wall s": c["mean_trial_wall_s"], "unknown": c["unknown"],
         "top stretching stage": f"{c['top_stage']} ×{c['top_stage_ratio']:.2f}" if c["top_stage"] else "—",
         "stopped": "budget" if c["budget_hit"] else ("" if c["complete"] else "Ctrl-C"),

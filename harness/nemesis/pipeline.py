@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
@@ -41,13 +42,16 @@ def execute_cut(
     release: Callable[[], None],
     before_resume: Callable[[], None],
     keep_images: bool = False,
+    discard: Callable[[Path], None] = remove_tree,
 ) -> CutOutcome:
     """Run one cut on ``target`` (parked, or running for async cuts); return its outcome.
 
     ``release`` lets a parked workload continue; ``before_resume`` runs after
     the fault and before the restored process can run (the runner bumps the
     epoch and arms the next cut there). ``target`` is re-pointed at the
-    restored pid on success.
+    restored pid on success. ``discard`` removes the cut's image directory
+    afterwards (unless ``keep_images``); a runner may hand it to a background
+    remover that it waits for before it ends.
     """
     cut = ctx.cut
     ctx.release = release
@@ -109,7 +113,7 @@ def execute_cut(
     finally:
         backend.cleanup(ctx)
         if not keep_images:
-            remove_tree(ctx.images_dir)
+            discard(ctx.images_dir)
 
 
 def _failed(exc: StageFailed) -> CutOutcome:

@@ -28,7 +28,7 @@ from cutbench.harness.checker import oracle
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
-from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.base import CutContext, remove_tree
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
@@ -63,6 +63,9 @@ class Session:
         self._local = threading.local()  # this thread's backends and receiver client
         self._clients: list[Any] = []  # every thread's client, closed on exit
         self._clients_lock = threading.Lock()
+        self._discards: list[threading.Thread] = []  # image directories being removed
+        self._lock = threading.Lock()  # the discards and references below
+        self._references: dict[tuple[str, str], Any] = {}  # one workload reference per parameter set
         self.receiver = None
 
     def __enter__(self) -> "Session":
@@ -80,6 +83,7 @@ class Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.drain_discards()
         with self._clients_lock:
             clients, self._clients = self._clients, []
         for client in clients:
@@ -90,6 +94,41 @@ class Session:
         if self.receiver is not None:
             self.receiver.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def discard_images(self, path: Path) -> None:
+        """Remove a finished cut's image directory in the background; returns at once.
+
+        Freeing a GiB-sized image (tmpfs pages) takes a tenth of a second or
+        more, and nothing of the trial waits for it: the next cut has a
+        directory of its own. The session waits for every removal before it
+        ends (:meth:`drain_discards`), so no image directory outlives the run.
+        """
+        worker = threading.Thread(target=remove_tree, args=(path,), name=f"discard {path.name}")
+        with self._lock:
+            self._discards = [t for t in self._discards if t.is_alive()]
+            self._discards.append(worker)
+        worker.start()
+
+    def drain_discards(self) -> None:
+        """Wait until every image directory handed to :meth:`discard_images` is gone."""
+        with self._lock:
+            pending, self._discards = self._discards, []
+        for worker in pending:
+            worker.join()
+
+    def reference(self, cls: type, params: dict[str, Any]) -> Any:
+        """``cls.reference(params)``, built once per parameter set and shared by the run's trials.
+
+        A reference is ground truth for its parameters alone, and its answers
+        are cached on it: a sweep's trials (same parameters) ask it again and
+        again, so one copy answers them all instead of each recomputing it.
+        """
+        key = (f"{cls.__module__}:{cls.__qualname__}", json.dumps(params, sort_keys=True, default=str))
+        with self._lock:
+            found = self._references.get(key)
+            if found is None:
+                found = self._references[key] = cls.reference(params)
+        return found
 
     @property
     def control_client(self) -> Any:
@@ -222,7 +261,7 @@ class TrialRunner:
         if latencies:
             record.facts["release_latency_median_s"] = float(np.median(latencies))
             record.facts["release_latency_p99_s"] = float(np.percentile(latencies, 99))
-        verdict = oracle.judge(record, effects, self.cls.reference(spec.params))
+        verdict = oracle.judge(record, effects, self.s.reference(self.cls, spec.params))
         shutil.rmtree(self.tdir, ignore_errors=True)
         return TrialResult(spec, record, self.timeline.rows(), effects, verdict)
 
@@ -251,7 +290,7 @@ class TrialRunner:
             target = self._cut_target(control, child)
             at_cut = (control.get("progress_op"), control.get("progress_phase"))
             outcome = execute_cut(backend, target, ctx, release=arming.release, before_resume=arming.before_resume,
-                                  keep_images=spec.keep_images)
+                                  keep_images=spec.keep_images, discard=self.s.discard_images)
             # Until the resumed workload passes a point, the slots may show where a
             # crashed (leave_running) process got to; it really stands at the cut.
             state.resumed_at = (at_cut, control.get("progress_count"))

@@ -152,3 +152,29 @@ def test_bad_arguments_name_the_option(argv, message):
 def test_trials_scale_with_jobs_but_the_fewest_jobs_still_get_the_minimum():
     assert [cph.configuration_trials(j, 12, 2, 6) for j in (1, 4, 8, 16)] == [6, 8, 16, 32]
     assert [cph.configuration_trials(j, 12, None) for j in (1, 16)] == [12, 12]
+
+
+def test_the_steady_rate_leaves_out_the_first_batch_of_verdicts():
+    # 2 workers: verdicts at 10, 11 (the first batch, start-up included), then 20, 21, 30 s.
+    finishes = [(0, "a", 10.0), (1, "b", 11.0), (2, "c", 20.0), (3, "d", 21.0), (4, "e", 30.0)]
+    cuts = {"a": 1, "b": 1, "c": 2, "d": 1, "e": 3}  # every trial valid
+    assert cph.steady_rate(finishes, cuts, jobs=2) == pytest.approx(3600.0 * 6 / 19.0)
+    assert cph.steady_rate(finishes, {"c": 2}, jobs=2) == pytest.approx(3600.0 * 2 / 19.0)  # d, e not valid
+    assert cph.steady_rate(finishes[:2], cuts, jobs=2) is None  # nothing after the first batch
+
+
+def test_host_load_is_the_busy_share_and_the_cpu_seconds_per_cut(monkeypatch):
+    monkeypatch.setattr(cph.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cph.os, "sysconf", lambda name: 100)
+    load = cph.host_load((1000, 10_000), (1000 + 300, 10_000 + 400), cuts=6)  # 3 busy CPU-s of 4 in 1 s
+    assert load["cpu_busy_fraction"] == pytest.approx(0.75)
+    assert load["cpu_s_per_cut"] == pytest.approx(0.5)
+    assert load["cpu_bound_cuts_per_hour"] == pytest.approx(3600.0 * 4 / 0.5)
+    assert cph.host_load(None, (1, 2), cuts=1) == {}
+    assert "cpu_s_per_cut" not in cph.host_load((0, 0), (1, 2), cuts=0)
+
+
+def test_host_cpu_reads_this_hosts_counters():
+    busy, total = cph.host_cpu()
+    later = cph.host_cpu()
+    assert 0 <= busy <= total and later[1] >= total

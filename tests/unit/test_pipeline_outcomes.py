@@ -64,3 +64,36 @@ def test_a_failing_stage_is_the_tools_refusal_the_tools_loss_or_the_harness_own(
         assert not (tmp_path / "images").exists()
     finally:
         child.kill()
+
+
+def test_a_cuts_images_go_to_the_discard_it_is_given_and_a_session_waits_for_its_discards(tmp_path: Path):
+    from cutbench.harness.runner.trial import Session
+
+    child = spawn([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
+    handed = []
+    try:
+        images = tmp_path / "images"
+        images.mkdir()
+        (images / "pages-1.img").write_bytes(b"x" * 4096)
+        ctx = CutContext(images_dir=images, timeline=Timeline("t0"), cut_index=0,
+                         cut=Cut(op=1, phase="admit", fault="kill"))
+        execute_cut(EndsWith(StageRefused("stage", "no")), child, ctx, release=lambda: None,
+                    before_resume=lambda: None, discard=handed.append)
+        assert handed == [images] and images.exists()  # the cut does not wait for the removal
+    finally:
+        child.kill()
+    session = Session("r")
+    session.discard_images(images)
+    session.drain_discards()
+    assert not images.exists()
+
+
+def test_a_session_builds_one_reference_per_parameter_set():
+    from cutbench.harness.runner.trial import Session
+    from cutbench.workloads.counter import Counter
+
+    session = Session("r")
+    one = session.reference(Counter, {"seed": 1, "state_size": 64})
+    assert session.reference(Counter, {"state_size": 64, "seed": 1}) is one
+    other = session.reference(Counter, {"seed": 2, "state_size": 64})
+    assert other is not one and other.checksum(3) != one.checksum(3)
