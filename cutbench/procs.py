@@ -95,6 +95,16 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_n
     return Child(pid=proc.pid)
 
 
+def pid_namespace_error() -> str | None:
+    """Why this process cannot start a workload in a PID namespace of its own (``spawn(pid_namespace=True)``),
+    found by starting a throwaway one; None when it can."""
+    try:
+        spawn([sys.executable, "-c", ""], cwd="/", pid_namespace=True).wait(10)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def _spawn_namespace_init(argv: list[str], *, cwd: str, env: dict[str, str] | None) -> "Child":
     """``argv`` as the init of a new PID namespace (through ``_PID_NAMESPACE_INIT``); its :class:`Child`."""
     # The init outlives its launcher and is re-parented: only a subreaper gets it back to wait for.

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:
-            rt.receiver = TrackedReceiver(config.receiver, control)
+            rt.receiver = TrackedReceiver(config.receiver, control, token=config.receiver_token)
         workload = cls(rt, config.params)
         workload.setup()
         first = 1

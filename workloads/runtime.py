@@ -43,6 +43,7 @@ class WorkloadConfig:
     marker_path: str
     log_path: str
     receiver: str | None = None  # receiver address, e.g. "127.0.0.1:4321"
+    receiver_token: str | None = None  # the secret a receiver on a routable address asks for (else None)
     array_backend: str = "auto"
 
     @classmethod

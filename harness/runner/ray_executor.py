@@ -17,10 +17,17 @@ one Ray assigned first, so the workload's default device is that GPU.
 
 Without an address ``ray.init()`` starts a local Ray (or joins the one
 ``RAY_ADDRESS`` names), and the run stops it again; with one it connects and
-only disconnects. The receiver listens on the driver's loopback, so every
-trial is placed on the driver's Ray node (a node-affinity strategy); a
-cluster's other nodes would need a receiver on a routable address that the
-workloads' client authenticates to (``docs/DESIGN.md``, "Parallel trials").
+only disconnects.
+
+Where trials run: on a Ray of one node, on that node, and the receiver
+listens on its loopback as in any run. On a cluster of several nodes
+(:attr:`RayCluster.spread`), on every node that has a CPU to give (Ray's
+``SPREAD`` strategy): the run's receiver then listens on the driver node's
+address (Ray's own, which every node reaches) and asks every client, the
+trial's process and its workload alike, for a secret made for the run;
+each trial records the node that ran it (fact ``ray_node``). Each node is
+checked once before the trials start (root, the backend, PID namespaces):
+a node that cannot run them stops the run with its reason.
 """
 
 from __future__ import annotations
@@ -100,12 +107,19 @@ class RayCluster:
     ray: Any
     started: bool  # this run called ray.init (and shuts Ray down at the end)
     address: str  # what was asked for ("" for a local Ray)
-    node_id: str  # the driver's node: trials run there (the receiver is on its loopback)
-    cpus: float
+    node_id: str  # the driver's node
+    cpus: float  # what the trials may use: the driver's node, or every node's when spread
     gpus: float
     nodes: int
     visible_devices: str | None  # the driver's CUDA_VISIBLE_DEVICES before Ray ran
     startup_s: float
+    node_ip: str = "127.0.0.1"  # the driver node's address, as Ray reaches it
+    node_gpus: dict[str, int] = field(default_factory=dict)  # every alive node's GPUs, by node id
+
+    @property
+    def spread(self) -> bool:
+        """Trials may run on other machines than the driver's: the cluster has more than one node."""
+        return self.nodes > 1
 
     @classmethod
     def connect(cls, address: str = "") -> "RayCluster":
@@ -133,18 +147,31 @@ class RayCluster:
                     signal.signal(signal.SIGTERM, sigterm)
         node_id = ray.get_runtime_context().get_node_id()
         alive = [n for n in ray.nodes() if n.get("Alive")]
-        resources = next((n.get("Resources", {}) for n in alive if n.get("NodeID") == node_id), {})
-        cluster = cls(ray, started, address, node_id, float(resources.get("CPU", 0)), float(resources.get("GPU", 0)),
-                      len(alive), visible, time.monotonic() - t0)
+        # One node: the trials run on the driver's. Several: on any, so count what they all offer.
+        used = alive if len(alive) > 1 else [n for n in alive if n.get("NodeID") == node_id]
+        cpus = sum(float(n.get("Resources", {}).get("CPU", 0)) for n in used)
+        gpus = sum(float(n.get("Resources", {}).get("GPU", 0)) for n in used)
+        cluster = cls(ray, started, address, node_id, cpus, gpus, len(alive), visible, time.monotonic() - t0,
+                      node_ip=ray.util.get_node_ip_address(),
+                      node_gpus={n["NodeID"]: int(n.get("Resources", {}).get("GPU", 0)) for n in alive})
         if cluster.cpus < 1:
             cluster.close()
-            raise Unavailable(f"run.executor = \"ray\": the driver's Ray node ({node_id[:12]}) offers no CPU, and the "
-                              "trials run there (the receiver listens on its loopback): start that node with "
-                              "--num-cpus N, or run cutbench on a node that has CPUs")
+            where = "no node of the cluster offers" if cluster.spread else f"the driver's Ray node ({node_id[:12]}) offers"
+            raise Unavailable(f"run.executor = \"ray\": {where} no CPU for a trial: start a node with --num-cpus N, "
+                              "or run cutbench on a node that has CPUs")
         return cluster
 
+    def receiver_exposure(self) -> tuple[str, str | None]:
+        """Where the run's receiver listens and the secret its clients present: the driver's loopback and none on
+        one node; the driver node's address and a fresh secret when trials may run on other machines."""
+        if not self.spread:
+            return "127.0.0.1:0", None
+        import secrets
+
+        return f"{self.node_ip}:0", secrets.token_hex(16)
+
     def capacity(self, trials_per_gpu: int) -> int:
-        """How many trials the driver's node holds at once: GPUs × ``trials_per_gpu``, or its CPUs."""
+        """How many trials the nodes that run them hold at once: GPUs × ``trials_per_gpu``, or their CPUs."""
         if self.gpus >= 1:
             return max(1, int(self.gpus) * trials_per_gpu)
         return max(1, int(self.cpus))
@@ -158,7 +185,7 @@ class RayCluster:
     def describe(self, trials_per_gpu: int) -> dict[str, Any]:
         """What ``run.toml`` records of this Ray (the ``ray`` table)."""
         return {"address": self.address or "local", "started_here": self.started, "nodes": self.nodes,
-                "node_id": self.node_id, "node_cpus": self.cpus, "node_gpus": self.gpus,
+                "spread": self.spread, "node_id": self.node_id, "node_cpus": self.cpus, "node_gpus": self.gpus,
                 "task_resources": self.task_resources(trials_per_gpu), "startup_s": round(self.startup_s, 3),
                 "cuda_visible_devices": self.visible_devices}
 
@@ -168,17 +195,40 @@ class RayCluster:
             self.ray.shutdown()
 
     def trials(self, specs: "list[TrialSpec]", window: int, *, run_id: str, receiver: str, store: str,
-               workdir: str | Path | None, trials_per_gpu: int) -> "RayTrials":
-        """A pool running ``specs`` as Ray tasks, at most ``window`` at once (see :class:`RayTrials`)."""
-        gpus = gpu_ids(self.visible_devices, int(self.gpus))
-        requests = [{"spec": s.to_dict(), "run_id": run_id, "receiver": receiver, "store": store,
-                     "workdir": str(workdir) if workdir else None, "pid_namespace": window > 1} for s in specs]
+               workdir: str | Path | None, trials_per_gpu: int, token: str | None = None) -> "RayTrials":
+        """A pool running ``specs`` as Ray tasks, at most ``window`` at once (see :class:`RayTrials`), once every
+        node that may run them passed :meth:`check_nodes`. ``token``: the receiver's secret (a spread run)."""
+        base = {"run_id": run_id, "receiver": receiver, "token": token, "store": store,
+                "workdir": str(workdir) if workdir else None, "pid_namespace": window > 1, "node": None}
+        requests = [{**base, "spec": s.to_dict()} for s in specs]
+        options = {**self.task_resources(trials_per_gpu), "max_retries": 0,  # a retried trial would publish twice
+                   "scheduling_strategy": self._placement()}
+        self.check_nodes(requests, options)
+        task = self.ray.remote(run_task).options(**options)
+        return RayTrials(self.ray, lambda i: task.remote(requests[i], self.node_gpus, self.node_id,
+                                                         self.visible_devices), specs, window)
+
+    def _placement(self, node_id: str | None = None) -> Any:
+        """The scheduling strategy of a task: pinned to ``node_id`` (default: the driver's, on one node), or
+        Ray's SPREAD over the cluster's nodes."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        task = self.ray.remote(run_task).options(
-            **self.task_resources(trials_per_gpu), max_retries=0,  # a retried trial would publish its effects twice
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=self.node_id, soft=False))
-        return RayTrials(self.ray, lambda i: task.remote(requests[i], gpus, self.visible_devices), specs, window)
+        if node_id is None and self.spread:
+            return "SPREAD"
+        return NodeAffinitySchedulingStrategy(node_id=node_id or self.node_id, soft=False)
+
+    def check_nodes(self, requests: list[dict[str, Any]], options: dict[str, Any]) -> None:
+        """Check, once per node that may run trials, that it can run every backend of ``requests`` (root, the
+        backend's tools, a PID namespace where trials run side by side); raise the first node's
+        :class:`Unavailable` (or :class:`InvalidArgument`) with its reason."""
+        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1
+                 and (self.spread or n["NodeID"] == self.node_id)]
+        probes = list({r["spec"]["backend"]: {**r, "check_only": True} for r in requests}.values())
+        probe = self.ray.remote(run_task)
+        refs = [probe.options(**{**options, "scheduling_strategy": self._placement(node)}).remote(
+                    req, self.node_gpus, self.node_id, self.visible_devices) for node in nodes for req in probes]
+        for ref in refs:
+            decode(self.ray.get(ref), "(node check)")
 
 
 @dataclass
@@ -255,7 +305,7 @@ def decode(payload: Any, trial_id: str) -> "TrialResult | None":
     data = pickle.loads(payload) if isinstance(payload, bytes) else payload
     if "result" in data:
         return data["result"]
-    if data.get("interrupted"):
+    if data.get("interrupted") or data.get("checked"):
         return None
     name, message = data["error"]
     kind = {"Unavailable": Unavailable, "InvalidArgument": InvalidArgument}.get(name)
@@ -264,20 +314,26 @@ def decode(payload: Any, trial_id: str) -> "TrialResult | None":
     raise RuntimeError(f"trial {trial_id}: the trial's process failed: {name}: {message}")
 
 
-def run_task(request: dict[str, Any], gpus: list[str], visible: str | None) -> bytes:
+def run_task(request: dict[str, Any], node_gpus: dict[str, int], driver_node: str, visible: str | None) -> bytes:
     """The Ray task: run one trial in a fresh child process (``trial_worker``); return what it wrote, pickled.
 
-    Runs in a Ray worker. ``gpus`` are the node's GPUs and ``visible`` the
-    driver's ``CUDA_VISIBLE_DEVICES`` (see :func:`trial_visible_devices`).
-    A KeyboardInterrupt (``ray.cancel``) is passed on to the child as SIGINT,
-    and the task waits for the child's cleanup.
+    Runs in a Ray worker. ``node_gpus`` are every node's GPU counts,
+    ``driver_node`` the driver's node and ``visible`` its
+    ``CUDA_VISIBLE_DEVICES``, which names the GPUs of that node only (see
+    :func:`trial_visible_devices`). A KeyboardInterrupt (``ray.cancel``) is
+    passed on to the child as SIGINT, and the task waits for the child's
+    cleanup.
     """
     import ray
 
     env = dict(os.environ)
     # The child must import this very cutbench, whatever the Ray worker's cwd and path are.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cutbench.IMPORT_ROOT), env.get("PYTHONPATH")) if p)
-    devices = trial_visible_devices(gpus, [str(g) for g in ray.get_gpu_ids()], visible)
+    node = ray.get_runtime_context().get_node_id()
+    request = {**request, "node": node[:12] if len(node_gpus) > 1 else None}
+    original = visible if node == driver_node else None
+    gpus = gpu_ids(original, int(node_gpus.get(node, 0)))
+    devices = trial_visible_devices(gpus, [str(g) for g in ray.get_gpu_ids()], original)
     if devices is None:
         env.pop("CUDA_VISIBLE_DEVICES", None)
     else:

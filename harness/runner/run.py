@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
-import sys
 import threading
 import time
 from collections import deque
@@ -51,7 +50,7 @@ from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
-from cutbench.procs import kill_namespace_inits, spawn
+from cutbench.procs import kill_namespace_inits, pid_namespace_error
 from cutbench.workloads import api as workload_api
 
 
@@ -245,7 +244,11 @@ def execute(
     total = planned or 0
     try:
         # Under Ray this process runs no trial: its session is the receiver and the work directory.
-        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1 and cluster is None) as session:
+        listen, token = cluster.receiver_exposure() if cluster is not None else ("127.0.0.1:0", None)
+        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1 and cluster is None,
+                     listen=listen, token=token) as session:
+            if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
+                meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
 
             def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
@@ -257,7 +260,8 @@ def execute(
 
             if cluster is not None and isinstance(specs, list):
                 pool = cluster.trials(specs, jobs, run_id=run.run_id, receiver=session.receiver.address,
-                                      store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu)
+                                      store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu,
+                                      token=token)
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress, pool=pool)
             elif jobs > 1 and isinstance(specs, list):
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress)
@@ -298,12 +302,11 @@ def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
     names = sorted({s.backend for s in specs})
     if not any(getattr(checkpointers.CHECKPOINTERS.load(n), "pid_namespace", False) for n in names):
         return
-    try:
-        spawn([sys.executable, "-c", ""], cwd="/", pid_namespace=True).wait(10)
-    except OSError as exc:
+    error = pid_namespace_error()
+    if error:
         raise Unavailable(f"run.jobs > 1: each trial's workload needs a PID namespace of its own (CRIU restores the pids "
                           f"a tree had, and another trial's process may hold one by then), and none can be made here "
-                          f"({exc}): run as root, as CRIU needs, or with --jobs 1") from None
+                          f"({error}): run as root, as CRIU needs, or with --jobs 1")
 
 
 def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir, store: str,

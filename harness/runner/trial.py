@@ -54,8 +54,12 @@ class Session:
     """
 
     def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None, *,
-                 pid_namespace: bool = False):
+                 pid_namespace: bool = False, listen: str = "127.0.0.1:0", token: str | None = None):
         self.run_id = run_id
+        # Where the receiver listens and the secret its clients present: loopback and none, unless trials run
+        # on other machines (a Ray cluster), which reach it on a routable address that needs the token.
+        self.listen = listen
+        self.token = token
         self.store_spec = store
         self.pid_namespace = pid_namespace
         self._workdir_arg = workdir
@@ -76,7 +80,8 @@ class Session:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-", dir=base))
         self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
         try:
-            self.receiver = start_receiver(self.store_url, self.workdir)
+            self.receiver = start_receiver(self.store_url, self.workdir, listen=self.listen, token=self.token,
+                                           allow_remote=self.token is not None)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -137,7 +142,7 @@ class Session:
 
         client = getattr(self._local, "client", None)
         if client is None and self.receiver is not None:
-            client = self._local.client = ReceiverClient(self.receiver.address)
+            client = self._local.client = ReceiverClient(self.receiver.address, token=self.token)
             with self._clients_lock:
                 self._clients.append(client)
         return client
@@ -348,6 +353,7 @@ class TrialRunner:
             marker_path=str(self.tdir / "marker"),
             log_path=str(self.tdir / "workload.log"),
             receiver=self.s.receiver.address,
+            receiver_token=self.s.token,
             array_backend=self.spec.array,
         )
         # The commit marker exists at its full width before the workload runs, so the

@@ -14,8 +14,12 @@ and whether the workload tree starts in a PID namespace of its own. The
 process writes ``RESULT.pickle`` once, by rename: ``{"result": TrialResult}``,
 ``{"interrupted": True}`` after SIGINT or SIGTERM (the trial cleaned up as a
 serial trial does on Ctrl-C), or ``{"error": (type name, message)}`` when it
-could not run the trial (this host lacks what the backend needs). The exit
-status is 0, 130 and 1 respectively.
+could not run the trial. The exit status is 0, 130 and 1 respectively.
+
+A request with ``check_only`` runs no trial: it checks that this host can run
+the spec's trials (root, the backend, a PID namespace; :func:`check_host`),
+``{"checked": True}`` or the error. The Ray executor sends one per node and
+backend before the trials, so a trial itself checks nothing.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ from cutbench.files import atomic_write
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.trial import Session
-from cutbench.procs import become_subreaper, kill_namespace_inits, spawn
+from cutbench.procs import become_subreaper, kill_namespace_inits, pid_namespace_error
 from cutbench.registry import backend_capabilities
 
 PR_SET_PDEATHSIG = 1
-REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "store", "workdir", "pid_namespace"})
+REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "token", "store", "workdir", "pid_namespace", "node"})
+OPTIONAL_KEYS = frozenset({"check_only"})
 
 
 class _Receiver:
@@ -63,8 +68,8 @@ class WorkerSession(Session):
     """
 
     def __init__(self, run_id: str, receiver: str, store: str = "sqlite", workdir: str | Path | None = None, *,
-                 pid_namespace: bool = False):
-        super().__init__(run_id, store, workdir, pid_namespace=pid_namespace)
+                 pid_namespace: bool = False, token: str | None = None):
+        super().__init__(run_id, store, workdir, pid_namespace=pid_namespace, token=token)
         self._receiver_address = receiver
 
     def __enter__(self) -> "WorkerSession":
@@ -100,35 +105,41 @@ def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None)
     if reason:
         raise Unavailable(f"backend {spec.backend!r} cannot run on {host} (a Ray worker node): {reason}")
     if pid_namespace and getattr(checkpointers.CHECKPOINTERS.load(spec.backend), "pid_namespace", False):
-        try:
-            spawn([sys.executable, "-c", ""], cwd="/", pid_namespace=True).wait(10)
-        except OSError as exc:
+        error = pid_namespace_error()
+        if error:
             raise Unavailable(f"trial worker on {host}: trials that run at once each need a PID namespace of their "
-                              f"own (CRIU restores the pids a tree had), and none can be made here ({exc}): start "
-                              "the Ray node as root, or run with --jobs 1") from None
+                              f"own (CRIU restores the pids a tree had), and none can be made here ({error}): start "
+                              "the Ray node as root, or run with --jobs 1")
 
 
 def read_request(path: str | Path) -> dict[str, Any]:
     """The request in ``path``, its keys checked; raise :class:`InvalidArgument` otherwise."""
     request = json.loads(Path(path).read_text())
-    if not isinstance(request, dict) or set(request) != REQUEST_KEYS:
-        raise InvalidArgument(f"trial worker request {path}: expected the keys {', '.join(sorted(REQUEST_KEYS))}")
+    if not isinstance(request, dict) or not REQUEST_KEYS <= set(request) <= REQUEST_KEYS | OPTIONAL_KEYS:
+        raise InvalidArgument(f"trial worker request {path}: expected the keys {', '.join(sorted(REQUEST_KEYS))} "
+                              f"(and optionally {', '.join(sorted(OPTIONAL_KEYS))})")
     return request
 
 
-def run_request(request: dict[str, Any]) -> TrialResult:
-    """Run the trial of ``request`` (see the module docstring) and return its :class:`TrialResult`."""
+def run_request(request: dict[str, Any]) -> TrialResult | None:
+    """Run the trial of ``request`` (see the module docstring) and return its :class:`TrialResult`; with
+    ``check_only``, only check that this host can run it (None, or :class:`Unavailable` saying why not)."""
     spec = TrialSpec.from_dict(request["spec"])
     become_subreaper()  # first: the namespace probe's init, like every workload, is re-parented to us
-    check_host(spec, pid_namespace=bool(request["pid_namespace"]))
+    if request.get("check_only"):
+        check_host(spec, pid_namespace=bool(request["pid_namespace"]))
+        return None
     try:
         with WorkerSession(request["run_id"], request["receiver"], request["store"], request["workdir"],
-                           pid_namespace=bool(request["pid_namespace"])) as session:
-            return session.run_trial(spec)
+                           pid_namespace=bool(request["pid_namespace"]), token=request["token"]) as session:
+            result = session.run_trial(spec)
     finally:
         if request["pid_namespace"]:
             # A tree that an interrupted restore left has no handle: it is this process's child.
             kill_namespace_inits()
+    if request["node"]:
+        result.record.facts["ray_node"] = request["node"]  # which machine of the cluster ran it
+    return result
 
 
 def _interrupt_once() -> None:
@@ -164,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     code = 0
     try:
-        payload: dict[str, Any] = {"result": run_request(read_request(request_path))}
+        result = run_request(read_request(request_path))
+        payload: dict[str, Any] = {"checked": True} if result is None else {"result": result}
     except KeyboardInterrupt:
         payload, code = {"interrupted": True}, 130
     except CutbenchError as exc:

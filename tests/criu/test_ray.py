@@ -149,3 +149,35 @@ def test_ctrl_c_cancels_the_ray_trials_and_keeps_what_finished(criu, results_roo
     assert ids == sorted(ids) and list(run.table("trials")["trial_id"]) == ids
     assert not _left_behind(run.run_id), "left behind"
     assert not _wait_gone(ray_processes() - before), "the local Ray the run started is still running"
+
+
+@pytest.mark.timeout(420)
+def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the_runs_secret(criu, results_root: Path):
+    """A Ray cluster of two nodes (Ray's own ``cluster_utils.Cluster``: two raylets on this machine): the trials
+    run on both nodes, each recording its node, and reach the receiver on the driver node's routable address
+    with the run's secret, which it asks of every client; the verdicts are the serial run's."""
+    from ray.cluster_utils import Cluster
+
+    serial = run_scenario(load_scenario(QUICK, [PHASES]), results_root / "serial")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(QUICK), "--out", str(results_root / "two"),
+                               "--set", PHASES, "--executor", "ray", "--ray-address", cluster.address, "--json"],
+                              capture_output=True, text=True, timeout=300, cwd=REPO)
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 1, proc.stderr
+    run = RunDir.open(json.loads(proc.stdout)["run_dir"])
+    b = run.table("trials")
+    assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
+    assert _verdicts(b) == _verdicts(serial.trials)
+    meta = run.meta()
+    assert meta["ray"]["nodes"] == 2 and meta["ray"]["spread"] and meta["ray"]["node_cpus"] == 4
+    assert meta["jobs"] == 4
+    nodes = {r["record"]["facts"].get("ray_node") for r in run.trial_records()}
+    assert len(nodes) == 2 and None not in nodes, nodes  # SPREAD placed trials on both nodes
+    host = meta["ray"]["receiver"].rsplit(":", 1)[0]
+    assert not host.startswith("127.") and meta["ray"]["receiver_token"], meta["ray"]  # routable, with the secret
+    assert not _left_behind(run.run_id), "left behind"

@@ -149,3 +149,30 @@ def test_a_worker_without_root_refuses_criu_and_cuda_backends():
     with pytest.raises(Unavailable, match=r"runs as uid 1000, and backend 'criu' needs root .*ray start"):
         check_host(_spec("criu"), pid_namespace=False, euid=1000)
     check_host(_spec("app"), pid_namespace=False, euid=1000)  # the app backend needs nothing of root
+
+
+def test_one_node_keeps_the_receiver_on_loopback_and_a_cluster_gives_it_the_node_address_and_a_secret():
+    one = _cluster(4, 0)
+    assert not one.spread and one.receiver_exposure() == ("127.0.0.1:0", None)
+    two = RayCluster(ray=None, started=False, address="ray://head:10001", node_id="n" * 56, cpus=8, gpus=0, nodes=2,
+                     visible_devices=None, startup_s=0.0, node_ip="10.1.2.3")
+    listen, token = two.receiver_exposure()
+    assert two.spread and listen == "10.1.2.3:0" and len(token) == 32
+    assert two.receiver_exposure()[1] != token  # a fresh secret per run
+    assert two.describe(1)["spread"] is True
+
+
+def test_a_worker_request_names_its_keys(tmp_path: Path):
+    import json
+
+    from cutbench.harness.runner.trial_worker import REQUEST_KEYS, read_request
+
+    request = {k: None for k in REQUEST_KEYS}
+    path = tmp_path / "request.json"
+    for extra in ({}, {"check_only": True}):
+        path.write_text(json.dumps({**request, **extra}))
+        assert read_request(path) == {**request, **extra}
+    path.write_text(json.dumps({**request, "surprise": 1}))
+    with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally check_only\\)"):
+        read_request(path)
+    assert decode(pickle.dumps({"checked": True}), "(node check)") is None
