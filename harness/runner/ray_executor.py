@@ -5,7 +5,7 @@ one receiver and alone writes the run directory, as with worker threads;
 each trial is a Ray task that starts a fresh child process,
 ``python -m cutbench.harness.runner.trial_worker`` (see there why a Ray
 worker cannot run a trial itself). Results come back as they finish
-(``ray.wait``) and the runner writes them in plan order.
+(``ray.wait``) and the runner writes each as it comes.
 
 Resources: one CPU per trial, or on a GPU host ``1 / run.trials_per_gpu`` of
 a GPU (Ray packs at most ``trials_per_gpu`` trials on one GPU). Ray hides the

@@ -8,16 +8,16 @@ through :class:`~cutbench.harness.store.rundir.RunDir`, the only writer.
 With ``run.jobs`` > 1 a list of specs runs on that many worker threads of the
 one session (one receiver serves them all); the plans are built before any
 runs, a worker takes the next spec in plan order, and this thread alone
-writes each trial's file in plan order and the tables in plan order, so a
-parallel run stores what a serial run of the same plans stores. Each
+writes each trial's file as the trial finishes (files are named, and read,
+in plan order) and the tables in plan order, so a parallel run stores what a
+serial run of the same plans stores. Each
 workload tree runs in a PID namespace of its own where the backend copes
 (``criu``; see ``cutbench.procs``). The adaptive ``hypothesis`` source
 decides each trial from the one before: it runs one trial at a time.
 
 With ``run.executor = "ray"`` a list of specs runs as Ray tasks instead
 (:mod:`cutbench.harness.runner.ray_executor`), each trial in a fresh process
-of its own; this process keeps the receiver and still writes everything, in
-plan order.
+of its own; this process keeps the receiver and still writes everything.
 """
 
 from __future__ import annotations
@@ -311,31 +311,26 @@ def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
 
 def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir, store: str,
                   results: list[TrialResult], progress: ProgressFn | None, *, pool: Any = None) -> None:
-    """Run ``specs`` on ``jobs`` workers of ``session``; append to ``results`` and write the trial files in plan order.
+    """Run ``specs`` on ``jobs`` workers of ``session``; write each trial's file as it finishes and append the
+    results to ``results`` in plan order.
 
-    A trial's file is written once every earlier trial's is; when the run
-    stops early, every trial that finished is written, in plan order (an
-    interrupted trial, as in a serial run, has no result). ``pool`` runs
-    the trials instead of worker threads (Ray tasks): anything with
-    ``run(on_result)`` and ``late``, as :class:`_Workers` has.
+    A finished trial is on disk at once, whatever happens to the run next
+    (its file's name gives its place: readers take them in plan order); when
+    the run stops early, every trial that finished is kept (an interrupted
+    trial, as in a serial run, has no result). ``pool`` runs the trials
+    instead of worker threads (Ray tasks): anything with ``run(on_result)``
+    and ``late``, as :class:`_Workers` has.
     """
     finished: dict[int, TrialResult] = {}
-    counts = {"done": 0, "next": 0}  # trials finished; the next plan position to write
 
-    def write(final: bool) -> None:
-        while counts["next"] < len(specs) and (counts["next"] in finished or final):
-            result = finished.pop(counts["next"], None)
-            counts["next"] += 1
-            if result is not None:
-                run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
-                results.append(result)
+    def keep(index: int, result: TrialResult) -> None:
+        run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
+        finished[index] = result
 
     def on_result(index: int, result: TrialResult) -> None:
-        finished[index] = result
-        counts["done"] += 1
+        keep(index, result)
         if progress:  # as trials finish: the whole run's count, whichever worker ran it
-            progress(result, counts["done"], len(specs))
-        write(final=False)
+            progress(result, len(finished), len(specs))
 
     workers = pool if pool is not None else _Workers(session, specs, jobs)
     try:
@@ -343,8 +338,9 @@ def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunD
     finally:
         # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
         kill_namespace_inits()
-        finished.update(workers.late)
-        write(final=True)
+        for index, result in workers.late.items():
+            keep(index, result)
+        results.extend(finished[i] for i in sorted(finished))
 
 
 class _Workers:
