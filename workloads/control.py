@@ -100,6 +100,11 @@ class ControlFile:
         (value,) = struct.unpack_from("<q", self._map, 8 * _INDEX[name])
         return value & ((1 << 64) - 1) if name == "magic" else value
 
+    def position(self, n_phases: int) -> int:
+        """Where the workload last stood, as one index in execution order: ``progress_op * n_phases +
+        progress_phase`` (the scale of ``cutbench.harness.model.plan.position``)."""
+        return self.get("progress_op") * n_phases + self.get("progress_phase")
+
     def set(self, name: str, value: int) -> None:
         """Store ``value`` in slot ``name``."""
         struct.pack_into("<q", self._map, 8 * _INDEX[name], value)

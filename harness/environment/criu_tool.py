@@ -713,16 +713,23 @@ def plugin_record(directory: Path) -> dict:
         return {}
 
 
+def plugin_missing(prefix: Path | None = None) -> tuple[str, str] | None:
+    """Why no CUDA plugin is found, and the fix, as ``(problem, fix)``; None once :func:`plugin_dir` finds one."""
+    value = os.environ.get(PLUGIN_ENV)
+    if plugin_dir(prefix) is not None:
+        return None
+    if value:
+        return f"{PLUGIN_ENV}={value} holds no {PLUGIN}", f"point it at a directory holding {PLUGIN}, or unset it and {PLUGIN_FIX}"
+    return (f"no CRIU CUDA plugin: {installed_plugin_dir(prefix) / PLUGIN} is not built and {PLUGIN_ENV} is not set",
+            f"{PLUGIN_FIX}, or set {PLUGIN_ENV} to a directory holding {PLUGIN}")
+
+
 def plugin_unavailable_reason(prefix: Path | None = None) -> str | None:
     """Why the CUDA plugin cannot be used (with the fix), or None."""
-    value = os.environ.get(PLUGIN_ENV)
+    missing = plugin_missing(prefix)
+    if missing:
+        return f"{missing[0]}. Fix: {missing[1]}"
     found = plugin_dir(prefix)
-    if found is None and value:
-        return (f"{PLUGIN_ENV}={value} holds no {PLUGIN}. Fix: point it at a directory holding {PLUGIN}, "
-                f"or unset it and {PLUGIN_FIX}")
-    if found is None:
-        return (f"no CRIU CUDA plugin: {installed_plugin_dir(prefix) / PLUGIN} is not built and {PLUGIN_ENV} "
-                f"is not set. Fix: {PLUGIN_FIX}, or set {PLUGIN_ENV} to a directory holding {PLUGIN}")
     if shutil.which("cuda-checkpoint") is None:
         return f"the CRIU CUDA plugin ({found / PLUGIN}) needs NVIDIA's cuda-checkpoint utility on PATH"
     return None

@@ -163,17 +163,12 @@ def check_criu_cuda_plugin(prefix: Path | None = None, install: criu_tool.CriuIn
     With the CRIU ``install`` found, a plugin built for another CRIU version is a warning.
     """
     name = "criu cuda plugin"
-    backend = "only for the `criu-cuda-plugin` backend"
+    missing = criu_tool.plugin_missing(prefix)
+    if missing:
+        problem, fix = missing
+        return Check(name, MISSING, problem, f"{fix} (only for the `criu-cuda-plugin` backend; needs gcc, make, libc6-dev)")
     env = os.environ.get(criu_tool.PLUGIN_ENV)
     found = criu_tool.plugin_dir(prefix)
-    if found is None and env:
-        return Check(name, MISSING, f"{criu_tool.PLUGIN_ENV}={env} holds no {criu_tool.PLUGIN}",
-                     f"point {criu_tool.PLUGIN_ENV} at a directory holding {criu_tool.PLUGIN}, or unset it and run "
-                     f"`cutbench criu install --with-cuda-plugin` ({backend})")
-    if found is None:
-        return Check(name, MISSING, f"not built (no {criu_tool.installed_plugin_dir(prefix) / criu_tool.PLUGIN})",
-                     f"`cutbench criu install --with-cuda-plugin` builds it from CRIU's source "
-                     f"({backend}; needs gcc, make, libc6-dev)")
     record = criu_tool.plugin_record(found)
     detail = f"found at {found / criu_tool.PLUGIN}" + (f" (from ${criu_tool.PLUGIN_ENV})" if env else "")
     if record:

@@ -429,8 +429,7 @@ class TrialRunner:
                     return ""
                 count = control.get("progress_count")
                 fresh = count != baseline or (i == 0 and count > 0)
-                pos = control.get("progress_op") * len(self.phases) + control.get("progress_phase")
-                if seq is None and fresh and pos >= target:
+                if seq is None and fresh and control.position(len(self.phases)) >= target:
                     time.sleep(cut.async_offset_ms / 1000.0)
                     extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {cut.op}/{cut.phase}"
                     return ""

@@ -75,7 +75,7 @@ class RestartCheckpointer:
         with ctx.timeline.stage("restart_catch_up", ctx.cut_index):
             while target is not None:
                 moved = control.get("progress_count") != stale
-                if moved and control.get("progress_op") * len(phases) + control.get("progress_phase") >= target:
+                if moved and control.position(len(phases)) >= target:
                     return
                 if not child.alive():
                     raise StageFailed("restart_catch_up", f"the started workload exited ({child.returncode}) before op {ctx.cut.op}")
