@@ -121,32 +121,49 @@ def _report_run(outcome: Any, as_json: bool) -> int:
     return code
 
 
+def _execution_options(command: Any) -> Any:
+    """The options that say what runs a run's trials: ``--jobs``, ``--executor``, ``--ray-address``."""
+    for option in reversed([
+        click.option("--jobs", "jobs", default=None, metavar="N|auto",
+                     help="Trials run at once (the scenario's run.jobs; default 1): N, or auto for one per CPU "
+                          "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run."),
+        click.option("--executor", "executor", type=click.Choice(["threads", "ray"]), default=None,
+                     help="What runs the trials (the scenario's run.executor; default threads): worker threads here, "
+                          "or Ray tasks (pip install 'cutbench[ray]'; --jobs then defaults to auto)."),
+        click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT|auto",
+                     help="With --executor ray: the Ray cluster to connect to (run.ray_address); default: start a "
+                          "local Ray."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _execution_overrides(executor: str | None, ray_address: str | None) -> tuple[str, ...]:
+    """``--executor`` and ``--ray-address`` as ``--set`` overrides, which come after --set's own (the options win)
+    so that the scenario's validation checks them with the rest."""
+    from cutbench.harness.model.scenario import toml_value
+
+    return tuple(f"run.{key}={toml_value(value)}" for key, value in
+                 (("executor", executor), ("ray_address", ray_address)) if value is not None)
+
+
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-@click.option("--jobs", "jobs", default=None, metavar="N|auto",
-              help="Trials run at once (the scenario's run.jobs; default 1): N, or auto for one per CPU "
-                   "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run.")
 @click.option("--variant", "variants", multiple=True, metavar="NAME",
               help="Run only this [[variants]] entry of the scenario (repeatable); default: every variant.")
-@click.option("--executor", "executor", type=click.Choice(["threads", "ray"]), default=None,
-              help="What runs the trials (the scenario's run.executor; default threads): worker threads here, "
-                   "or Ray tasks (pip install 'cutbench[ray]'; --jobs then defaults to auto).")
-@click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT|auto",
-              help="With --executor ray: the Ray cluster to connect to (run.ray_address); default: start a local Ray.")
+@_execution_options
 def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None,
         variants: tuple[str, ...], executor: str | None, ray_address: str | None) -> None:
     """Run every trial of SCENARIO and store the results under --out."""
     from dataclasses import replace
 
     from cutbench.harness.runner.run import run_scenario
-    from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants, toml_value
+    from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants
 
-    # As overrides after --set (the options win), so the file's validation checks them together.
-    overrides += tuple(f"run.{key}={toml_value(value)}" for key, value in
-                       (("executor", executor), ("ray_address", ray_address)) if value is not None)
+    overrides += _execution_overrides(executor, ray_address)
     scen = select_variants(load_scenario(scenario, list(overrides)), variants)
     if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
         scen = replace(scen, jobs=parse_jobs("--jobs", jobs))
@@ -214,11 +231,17 @@ def analyze(run_dir: str, as_json: bool) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field at every point.")
 @click.option("--dry-run", is_flag=True, help="List the sweep points and their trial counts; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
-def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+@_execution_options
+def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool,
+          jobs: str | None, executor: str | None, ray_address: str | None) -> None:
     """Run SCENARIO at every point of the cartesian product of --axis values (and of its own arms), in one run."""
     from cutbench.harness.generator import sweep as sw
+    from cutbench.harness.model.scenario import parse_jobs, toml_value
     from cutbench.harness.runner.run import run_sweep
 
+    overrides += _execution_overrides(executor, ray_address)
+    if jobs is not None:  # checked as --jobs here; the whole sweep is one run, so it holds at every point
+        overrides += (f"run.jobs={toml_value(parse_jobs('--jobs', jobs))}",)
     parsed = [sw.parse_axis(a) for a in axes]
     if dry_run:
         from cutbench.harness.generator.scheduler import build_specs

@@ -28,7 +28,7 @@ def test_run_json_names_the_report(mixed_run: Path):
 @pytest.mark.criu
 def test_sweep_runs_every_variant_in_one_run(criu, mixed_scenario: Path, tmp_path: Path):
     proc = cli("sweep", str(mixed_scenario), "--axis", "workload.params.seed=1,2", "--set", "plan.phases=['publish']",
-               "--set", "pipeline.faults=['leave_running']", "--out", str(tmp_path), "--json")
+               "--set", "pipeline.faults=['leave_running']", "--out", str(tmp_path), "--json", "--jobs", "2")
     assert proc.returncode == 1, proc.stderr[-3000:]  # leave_running after publish, at-least-once: duplicates
     run = RunDir.open(json.loads(proc.stdout)["run_dir"])
     trials = run.table("trials")
@@ -36,6 +36,7 @@ def test_sweep_runs_every_variant_in_one_run(criu, mixed_scenario: Path, tmp_pat
     for record in run.trial_records():  # each trial ran (and replays) with its own variant's parameters
         assert f"seed={record['spec']['params']['seed']}" == record["spec"]["variant"]
     assert run.meta()["sweep"]["axes"] == {"workload.params.seed": [1, 2]}
+    assert run.meta()["jobs"] == 2  # --jobs: the sweep's trials ran two at a time
     assert "## By variant and arm" in (run.path / "summary.md").read_text()
 
 

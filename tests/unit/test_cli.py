@@ -33,6 +33,8 @@ QUICK = str(REPO / "scenarios" / "quick.toml")
     (["sweep", QUICK, "--axis", "workload.params.bogus=1,2", "--dry-run"], "has no parameter 'bogus'"),
     (["sweep", QUICK, "--axis", "pipeline.faults=kill,kill", "--dry-run"], "values repeat"),
     (["sweep", QUICK, "--axis", "pipeline.faults=kill,explode", "--dry-run"], "pipeline.faults contains 'explode'"),
+    (["sweep", QUICK, "--axis", "workload.params.seed=1,2", "--jobs", "0", "--dry-run"], "--jobs = 0: expected a whole"),
+    (["sweep", QUICK, "--axis", "workload.params.seed=1,2", "--ray-address", "x", "--dry-run"], "run.ray_address"),
     (["compare", ".", "."], "not a cutbench run directory"),
     (["list", "things"], "'things' is not one of"),
     (["frobnicate"], "No such command"),
