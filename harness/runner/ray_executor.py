@@ -25,8 +25,10 @@ listens on its loopback as in any run. On a cluster of several nodes
 ``SPREAD`` strategy): the run's receiver then listens on the driver node's
 address (Ray's own, which every node reaches) and asks every client, the
 trial's process and its workload alike, for a secret made for the run;
-each trial records the node that ran it (fact ``ray_node``). Each node is
-checked once before the trials start (root, the backend, PID namespaces):
+each trial records the node that ran it (fact ``ray_node``), and gets no
+work directory of the driver's on another node. Each node that can hold a
+trial is checked once per backend before the trials start (root, the
+backend, PID namespaces), within :data:`CHECK_TIMEOUT_S`:
 a node that cannot run them stops the run with its reason.
 """
 
@@ -59,6 +61,7 @@ WORKER_MODULE = "cutbench.harness.runner.trial_worker"
 # After Ctrl-C: how long the driver waits for the trials in flight to clean up before it leaves them to Ray.
 CANCEL_GRACE_S = 60.0
 POLL_S = 0.2
+CHECK_TIMEOUT_S = 120.0  # one node's check: a fresh process, the backend's probes, a PID namespace
 RESOURCE_UNITS = 10_000  # Ray counts a resource in 1/10000 units
 
 
@@ -102,7 +105,8 @@ def gpu_share(trials_per_gpu: int) -> float:
 
 @dataclass
 class RayCluster:
-    """The Ray this run uses: whether the run started it, and what the driver's node offers."""
+    """The Ray this run uses: whether the run started it, and what its trials may use (the driver's node, or
+    every node of a cluster of several)."""
 
     ray: Any
     started: bool  # this run called ray.init (and shuts Ray down at the end)
@@ -126,7 +130,7 @@ class RayCluster:
         """Start a local Ray (``address`` empty) or connect to ``address``; return the :class:`RayCluster`.
 
         Raises :class:`Unavailable` without Ray, when Ray cannot start or
-        connect, or when the driver's node offers no CPU for a trial.
+        connect, or when no node that may run trials offers a CPU.
         """
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         t0 = time.monotonic()
@@ -185,7 +189,7 @@ class RayCluster:
     def describe(self, trials_per_gpu: int) -> dict[str, Any]:
         """What ``run.toml`` records of this Ray (the ``ray`` table)."""
         return {"address": self.address or "local", "started_here": self.started, "nodes": self.nodes,
-                "spread": self.spread, "node_id": self.node_id, "node_cpus": self.cpus, "node_gpus": self.gpus,
+                "spread": self.spread, "node_id": self.node_id, "cpus": self.cpus, "gpus": self.gpus,
                 "task_resources": self.task_resources(trials_per_gpu), "startup_s": round(self.startup_s, 3),
                 "cuda_visible_devices": self.visible_devices}
 
@@ -218,17 +222,37 @@ class RayCluster:
         return NodeAffinitySchedulingStrategy(node_id=node_id or self.node_id, soft=False)
 
     def check_nodes(self, requests: list[dict[str, Any]], options: dict[str, Any]) -> None:
-        """Check, once per node that may run trials, that it can run every backend of ``requests`` (root, the
-        backend's tools, a PID namespace where trials run side by side); raise the first node's
-        :class:`Unavailable` (or :class:`InvalidArgument`) with its reason."""
-        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1
-                 and (self.spread or n["NodeID"] == self.node_id)]
-        probes = list({r["spec"]["backend"]: {**r, "check_only": True} for r in requests}.values())
+        """Check every node that may run trials (one that has the CPU and GPU share a trial asks for), once per
+        backend of ``requests``: root, the backend's tools, a PID namespace where trials run side by side.
+        Raise :class:`Unavailable` (or :class:`InvalidArgument`) with the first failing node's reason, or when
+        no node can hold a trial or a check does not finish within :data:`CHECK_TIMEOUT_S`."""
+        cpu, gpu = options.get("num_cpus", 1), options.get("num_gpus", 0)
+        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and (self.spread or n["NodeID"] == self.node_id)
+                 and n.get("Resources", {}).get("CPU", 0) >= cpu and n.get("Resources", {}).get("GPU", 0) >= gpu]
+        if not nodes:
+            where = "no node of the cluster has" if self.spread else "the driver's node has not"
+            raise Unavailable(f"run.executor = \"ray\": {where} what a trial asks for ({cpu} CPU"
+                              + (f", {gpu:g} of a GPU" if gpu else "") + "): start a node that does")
+        probes = list({r["spec"]["backend"]: {**r, "check_only": True, "token": None} for r in requests}.values())
         probe = self.ray.remote(run_task)
-        refs = [probe.options(**{**options, "scheduling_strategy": self._placement(node)}).remote(
-                    req, self.node_gpus, self.node_id, self.visible_devices) for node in nodes for req in probes]
-        for ref in refs:
-            decode(self.ray.get(ref), "(node check)")
+        refs = {probe.options(**{**options, "scheduling_strategy": self._placement(node)}).remote(
+                    req, self.node_gpus, self.node_id, self.visible_devices): node for node in nodes for req in probes}
+        try:
+            for ref, node in refs.items():
+                try:
+                    payload = self.ray.get(ref, timeout=CHECK_TIMEOUT_S)
+                except self.ray.exceptions.GetTimeoutError:
+                    raise Unavailable(f"run.executor = \"ray\": the check of node {node[:12]} did not finish within "
+                                      f"{CHECK_TIMEOUT_S:g}s (does it hold a trial's resources? is cutbench installed "
+                                      "there?)") from None
+                except self.ray.exceptions.RayError as exc:
+                    raise Unavailable(f"run.executor = \"ray\": the check of node {node[:12]} failed: "
+                                      f"{type(exc).__name__}: {exc}") from None
+                decode(payload, f"(check of node {node[:12]})")
+        except BaseException:
+            for ref in refs:
+                self.ray.cancel(ref)
+            raise
 
 
 @dataclass
@@ -331,6 +355,8 @@ def run_task(request: dict[str, Any], node_gpus: dict[str, int], driver_node: st
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cutbench.IMPORT_ROOT), env.get("PYTHONPATH")) if p)
     node = ray.get_runtime_context().get_node_id()
     request = {**request, "node": node[:12] if len(node_gpus) > 1 else None}
+    if node != driver_node:
+        request["workdir"] = None  # the driver's work directory is a path on its machine
     original = visible if node == driver_node else None
     gpus = gpu_ids(original, int(node_gpus.get(node, 0)))
     devices = trial_visible_devices(gpus, [str(g) for g in ray.get_gpu_ids()], original)

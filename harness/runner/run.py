@@ -324,8 +324,11 @@ def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunD
     finished: dict[int, TrialResult] = {}
 
     def keep(index: int, result: TrialResult) -> None:
-        run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
-        finished[index] = result
+        try:
+            run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
+        finally:  # even on a Ctrl-C here: the tables count a trial exactly when its file is there
+            if run.trial_path(result.spec.trial_id).exists():
+                finished[index] = result
 
     def on_result(index: int, result: TrialResult) -> None:
         keep(index, result)
@@ -336,11 +339,13 @@ def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunD
     try:
         workers.run(on_result)
     finally:
-        # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
-        kill_namespace_inits()
-        for index, result in workers.late.items():
-            keep(index, result)
-        results.extend(finished[i] for i in sorted(finished))
+        try:
+            # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
+            kill_namespace_inits()
+            for index, result in workers.late.items():
+                keep(index, result)
+        finally:  # whatever stopped the above: the tables hold every trial whose file is written
+            results.extend(finished[i] for i in sorted(finished))
 
 
 class _Workers:

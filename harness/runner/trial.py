@@ -68,8 +68,7 @@ class Session:
         self._clients: list[Any] = []  # every thread's client, closed on exit
         self._clients_lock = threading.Lock()
         self._discards: list[threading.Thread] = []  # image directories being removed
-        self._lock = threading.Lock()  # the discards and references below
-        self._references: dict[tuple[str, str], Any] = {}  # one workload reference per parameter set
+        self._discards_lock = threading.Lock()
         self.receiver = None
 
     def __enter__(self) -> "Session":
@@ -88,52 +87,74 @@ class Session:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.drain_discards()
-        with self._clients_lock:
-            clients, self._clients = self._clients, []
-        for client in clients:
-            try:
-                client.close()
-            except Exception:
-                pass
-        if self.receiver is not None:
-            self.receiver.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        try:
+            self.drain_discards()
+        finally:  # a second Ctrl-C during the wait still stops the receiver and removes the work directory
+            with self._clients_lock:
+                clients, self._clients = self._clients, []
+            for client in clients:
+                try:
+                    client.close()
+                except Exception:
+                    pass
+            if self.receiver is not None:
+                self.receiver.stop()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def discard_images(self, path: Path) -> None:
         """Remove a finished cut's image directory in the background; returns at once.
 
         Freeing a GiB-sized image (tmpfs pages) takes a tenth of a second or
         more, and nothing of the trial waits for it: the next cut has a
-        directory of its own. The session waits for every removal before it
-        ends (:meth:`drain_discards`), so no image directory outlives the run.
+        directory of its own, and waits for this thread's earlier removals
+        before it writes one (:meth:`settle_discards`), so a worker holds no
+        more images at once than before. The session waits for every removal
+        before it ends (:meth:`drain_discards`): no image directory outlives
+        the run.
         """
         worker = threading.Thread(target=remove_tree, args=(path,), name=f"discard {path.name}")
-        with self._lock:
-            self._discards = [t for t in self._discards if t.is_alive()]
-            self._discards.append(worker)
-        worker.start()
+        with self._discards_lock:  # started under the lock: a thread in the list has always started
+            try:
+                worker.start()
+            except RuntimeError:  # no thread to be had: remove it here and now
+                remove_tree(path)
+                return
+            self._discards = [t for t in self._discards if t.is_alive()] + [worker]
+        if not hasattr(self._local, "discards"):
+            self._local.discards = []
+        self._local.discards.append(worker)
+
+    def settle_discards(self) -> None:
+        """Wait until the image directories this thread handed to :meth:`discard_images` are gone."""
+        pending = getattr(self._local, "discards", [])
+        while pending:
+            pending[0].join()
+            pending.pop(0)
 
     def drain_discards(self) -> None:
         """Wait until every image directory handed to :meth:`discard_images` is gone."""
-        with self._lock:
+        with self._discards_lock:
             pending, self._discards = self._discards, []
         for worker in pending:
             worker.join()
 
     def reference(self, cls: type, params: dict[str, Any]) -> Any:
-        """``cls.reference(params)``, built once per parameter set and shared by the run's trials.
+        """``cls.reference(params)``, built once per parameter set and thread, and kept for the run's trials.
 
-        A reference is ground truth for its parameters alone, and its answers
-        are cached on it: a sweep's trials (same parameters) ask it again and
-        again, so one copy answers them all instead of each recomputing it.
+        A reference is ground truth for its parameters alone and caches its
+        answers: a sweep's trials (same parameters) ask it again and again, so
+        one copy answers them instead of each trial recomputing it. One per
+        thread, because a reference may advance a model as it is asked
+        (``ReplayReference``) and the protocol does not ask it to be
+        thread-safe.
         """
+        if not hasattr(self._local, "references"):
+            self._local.references = {}
+        references = self._local.references
         key = (f"{cls.__module__}:{cls.__qualname__}", json.dumps(params, sort_keys=True, default=str))
-        with self._lock:
-            found = self._references.get(key)
-            if found is None:
-                found = self._references[key] = cls.reference(params)
-        return found
+        if key not in references:
+            references[key] = cls.reference(params)
+        return references[key]
 
     @property
     def control_client(self) -> Any:
@@ -274,6 +295,9 @@ class TrialRunner:
         """Carry out the plan's cuts in order; stop at the first that hangs, fails or is refused."""
         spec, plan = self.spec, self.spec.cut_plan()
         for i, cut in enumerate(plan.cuts):
+            # This worker's earlier images are gone before it writes another (at worst the wait is where the
+            # removal was before it went to the background: the workload runs towards its cut meanwhile).
+            self.s.settle_discards()
             reached = self._reach(control, child, cut, seq, i)
             if reached == "deadlock":
                 state.status, state.error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"

@@ -94,9 +94,13 @@ class RunDir:
         meta.update(changes)
         self.write_meta(meta)
 
+    def trial_path(self, trial_id: str) -> Path:
+        """Where trial ``trial_id``'s file is (``trials/<trial_id>.json``), written or not."""
+        return self.path / "trials" / f"{trial_id}.json"
+
     def write_trial(self, trial_id: str, record: dict[str, Any]) -> Path:
-        """Write ``trials/<trial_id>.json``; return its path."""
-        path = self.path / "trials" / f"{trial_id}.json"
+        """Write ``trials/<trial_id>.json`` (atomically: all of it or nothing); return its path."""
+        path = self.trial_path(trial_id)
         atomic_write(path, json.dumps(record, indent=2, sort_keys=True, default=str))
         return path
 
@@ -173,7 +177,8 @@ class RunDir:
 
     def trial_records(self) -> list[dict[str, Any]]:
         """Every ``trials/*.json``, in trial order; :class:`InvalidArgument` naming a damaged or foreign one."""
-        files = sorted((self.path / "trials").glob("*.json"))
+        # Plan order: t0001 … t9999, then t10000 … (a longer name is a later trial).
+        files = sorted((self.path / "trials").glob("*.json"), key=lambda p: (len(p.stem), p.stem))
         meta = self.meta()
         expected, run_id = meta.get("n_trials"), meta.get("run_id", self.run_id)  # a copied run keeps its run_id
         if expected is not None and len(files) != expected:

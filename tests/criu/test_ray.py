@@ -80,7 +80,7 @@ def test_executor_ray_stores_the_serial_verdict_of_every_plan(criu, results_root
     meta = run.meta()
     assert meta["executor"] == "ray" and meta["scenario"]["executor"] == "ray"
     assert meta["ray"]["started_here"] and meta["ray"]["address"] == "local"
-    assert meta["jobs"] == min(int(meta["ray"]["node_cpus"]), 8) and meta["ray"]["task_resources"] == {"num_cpus": 1}
+    assert meta["jobs"] == min(int(meta["ray"]["cpus"]), 8) and meta["ray"]["task_resources"] == {"num_cpus": 1}
     records = run.trial_records()
     assert [r["spec"]["trial_id"] for r in records] == list(b["trial_id"])
     if meta["jobs"] > 1:  # trials at once: each tree in a PID namespace of its own, as with threads
@@ -174,7 +174,7 @@ def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the
     assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
     assert _verdicts(b) == _verdicts(serial.trials)
     meta = run.meta()
-    assert meta["ray"]["nodes"] == 2 and meta["ray"]["spread"] and meta["ray"]["node_cpus"] == 4
+    assert meta["ray"]["nodes"] == 2 and meta["ray"]["spread"] and meta["ray"]["cpus"] == 4
     assert meta["jobs"] == 4
     nodes = {r["record"]["facts"].get("ray_node") for r in run.trial_records()}
     assert len(nodes) == 2 and None not in nodes, nodes  # SPREAD placed trials on both nodes

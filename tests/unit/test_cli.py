@@ -100,3 +100,12 @@ def test_list_scenarios_from_elsewhere_finds_the_checkouts_scenarios(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cutbench", "list", "scenarios"], capture_output=True, text=True,
                           cwd=tmp_path, timeout=60)
     assert proc.returncode == 0 and "quick.toml" in proc.stdout
+
+
+def test_trial_files_are_read_in_plan_order_past_ten_thousand_trials(tmp_path):
+    run = RunDir.create(tmp_path, "many")
+    ids = ["t9999", "t10000", "t0002", "t10001"]
+    run.write_meta({"run_id": run.run_id, "n_trials": len(ids)})
+    for trial_id in ids:
+        run.write_trial(trial_id, {"run_id": run.run_id, "spec": {"trial_id": trial_id}})
+    assert [r["spec"]["trial_id"] for r in run.trial_records()] == ["t0002", "t9999", "t10000", "t10001"]

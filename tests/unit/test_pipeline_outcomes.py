@@ -84,11 +84,18 @@ def test_a_cuts_images_go_to_the_discard_it_is_given_and_a_session_waits_for_its
         child.kill()
     session = Session("r")
     session.discard_images(images)
-    session.drain_discards()
+    session.settle_discards()  # this thread's removals: what a worker waits for before its next cut
+    assert not images.exists()
+    images.mkdir()
+    session.discard_images(images)
+    session.drain_discards()  # every thread's: what the session waits for before it ends
     assert not images.exists()
 
 
-def test_a_session_builds_one_reference_per_parameter_set():
+def test_a_session_builds_one_reference_per_parameter_set_and_thread():
+    """Shared by a thread's trials; never by two threads (a reference may advance a model as it is asked)."""
+    import threading
+
     from cutbench.harness.runner.trial import Session
     from cutbench.workloads.counter import Counter
 
@@ -97,3 +104,8 @@ def test_a_session_builds_one_reference_per_parameter_set():
     assert session.reference(Counter, {"state_size": 64, "seed": 1}) is one
     other = session.reference(Counter, {"seed": 2, "state_size": 64})
     assert other is not one and other.checksum(3) != one.checksum(3)
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(session.reference(Counter, {"seed": 1, "state_size": 64})))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not one and elsewhere[0].checksum(3) == one.checksum(3)
