@@ -84,12 +84,16 @@ def test_a_cuts_images_go_to_the_discard_it_is_given_and_a_session_waits_for_its
         child.kill()
     session = Session("r")
     session.discard_images(images)
-    session.settle_discards()  # this thread's removals: what a worker waits for before its next cut
+    session.settle_discards(keep=0)  # this thread's removals (a worker's next cut waits for all but its latest)
     assert not images.exists()
-    images.mkdir()
-    session.discard_images(images)
+    older, latest = tmp_path / "older", tmp_path / "latest"
+    for d in (older, latest):
+        d.mkdir()
+        session.discard_images(d)
+    session.settle_discards()  # before a cut: all but the latest are gone (at most two images per worker)
+    assert not older.exists()
     session.drain_discards()  # every thread's: what the session waits for before it ends
-    assert not images.exists()
+    assert not latest.exists()
 
 
 def test_a_session_builds_one_reference_per_parameter_set_and_thread():
