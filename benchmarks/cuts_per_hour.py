@@ -66,10 +66,10 @@ import pandas as pd  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
 from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
+from cutbench.harness.reports.plots import HARNESS_STAGES  # noqa: E402
 
 TOOL_PREFIXES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "split_window", "criu_", "fault_",
                  "run_until_crash")
-WORKLOAD_STAGES = ("spawn", "reach_cut", "run_to_end")
 UNTIMED = "(untimed)"
 # What one trial holds on the GPU beside its ballast: the CUDA context, CuPy's pool, the counter's state
 # (1.51 GiB of process GPU memory at 1 GiB of ballast on the H200, results/reference/cuts-per-hour).
@@ -82,7 +82,7 @@ def classify(stage: str) -> str:
     """``tool``, ``workload`` or ``harness`` for a timeline stage name."""
     if stage.startswith(TOOL_PREFIXES):
         return "tool"
-    if stage in WORKLOAD_STAGES:
+    if stage in HARNESS_STAGES:  # the workload's own running (spawn, to its cut, to its end): not the tool's
         return "workload"
     return "harness"
 

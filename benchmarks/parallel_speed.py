@@ -31,12 +31,7 @@ import pandas as pd  # noqa: E402
 
 from cutbench.harness.model.scenario import check_jobs, load_scenario  # noqa: E402
 from cutbench.harness.runner.run import run_scenario  # noqa: E402
-
-
-def verdicts(trials: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, tuple[str, ...]]]:
-    """Per (variant, arm, plan): the outcome and the kinds of finding."""
-    return {(r.variant, r.arm, r.plan): (r.outcome, tuple(sorted({f["kind"] for f in json.loads(r.findings)})))
-            for r in trials.itertuples()}
+from cutbench.harness.store.analysis import verdicts_by_plan  # noqa: E402
 
 
 def main() -> int:
@@ -61,11 +56,11 @@ def main() -> int:
             print(f"{executor} jobs {jobs}: the run did not complete ({outcome.run.path})", file=sys.stderr)
             return 1
         meta = outcome.run.meta()
-        serial = serial or {"wall": wall, "verdicts": verdicts(outcome.trials)}
+        serial = serial or {"wall": wall, "verdicts": verdicts_by_plan(outcome.trials)}
         rows.append({"executor": executor, "jobs": meta["jobs"], "trials": len(outcome.trials), "wall_s": wall,
                      "startup_s": (meta.get("ray") or {}).get("startup_s", 0.0),
                      "trials_per_min": 60.0 * len(outcome.trials) / wall, "speedup": serial["wall"] / wall,
-                     "same_verdicts": verdicts(outcome.trials) == serial["verdicts"],
+                     "same_verdicts": verdicts_by_plan(outcome.trials) == serial["verdicts"],
                      "unknown": int((outcome.trials["outcome"] == "unknown").sum()), "run": outcome.run.path.name})
     table = pd.DataFrame(rows)
     print(f"# Parallel trials: {scenario.name}, {len(os.sched_getaffinity(0))} CPUs\n")

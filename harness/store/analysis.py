@@ -9,6 +9,7 @@ whether its verdict reproduced.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,13 @@ def verdict_class(verdict: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     the same plan must give the same outcome and the same kinds of finding.
     """
     return verdict["outcome"], tuple(sorted({f["kind"] for f in verdict.get("findings", [])}))
+
+
+def verdicts_by_plan(trials: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, tuple[str, ...]]]:
+    """Per (variant, arm, plan) of a trials table: its :func:`verdict_class`. Two runs of the same plans, by any
+    executor, must give equal ones."""
+    return {(r.variant, r.arm, r.plan): verdict_class({"outcome": r.outcome, "findings": json.loads(r.findings)})
+            for r in trials.itertuples()}
 
 
 @dataclass

@@ -8,14 +8,12 @@ process may hold by then.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from cutbench.errors import StageFailed
@@ -25,7 +23,7 @@ from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.runner.run import run_scenario
-from cutbench.harness.store.analysis import reanalyze
+from cutbench.harness.store.analysis import reanalyze, verdicts_by_plan
 from cutbench.harness.store.rundir import RunDir
 from cutbench.procs import become_subreaper, spawn
 from tests.conftest import REPO, workload_processes
@@ -33,12 +31,6 @@ from tests.conftest import REPO, workload_processes
 pytestmark = pytest.mark.criu
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
-
-
-def _verdicts(trials: pd.DataFrame) -> dict[tuple[str, str, str], tuple[str, tuple[str, ...]]]:
-    """Per (variant, arm, plan): the outcome and the kinds of finding (counts may differ where timing decides them)."""
-    return {(r.variant, r.arm, r.plan): (r.outcome, tuple(sorted({f["kind"] for f in json.loads(r.findings)})))
-            for r in trials.itertuples()}
 
 
 @pytest.mark.timeout(300)
@@ -57,7 +49,7 @@ def test_jobs_2_stores_the_serial_verdict_of_every_plan(criu, results_root: Path
     assert list(b["trial_id"]) == list(a["trial_id"]) == sorted(a["trial_id"])  # plan order, whoever ran what
     assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
     assert (b["restores"] == 1).all()
-    assert _verdicts(b) == _verdicts(a)
+    assert verdicts_by_plan(b) == verdicts_by_plan(a)
     assert set(b["outcome"]) == {"valid", "invalid"}  # kill restores valid, leave_running under at_least_once not
 
     run = RunDir.open(parallel.run.path)

@@ -18,10 +18,9 @@ import pytest
 
 from cutbench.harness.model.scenario import load_scenario
 from cutbench.harness.runner.run import run_scenario
-from cutbench.harness.store.analysis import reanalyze
+from cutbench.harness.store.analysis import reanalyze, verdicts_by_plan
 from cutbench.harness.store.rundir import RunDir
 from tests.conftest import REPO, live_processes, workload_processes
-from tests.criu.test_parallel import _verdicts
 
 pytestmark = pytest.mark.criu
 
@@ -74,7 +73,7 @@ def test_executor_ray_stores_the_serial_verdict_of_every_plan(criu, results_root
     assert list(b["trial_id"]) == list(a["trial_id"]) == sorted(a["trial_id"])  # plan order, whoever ran what
     assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
     assert (b["restores"] == 1).all()
-    assert _verdicts(b) == _verdicts(a)
+    assert verdicts_by_plan(b) == verdicts_by_plan(a)
     assert set(b["outcome"]) == {"valid", "invalid"}
 
     meta = run.meta()
@@ -172,7 +171,7 @@ def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the
     run = RunDir.open(json.loads(proc.stdout)["run_dir"])
     b = run.table("trials")
     assert (b["status"] != "unknown").all(), b[b["status"] == "unknown"][["trial_id", "error"]]
-    assert _verdicts(b) == _verdicts(serial.trials)
+    assert verdicts_by_plan(b) == verdicts_by_plan(serial.trials)
     meta = run.meta()
     assert meta["ray"]["nodes"] == 2 and meta["ray"]["spread"] and meta["ray"]["cpus"] == 4
     assert meta["jobs"] == 4
