@@ -118,7 +118,8 @@ class RayCluster:
     visible_devices: str | None  # the driver's CUDA_VISIBLE_DEVICES before Ray ran
     startup_s: float
     node_ip: str = "127.0.0.1"  # the driver node's address, as Ray reaches it
-    node_gpus: dict[str, int] = field(default_factory=dict)  # every alive node's GPUs, by node id
+    # The nodes that may run trials (every alive one of a cluster, else the driver's), each with its Ray resources.
+    node_resources: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def spread(self) -> bool:
@@ -152,12 +153,11 @@ class RayCluster:
         node_id = ray.get_runtime_context().get_node_id()
         alive = [n for n in ray.nodes() if n.get("Alive")]
         # One node: the trials run on the driver's. Several: on any, so count what they all offer.
-        used = alive if len(alive) > 1 else [n for n in alive if n.get("NodeID") == node_id]
-        cpus = sum(float(n.get("Resources", {}).get("CPU", 0)) for n in used)
-        gpus = sum(float(n.get("Resources", {}).get("GPU", 0)) for n in used)
+        used = {n["NodeID"]: n.get("Resources", {}) for n in alive if len(alive) > 1 or n["NodeID"] == node_id}
+        cpus = sum(float(r.get("CPU", 0)) for r in used.values())
+        gpus = sum(float(r.get("GPU", 0)) for r in used.values())
         cluster = cls(ray, started, address, node_id, cpus, gpus, len(alive), visible, time.monotonic() - t0,
-                      node_ip=ray.util.get_node_ip_address(),
-                      node_gpus={n["NodeID"]: int(n.get("Resources", {}).get("GPU", 0)) for n in alive})
+                      node_ip=ray.util.get_node_ip_address(), node_resources=used)
         if cluster.cpus < 1:
             cluster.close()
             where = "no node of the cluster offers" if cluster.spread else f"the driver's Ray node ({node_id[:12]}) offers"
@@ -209,8 +209,13 @@ class RayCluster:
                    "scheduling_strategy": self._placement()}
         self.check_nodes(requests, options)
         task = self.ray.remote(run_task).options(**options)
-        return RayTrials(self.ray, lambda i: task.remote(requests[i], self.node_gpus, self.node_id,
-                                                         self.visible_devices), specs, window)
+        gpus = self.node_gpus()
+        return RayTrials(self.ray, lambda i: task.remote(requests[i], gpus, self.node_id, self.visible_devices),
+                         specs, window)
+
+    def node_gpus(self) -> dict[str, int]:
+        """The GPUs of each node that may run trials, by node id (what a task needs to see its node's GPUs)."""
+        return {node: int(r.get("GPU", 0)) for node, r in self.node_resources.items()}
 
     def _placement(self, node_id: str | None = None) -> Any:
         """The scheduling strategy of a task: pinned to ``node_id`` (default: the driver's, on one node), or
@@ -227,16 +232,15 @@ class RayCluster:
         Raise :class:`Unavailable` (or :class:`InvalidArgument`) with the first failing node's reason, or when
         no node can hold a trial or a check does not finish within :data:`CHECK_TIMEOUT_S`."""
         cpu, gpu = options.get("num_cpus", 1), options.get("num_gpus", 0)
-        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and (self.spread or n["NodeID"] == self.node_id)
-                 and n.get("Resources", {}).get("CPU", 0) >= cpu and n.get("Resources", {}).get("GPU", 0) >= gpu]
+        nodes = [n for n, r in self.node_resources.items() if r.get("CPU", 0) >= cpu and r.get("GPU", 0) >= gpu]
         if not nodes:
             where = "no node of the cluster has" if self.spread else "the driver's node has not"
             raise Unavailable(f"run.executor = \"ray\": {where} what a trial asks for ({cpu} CPU"
                               + (f", {gpu:g} of a GPU" if gpu else "") + "): start a node that does")
         probes = list({r["spec"]["backend"]: {**r, "check_only": True, "token": None} for r in requests}.values())
-        probe = self.ray.remote(run_task)
+        probe, gpus = self.ray.remote(run_task), self.node_gpus()
         refs = {probe.options(**{**options, "scheduling_strategy": self._placement(node)}).remote(
-                    req, self.node_gpus, self.node_id, self.visible_devices): node for node in nodes for req in probes}
+                    req, gpus, self.node_id, self.visible_devices): node for node in nodes for req in probes}
         try:
             for ref, node in refs.items():
                 try:
@@ -341,7 +345,8 @@ def decode(payload: Any, trial_id: str) -> "TrialResult | None":
 def run_task(request: dict[str, Any], node_gpus: dict[str, int], driver_node: str, visible: str | None) -> bytes:
     """The Ray task: run one trial in a fresh child process (``trial_worker``); return what it wrote, pickled.
 
-    Runs in a Ray worker. ``node_gpus`` are every node's GPU counts,
+    Runs in a Ray worker. ``node_gpus`` are the GPU counts of the nodes
+    that run trials,
     ``driver_node`` the driver's node and ``visible`` its
     ``CUDA_VISIBLE_DEVICES``, which names the GPUs of that node only (see
     :func:`trial_visible_devices`). A KeyboardInterrupt (``ray.cancel``) is
