@@ -53,6 +53,8 @@ class Session:
     (``pid_namespace`` on the class; see ``cutbench.procs``).
     """
 
+    workdir_tag = ""  # in the work directory's name, after the run id
+
     def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None, *,
                  pid_namespace: bool = False, listen: str = "127.0.0.1:0", token: str | None = None):
         self.run_id = run_id
@@ -67,24 +69,28 @@ class Session:
         self._local = threading.local()  # this thread's backends and receiver client
         self._clients: list[Any] = []  # every thread's client, closed on exit
         self._clients_lock = threading.Lock()
-        self._discards: list[threading.Thread] = []  # image directories being removed
+        self._discards: list[tuple[int, threading.Thread]] = []  # (worker thread, its removal) of image directories
         self._discards_lock = threading.Lock()
         self.receiver = None
 
     def __enter__(self) -> "Session":
-        from cutbench.receivers.process import start_receiver
-
         become_subreaper()
         base = Path(self._workdir_arg) if self._workdir_arg else None
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-", dir=base))
-        self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-{self.workdir_tag}", dir=base))
         try:
-            self.receiver = start_receiver(self.store_url, self.workdir, listen=self.listen, token=self.token,
-                                           allow_remote=self.token is not None)
+            self.receiver = self._open_receiver()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _open_receiver(self) -> Any:
+        """Start the run's receiver on its store (``sqlite``: a file in the work directory); return its handle."""
+        from cutbench.receivers.process import start_receiver
+
+        self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
+        return start_receiver(self.store_url, self.workdir, listen=self.listen, token=self.token,
+                              allow_remote=self.token is not None)
 
     def __exit__(self, *exc: Any) -> None:
         try:
@@ -120,24 +126,22 @@ class Session:
             except RuntimeError:  # no thread to be had: remove it here and now
                 remove_tree(path)
                 return
-            self._discards = [t for t in self._discards if t.is_alive()] + [worker]
-        if not hasattr(self._local, "discards"):
-            self._local.discards = []
-        self._local.discards.append(worker)
+            self._discards = [(o, t) for o, t in self._discards if t.is_alive()] + [(threading.get_ident(), worker)]
 
     def settle_discards(self, keep: int = 1) -> None:
         """Wait until at most ``keep`` of the image directories this thread handed to :meth:`discard_images`
         are still being removed (the latest ones), none with ``keep = 0``."""
-        pending = getattr(self._local, "discards", [])
-        while len(pending) > keep:
-            pending[0].join()
-            pending.pop(0)
+        me = threading.get_ident()
+        with self._discards_lock:
+            mine = [t for o, t in self._discards if o == me and t.is_alive()]
+        for worker in mine[:max(0, len(mine) - keep)]:
+            worker.join()
 
     def drain_discards(self) -> None:
         """Wait until every image directory handed to :meth:`discard_images` is gone."""
         with self._discards_lock:
             pending, self._discards = self._discards, []
-        for worker in pending:
+        for _, worker in pending:
             worker.join()
 
     def reference(self, cls: type, params: dict[str, Any]) -> Any:

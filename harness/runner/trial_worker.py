@@ -72,15 +72,12 @@ class WorkerSession(Session):
         super().__init__(run_id, store, workdir, pid_namespace=pid_namespace, token=token)
         self._receiver_address = receiver
 
-    def __enter__(self) -> "WorkerSession":
-        import tempfile
+    workdir_tag = "worker-"
 
-        become_subreaper()
-        base = Path(self._workdir_arg) if self._workdir_arg else None
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-worker-", dir=base))
+    def _open_receiver(self) -> "_Receiver":
+        """The driver's receiver, which this session only talks to."""
         self.store_url = self.store_spec
-        self.receiver = _Receiver(self._receiver_address)
-        return self
+        return _Receiver(self._receiver_address)
 
     def effects(self, receiver_trial: str) -> Any:
         """The receiver's stored rows for one trial, exported by the receiver from its store."""
