@@ -12,12 +12,13 @@ import path ``"package.module:Class"`` in a scenario file.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from cutbench.errors import CutbenchError
 from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
-from cutbench.workloads.xp import DEVICE_BACKENDS, unusable_reason
+from cutbench.workloads.xp import DEVICE_BACKENDS, device_count, unusable_reason
 
 ENTRY_POINT_GROUP = "cutbench.workloads"
 
@@ -45,6 +46,33 @@ BUILTIN: dict[str, str] = {
     "restore_hook_realloc": "cutbench.workloads.variants:RestoreHookRealloc",
     "echo_peer": "cutbench.workloads.echo_peer:EchoPeer",
     "echo_peer_noseq": "cutbench.workloads.echo_peer:EchoPeerNoSeq",
+    # Probes of the CUDA support matrix (workloads/probes/): one CUDA feature each.
+    "probe_memory": "cutbench.workloads.probes.memory:MemoryProbe",
+    "probe_globals": "cutbench.workloads.probes.memory:GlobalsProbe",
+    "probe_texture": "cutbench.workloads.probes.memory:TextureProbe",
+    "probe_pinned": "cutbench.workloads.probes.host:PinnedProbe",
+    "probe_streams": "cutbench.workloads.probes.inflight:StreamsProbe",
+    "probe_host_func": "cutbench.workloads.probes.inflight:HostFuncProbe",
+    "probe_lock_timeout": "cutbench.workloads.probes.inflight:LockTimeoutProbe",
+    "probe_lazy_loading": "cutbench.workloads.probes.modules:LazyLoadingProbe",
+    "probe_eager_loading": "cutbench.workloads.probes.modules:EagerLoadingProbe",
+    "probe_nvrtc": "cutbench.workloads.probes.modules:NvrtcProbe",
+    "probe_curand": "cutbench.workloads.probes.modules:CurandProbe",
+    "probe_cublas": "cutbench.workloads.probes.modules:CublasProbe",
+    "probe_graph": "cutbench.workloads.probes.graphs:GraphProbe",
+    "probe_malloc_async": "cutbench.workloads.probes.allocation:MallocAsyncProbe",
+    "probe_vmm_alias": "cutbench.workloads.probes.allocation:VmmAliasProbe",
+    "probe_managed": "cutbench.workloads.probes.allocation:ManagedProbe",
+    "probe_fork": "cutbench.workloads.probes.processes:ForkProbe",
+    "probe_ipc": "cutbench.workloads.probes.processes:IpcProbe",
+    "probe_nvml": "cutbench.workloads.probes.processes:NvmlProbe",
+    "probe_torch_allocator": "cutbench.workloads.probes.torch_probes:TorchAllocatorProbe",
+    "probe_torch_compile": "cutbench.workloads.probes.torch_probes:TorchCompileProbe",
+    "probe_torch_cuda_graph": "cutbench.workloads.probes.torch_probes:TorchGraphProbe",
+    "probe_restore_oom": "cutbench.workloads.probes.errors:RestoreOomProbe",
+    "probe_peer_access": "cutbench.workloads.probes.multi_gpu:PeerAccessProbe",
+    "probe_migration": "cutbench.workloads.probes.multi_gpu:MigrationProbe",
+    "probe_nccl": "cutbench.workloads.probes.multi_gpu:NcclProbe",
 }
 
 # Array backends a workload runs on unless it says otherwise (``arrays``). PyTorch
@@ -94,6 +122,14 @@ class Workload(Protocol):
     # Optional members (see docs/workload-api.md):
     #   arrays: ClassVar[tuple[str, ...]]   array backends it runs on (of "numpy", "cupy", "torch");
     #                                       without "numpy" it is GPU-only
+    #   ground_truth: ClassVar[str]         "model" (default: ``reference`` computes it) or "recorded"
+    #                                       (uninterrupted runs on this machine record it; see RecordedReference)
+    #   features: ClassVar[frozenset[str]]  CUDA features it uses (probe features; the certificate asks the
+    #                                       measured support matrix about each)
+    #   environment: ClassVar[dict[str, str]] variables set in the workload process before CUDA starts
+    #   min_gpus: ClassVar[int]             GPUs it needs (default 1 for a device backend)
+    #   exclusive_gpu: ClassVar[bool]       it needs the GPUs to itself (it fills their memory)
+    #   matrix_rows: ClassVar[tuple[MatrixRow, ...]]  the support-matrix rows it measures (a probe)
     #   validate_params(cls, params)        classmethod; raise WorkloadError naming the bad value
     #   domains_for(cls, params)            classmethod; domains some parameter values add
     #   save_state(self, path: str) -> None / load_state(self, path: str) -> int
@@ -103,6 +139,163 @@ class Workload(Protocol):
 
 class WorkloadError(ValueError):
     """A workload name, import path or parameter set is not usable."""
+
+
+# -- ground truth recorded on this machine ---------------------------------------
+
+GROUND_TRUTHS: tuple[str, ...] = ("model", "recorded")
+
+
+def records_reference(cls: type) -> bool:
+    """Whether ``cls``'s ground truth is recorded from uninterrupted runs (``ground_truth = "recorded"``)
+    rather than computed by its ``reference`` classmethod."""
+    return getattr(cls, "ground_truth", "model") == "recorded"
+
+
+def reference_key(workload: str, params: dict[str, Any], array: str) -> str:
+    """The name of the recorded reference of ``workload`` with ``params`` on array backend ``array``:
+    ``<workload>-<array>-<hash of the parameters>`` (a file name: letters, digits, ``-``, ``_``, ``.``)."""
+    import hashlib
+    import json
+    import re
+
+    text = json.dumps({"workload": workload, "params": params, "array": array}, sort_keys=True, default=str)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", workload.rsplit(":", 1)[-1])[:60]
+    return f"{stem}-{array}-{hashlib.blake2b(text.encode(), digest_size=6).hexdigest()}"
+
+
+class ReferenceMismatch(WorkloadError):
+    """A recorded reference that does not belong to the workload, parameters or machine it is asked for."""
+
+
+@dataclass
+class RecordedReference:
+    """Ground truth recorded from uninterrupted runs of a workload on this machine (:class:`Reference`).
+
+    Floating-point programs and CUDA libraries (cuRAND, cuBLAS, ...) are not
+    bit-replayable on NumPy, so their reference is what an uninterrupted run
+    of the same workload, parameters and array backend produced here: the
+    payload of every op's effect and the state checksum after every op the
+    run reported (``report["checksums"]``, plus the final one). The runner
+    records it twice and keeps it only when both runs agree op for op.
+    ``machine`` says where it was recorded; :meth:`check` refuses it for
+    another workload, parameter set or machine.
+    """
+
+    workload: str
+    params: dict[str, Any]
+    array: str
+    payloads: dict[int, str]
+    checksums: dict[int, str]
+    machine: dict[str, Any] = field(default_factory=dict)
+    runs: int = 1
+
+    def payload(self, op: int) -> str:
+        """The payload effect ``op`` carried in the uninterrupted run."""
+        try:
+            return self.payloads[int(op)]
+        except KeyError:
+            raise KeyError(f"the recorded reference of {self.workload} holds no effect for op {op} "
+                           f"(recorded ops 1..{max(self.payloads, default=0)})") from None
+
+    def checksum(self, op: int) -> str:
+        """The state checksum after ``op`` ops in the uninterrupted run."""
+        try:
+            return self.checksums[int(op)]
+        except KeyError:
+            raise KeyError(f"the recorded reference of {self.workload} holds no state checksum after op {op} "
+                           f"(recorded after ops {sorted(self.checksums)})") from None
+
+    @classmethod
+    def from_run(cls, workload: str, params: dict[str, Any], array: str, effects: Any, report: dict[str, Any] | None,
+                 machine: dict[str, Any] | None = None) -> "RecordedReference":
+        """The reference one uninterrupted run gives: its effects (the receiver's rows: ``op_id``,
+        ``digest``, ``decision``) and its final report. Raises :class:`WorkloadError` naming what the run
+        lacks (no report, an op without an applied effect)."""
+        if not report or report.get("checksum") is None:
+            raise WorkloadError(f"workload {workload!r}: the uninterrupted run wrote no report with a checksum")
+        payloads: dict[int, str] = {}
+        if effects is not None and len(effects):
+            for op, digest, decision in zip(effects["op_id"], effects["digest"], effects["decision"], strict=True):
+                if decision in ("applied", "committed"):
+                    payloads.setdefault(int(op), str(digest))
+        last = int(report.get("host_op") or 0)
+        absent = [op for op in range(1, last + 1) if op not in payloads]
+        if absent:
+            raise WorkloadError(f"workload {workload!r}: the uninterrupted run committed ops 1..{last} but the receiver "
+                                f"holds no applied effect for op(s) {absent[:5]}")
+        checksums = {int(k): str(v) for k, v in (report.get("checksums") or {}).items()}
+        checksums[last] = str(report["checksum"])
+        return cls(workload, dict(params), array, payloads, checksums, dict(machine or {}))
+
+    def first_difference(self, other: "RecordedReference") -> str | None:
+        """Where two recordings of one workload disagree first (an op's payload or checksum), or None."""
+        for what, mine, theirs in (("effect payload", self.payloads, other.payloads),
+                                   ("state checksum", self.checksums, other.checksums)):
+            for op in sorted(set(mine) | set(theirs)):
+                if mine.get(op) != theirs.get(op):
+                    return (f"op {op}: {what} {str(mine.get(op, 'absent'))[:16]} in one run, "
+                            f"{str(theirs.get(op, 'absent'))[:16]} in the other")
+        return None
+
+    def check(self, workload: str, params: dict[str, Any], array: str, machine: dict[str, Any] | None = None) -> None:
+        """Raise :class:`ReferenceMismatch` naming the difference when this recording is not the ground
+        truth of ``workload`` with ``params`` on ``array`` (and, when given, on ``machine``)."""
+        if (self.workload, self.array) != (workload, array):
+            raise ReferenceMismatch(f"recorded reference of {self.workload!r} on {self.array!r} asked for {workload!r} "
+                                    f"on {array!r}")
+        if self.params != params:
+            changed = sorted(k for k in set(self.params) | set(params) if self.params.get(k) != params.get(k))
+            raise ReferenceMismatch(f"recorded reference of {workload!r} was made with other parameters "
+                                    f"({', '.join(f'{k}={self.params.get(k)!r}, not {params.get(k)!r}' for k in changed)})")
+        for key, value in (machine or {}).items():
+            if key in self.machine and self.machine[key] != value:
+                raise ReferenceMismatch(f"recorded reference of {workload!r} was made on another machine "
+                                        f"({key} {self.machine[key]!r}, here {value!r}): record it again here")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (op numbers as strings)."""
+        return {"workload": self.workload, "params": self.params, "array": self.array, "runs": self.runs,
+                "machine": self.machine, "payloads": {str(k): v for k, v in sorted(self.payloads.items())},
+                "checksums": {str(k): v for k, v in sorted(self.checksums.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "RecordedReference":
+        """Inverse of :meth:`to_dict`; :class:`WorkloadError` naming the bad field."""
+        if not isinstance(data, dict):
+            raise WorkloadError(f"recorded reference: expected an object, got {type(data).__name__}")
+        try:
+            return cls(str(data["workload"]), dict(data["params"]), str(data["array"]),
+                       {int(k): str(v) for k, v in dict(data["payloads"]).items()},
+                       {int(k): str(v) for k, v in dict(data["checksums"]).items()},
+                       dict(data.get("machine") or {}), int(data.get("runs", 1)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WorkloadError(f"recorded reference: bad or missing field ({type(exc).__name__}: {exc})") from None
+
+
+# -- the support matrix's rows (probes declare them) ------------------------------
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One row of the CUDA support matrix, declared by the probe that measures it.
+
+    ``name`` is the row (a feature at one setting, ``device_memory_1GiB``);
+    ``feature`` the CUDA feature a workload declares in ``features`` and the
+    certificate asks about (several rows may measure one feature); ``params``
+    and ``array`` are the probe's; the single cut of every trial is at
+    ``cut_op``/``cut_phase``. ``restore_target`` ``other_gpu`` asks for a GPU
+    migration on restore.
+    """
+
+    name: str
+    feature: str
+    description: str
+    params: dict[str, Any] = field(default_factory=dict)
+    array: str = "cupy"
+    cut_op: int = 2
+    cut_phase: str = "launch"
+    restore_target: str = "same"
 
 
 WORKLOADS = Registry("workload", ENTRY_POINT_GROUP, BUILTIN)
@@ -137,6 +330,12 @@ def load(name: str) -> type:
     if isinstance(arrays, str) or not arrays or any(a not in ARRAY_LIBRARIES for a in arrays):
         raise WorkloadError(f"workload {target!r}: arrays = {arrays!r}; must be a non-empty tuple of "
                             f"{', '.join(map(repr, ARRAY_LIBRARIES))}")
+    truth = getattr(cls, "ground_truth", "model")
+    if truth not in GROUND_TRUTHS:
+        raise WorkloadError(f"workload {target!r}: ground_truth = {truth!r}; allowed {', '.join(GROUND_TRUTHS)}")
+    features = getattr(cls, "features", frozenset())
+    if isinstance(features, str) or not all(isinstance(f, str) and f for f in features):
+        raise WorkloadError(f"workload {target!r}: features = {features!r}; must be a set of feature names")
     return cls
 
 
@@ -171,6 +370,11 @@ def declared_domains(cls: type, params: dict[str, Any]) -> frozenset[str]:
     """The state domains ``cls`` uses with ``params``: ``cls.domains`` plus what ``domains_for`` adds."""
     extra = getattr(cls, "domains_for", None)
     return frozenset(cls.domains) | (frozenset(extra(params)) if callable(extra) else frozenset())
+
+
+def declared_features(cls: type) -> frozenset[str]:
+    """The CUDA features ``cls`` declares it uses (``features``; empty when it declares none)."""
+    return frozenset(getattr(cls, "features", frozenset()))
 
 
 def declared_arrays(cls: type) -> tuple[str, ...]:
@@ -224,9 +428,14 @@ def unavailable_reason(cls: type, array: str) -> str | None:
     tried = [a for a in arrays if a in DEVICE_BACKENDS] if array == "auto" else [wanted]
     reasons = [(a, unusable_reason(a)) for a in tried]
     if any(why is None for _, why in reasons):
+        need = int(getattr(cls, "min_gpus", 1))
+        have = device_count()
+        if need > have:
+            return f"workload {cls.name!r} needs {need} GPUs; {have} visible here"
         return None
     return f"workload {cls.name!r} needs a GPU: " + "; ".join(f"{why} ({_INSTALL[a]})" for a, why in reasons)
 
 
-__all__ = ["ARRAYS", "PHASES", "DOMAINS", "Reference", "Workload", "WorkloadError", "available", "declared_arrays",
-           "declared_domains", "load", "resolve_array", "resolve_params", "unavailable_reason"]
+__all__ = ["ARRAYS", "PHASES", "DOMAINS", "MatrixRow", "RecordedReference", "Reference", "ReferenceMismatch", "Workload",
+           "WorkloadError", "available", "declared_arrays", "declared_domains", "declared_features", "load",
+           "records_reference", "reference_key", "resolve_array", "resolve_params", "unavailable_reason"]

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     control = ControlFile(config.control_path)
     control.set("pid", os.getpid())
     cls = api.load(config.workload)
+    # Before CUDA starts in this process: the driver reads e.g. CUDA_MODULE_LOADING at its initialisation.
+    os.environ.update(getattr(cls, "environment", {}))
     try:
         # "auto" by the workload's own ``arrays``: a torch-only workload gets torch.
         xp = get_xp(api.resolve_array(cls, config.array_backend))

@@ -88,6 +88,24 @@ def unusable_reason(name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def device_count() -> int:
+    """How many CUDA devices this process sees (0 without CuPy, PyTorch or a driver).
+
+    Asked through whichever library is usable (CuPy first), as
+    :func:`unusable_reason` does; cached for the process's life.
+    """
+    if unusable_reason("cupy") is None:
+        import cupy  # type: ignore[import-not-found]
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    if unusable_reason("torch") is None:
+        import torch  # type: ignore[import-not-found]
+
+        return int(torch.cuda.device_count())
+    return 0
+
+
 def get_xp(name: str = "auto") -> ModuleType:
     """Return the array namespace for ``name`` ("numpy", "cupy", "torch" or "auto"; see the module doc).
 

@@ -61,6 +61,22 @@ def collect() -> dict[str, Any]:
     return env
 
 
+def fingerprint(env: dict[str, Any]) -> dict[str, Any]:
+    """What makes two machines the same for cutbench's verdicts: GPU model, driver, CUDA, kernel and CRIU.
+
+    From a run's environment record (:func:`collect`). The host name is left
+    out on purpose: a GPU machine lent for one session gets a new name, and
+    a matrix or a recorded reference of the same chip, driver and tools is
+    still the same measurement.
+    """
+    gpu = env.get("gpu") or {}
+    names = sorted({g.get("name", "") for g in gpu.get("gpus") or ()} - {""})
+    out = {"machine": env.get("machine"), "kernel": env.get("kernel"), "gpu": ", ".join(names) or None,
+           "driver": gpu.get("driver_version"), "cuda": gpu.get("cuda_driver_version"),
+           "criu": (env.get("criu") or {}).get("version")}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _scalars(value: Any) -> Any:
     """Keep only what TOML can hold (drop None, stringify odd types)."""
     if isinstance(value, dict):

@@ -249,6 +249,12 @@ def execute(
                      listen=listen, token=token) as session:
             if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
                 meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
+            if isinstance(specs, list):
+                specs, unjudgeable = record_references(session, specs, jobs, run, env)
+                if unjudgeable:  # said up front, in run.toml: these trials are not run
+                    meta["skipped_arms"] = skipped = [*(skipped or []), *unjudgeable]
+                    meta["n_trials_planned"] = planned = total = len(specs)
+                    run.write_meta(meta)
 
             def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
@@ -261,7 +267,7 @@ def execute(
             if cluster is not None and isinstance(specs, list):
                 pool = cluster.trials(specs, jobs, run_id=run.run_id, receiver=session.receiver.address,
                                       store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu,
-                                      token=token)
+                                      token=token, recordings=session.recordings)
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress, pool=pool)
             elif jobs > 1 and isinstance(specs, list):
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress)
@@ -278,6 +284,32 @@ def execute(
             cluster.close()  # a Ray this run started stops here: its processes do not outlive the trials
         frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, skipped or [])
+
+
+def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir,
+                      env: dict[str, Any]) -> tuple[list[TrialSpec], list[dict[str, str]]]:
+    """Record the ground truth of the recorded-reference workloads among ``specs`` (two uninterrupted runs
+    each, stored as ``references/<key>.json``); return the specs that can be judged and the arms that
+    cannot (label and reason: a control run failed, or the workload is not deterministic here).
+
+    The reason is said before any trial runs and the trials are not run: a
+    workload that cannot be judged here must not turn into findings.
+    """
+    failures = session.record_references(specs, jobs, machine=environment.fingerprint(env),
+                                         keep=lambda key, rec: run.write_reference(key, rec.to_dict()))
+    if not failures:
+        return specs, []
+    keep, skipped = [], {}
+    for spec in specs:
+        cls = workload_api.load(spec.workload)
+        key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+        if key in failures:
+            label = f"{spec.variant} {Arm(**spec.arm).label()}".strip()
+            skipped.setdefault(label, {"arm": label, "reason": f"workload {cls.name!r} cannot be judged here: "
+                                                                 f"{failures[key]}"})
+        else:
+            keep.append(spec)
+    return keep, list(skipped.values())
 
 
 # -- parallel trials ---------------------------------------------------------

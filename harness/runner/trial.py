@@ -15,7 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,8 @@ class Session:
         self._discards: list[tuple[int, threading.Thread]] = []  # (worker thread, its removal) of image directories
         self._discards_lock = threading.Lock()
         self.receiver = None
+        # Ground truth recorded on this machine (workloads with ground_truth = "recorded"), by reference_key.
+        self.recordings: dict[str, workload_api.RecordedReference] = {}
 
     def __enter__(self) -> "Session":
         become_subreaper()
@@ -144,7 +148,7 @@ class Session:
         for _, worker in pending:
             worker.join()
 
-    def reference(self, cls: type, params: dict[str, Any]) -> Any:
+    def reference(self, cls: type, params: dict[str, Any], array: str = "auto") -> Any:
         """``cls.reference(params)``, built once per parameter set and thread, and kept for the run's trials.
 
         A reference is ground truth for its parameters alone and caches its
@@ -153,7 +157,18 @@ class Session:
         thread, because a reference may advance a model as it is asked
         (``ReplayReference``) and the protocol does not ask it to be
         thread-safe.
+
+        A workload whose ground truth is recorded (``ground_truth =
+        "recorded"``) gets the recording :meth:`record_references` made for
+        ``params`` on ``array``; :class:`~cutbench.errors.HarnessFault` when
+        there is none (the trial is ``unknown``: nothing to judge it by).
         """
+        if workload_api.records_reference(cls):
+            key = workload_api.reference_key(cls.name, params, workload_api.resolve_array(cls, array))
+            if key not in self.recordings:
+                raise HarnessFault("judge", f"no recorded reference {key} for workload {cls.name!r}: the run records "
+                                            "one before its trials (Session.record_references)")
+            return self.recordings[key]
         if not hasattr(self._local, "references"):
             self._local.references = {}
         references = self._local.references
@@ -201,6 +216,63 @@ class Session:
         """Run one trial to its verdict; never raises for a failing stage or workload."""
         return TrialRunner(self, spec).run()
 
+    def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
+                          keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
+        """Record the ground truth of every recorded-reference workload among ``specs``; return ``{key: why not}``.
+
+        For each distinct (workload, parameters, array backend) whose class
+        declares ``ground_truth = "recorded"``, two uninterrupted runs (the
+        spec without cuts, through the same backend's launch) are made, ``jobs``
+        at a time. Where both completed and agree op for op, the recording is
+        kept for :meth:`reference` and handed to ``keep(key, recording)`` (the
+        run stores it); where a run failed, or the two disagree (the workload
+        is not deterministic here), the reason is returned under its key and
+        nothing is kept: the caller runs none of its trials, so a workload
+        that cannot be judged never turns into findings. ``machine`` (the
+        run's :func:`~cutbench.harness.environment.record.fingerprint`) is
+        written into each recording.
+        """
+        todo: dict[str, TrialSpec] = {}
+        for spec in specs:
+            cls = workload_api.load(spec.workload)
+            if workload_api.records_reference(cls):
+                key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+                if key not in self.recordings:
+                    todo.setdefault(key, spec)
+        failures: dict[str, str] = {}
+
+        def record(key: str, spec: TrialSpec) -> None:
+            cls = workload_api.load(spec.workload)
+            array = workload_api.resolve_array(cls, spec.array)
+            runs: list[workload_api.RecordedReference] = []
+            for n in (1, 2):
+                clean = replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant="")
+                record, effects = TrialRunner(self, clean).observe()
+                if record.status != "completed" or record.exit_code != 0:
+                    tail = f"; workload log: {record.log_tail[-600:]}" if record.log_tail else ""
+                    failures[key] = (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
+                                     f"{record.exit_code}): {record.error or 'no error given'}{tail}")
+                    return
+                try:
+                    runs.append(workload_api.RecordedReference.from_run(cls.name, spec.params, array, effects,
+                                                                        record.report, machine))
+                except workload_api.WorkloadError as exc:
+                    failures[key] = f"its uninterrupted run {n} of 2 cannot be a reference: {exc}"
+                    return
+            differs = runs[0].first_difference(runs[1])
+            if differs:
+                failures[key] = f"not deterministic on this machine: two uninterrupted runs differ at {differs}"
+                return
+            runs[0].runs = 2
+            self.recordings[key] = runs[0]
+            if keep is not None:
+                keep(key, runs[0])
+
+        with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), thread_name_prefix="cutbench-ref") as pool:
+            for future in [pool.submit(record, key, spec) for key, spec in todo.items()]:
+                future.result()
+        return failures
+
 
 class TrialRunner:
     """One trial's side effects, from spawn to verdict (see :meth:`run`)."""
@@ -220,6 +292,18 @@ class TrialRunner:
 
     def run(self) -> TrialResult:
         """Spawn, cut, restore, watch, judge. Always returns a :class:`TrialResult`."""
+        record, effects = self.observe()
+        try:
+            reference = self.s.reference(self.cls, self.spec.params, self.spec.array)
+        except HarnessFault as exc:
+            record.status, record.error = "unknown", exc.reason
+            reference = None
+        verdict = oracle.judge(record, effects, reference)
+        return TrialResult(self.spec, record, self.timeline.rows(), effects, verdict)
+
+    def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
+        """Spawn, cut, restore and watch; return what was observed (record and the receiver's rows), unjudged.
+        Never raises for a failing stage or workload; the trial's directory is gone afterwards."""
         spec = self.spec
         started = time.monotonic()
         self.tdir.mkdir(parents=True)
@@ -293,9 +377,8 @@ class TrialRunner:
         if latencies:
             record.facts["release_latency_median_s"] = float(np.median(latencies))
             record.facts["release_latency_p99_s"] = float(np.percentile(latencies, 99))
-        verdict = oracle.judge(record, effects, self.s.reference(self.cls, spec.params))
         shutil.rmtree(self.tdir, ignore_errors=True)
-        return TrialResult(spec, record, self.timeline.rows(), effects, verdict)
+        return record, effects
 
     def _cuts(self, control: ControlFile, child: Child, backend: Any, seq: int | None, state: "_TrialState") -> None:
         """Carry out the plan's cuts in order; stop at the first that hangs, fails or is refused."""

@@ -42,10 +42,11 @@ from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.trial import Session
 from cutbench.procs import become_subreaper, kill_namespace_inits, pid_namespace_error
 from cutbench.registry import backend_capabilities
+from cutbench.workloads import api as workload_api
 
 PR_SET_PDEATHSIG = 1
 REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "token", "store", "workdir", "pid_namespace", "node"})
-OPTIONAL_KEYS = frozenset({"check_only"})
+OPTIONAL_KEYS = frozenset({"check_only", "references"})
 
 
 class _Receiver:
@@ -129,6 +130,9 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
     try:
         with WorkerSession(request["run_id"], request["receiver"], request["store"], request["workdir"],
                            pid_namespace=bool(request["pid_namespace"]), token=request["token"]) as session:
+            # The driver recorded the ground truth of a recorded-reference workload; the verdict is judged here.
+            for key, data in (request.get("references") or {}).items():
+                session.recordings[key] = workload_api.RecordedReference.from_dict(data)
             result = session.run_trial(spec)
     finally:
         if request["pid_namespace"]:

@@ -64,6 +64,21 @@ def trial_effects(effects: pd.DataFrame, trial_id: str) -> pd.DataFrame:
     return effects[effects["trial_id"] == trial_id]
 
 
+def stored_reference(spec: dict[str, Any], recordings: list[workload_api.RecordedReference]) -> Any:
+    """The reference that judges stored trial ``spec``: its workload's model, or for a recorded-reference
+    workload the recording the run stored for its parameters (and array backend). Raises
+    :class:`~cutbench.workloads.api.WorkloadError` naming what is missing."""
+    cls = workload_api.load(spec["workload"])
+    if not workload_api.records_reference(cls):
+        return cls.reference(spec["params"])
+    # The array the run resolved "auto" to is in the recording: this machine may resolve it otherwise.
+    for rec in recordings:
+        if rec.workload == cls.name and rec.params == spec["params"] and spec.get("array", "auto") in ("auto", rec.array):
+            return rec
+    raise workload_api.WorkloadError(f"the run stored no recorded reference for workload {cls.name!r} with these "
+                                     "parameters (references/ lacks it)")
+
+
 def reanalyze(run: RunDir) -> Reanalysis:
     """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side.
 
@@ -81,10 +96,11 @@ def reanalyze(run: RunDir) -> Reanalysis:
         raise InvalidArgument(f"{run.path}: trials.parquet lists {len(listed)} trials and trials/ holds {len(recorded)} "
                               f"records; they differ in {', '.join(sorted(listed ^ recorded)[:5])}")
     rows = []
+    recordings = [workload_api.RecordedReference.from_dict(data) for data in run.references().values()]
     for stored in records:
         spec, record = stored["spec"], stored["record"]
         try:
-            reference = workload_api.load(spec["workload"]).reference(spec["params"])
+            reference = stored_reference(spec, recordings)
         except workload_api.WorkloadError as exc:
             rows.append({"trial_id": spec["trial_id"], "stored": stored["verdict"]["outcome"],
                          "recomputed": f"error: {exc}", "same": False})

@@ -7,7 +7,9 @@ Layout of ``results/<run-id>/``::
     timeline.parquet    one row per stage or event
     effects.parquet     every delivery the receiver recorded, with trial_id
     certificates.parquet one row per recovery-cut certificate (pipeline.certify audit/enforce)
+    matrix.parquet      the CUDA support matrix (``cutbench matrix``): one row per probe row, tool and fault
     trials/<id>.json    the trial's spec (for ``cutbench replay``) and its verdict
+    references/<key>.json the ground truth recorded on this machine (workloads with ground_truth = "recorded")
     summary.md          the human summary
 
 ``results/latest`` is a symlink to the newest run.
@@ -28,7 +30,7 @@ import tomli_w
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 
-TABLES = ("trials", "timeline", "effects", "certificates", "criteria")
+TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
 REQUIRED_TABLES = ("trials", "timeline", "effects")
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -103,6 +105,13 @@ class RunDir:
         path = self.trial_path(trial_id)
         atomic_write(path, json.dumps(record, indent=2, sort_keys=True, default=str))
         return path
+
+    def write_reference(self, key: str, data: dict[str, Any]) -> Path:
+        """Write ``references/<key>.json``, a recorded reference (atomically); return its path."""
+        if not key or "/" in key or key.startswith("."):
+            raise InvalidArgument(f"reference key {key!r}: expected a file name")
+        (self.path / "references").mkdir(exist_ok=True)
+        return atomic_write(self.path / "references" / f"{key}.json", json.dumps(data, indent=1, sort_keys=True))
 
     def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> Path:
         """Write ``<name>.parquet`` from rows or a frame; return its path."""
@@ -191,6 +200,18 @@ class RunDir:
                 raise InvalidArgument(f"{p}: belongs to run {data.get('run_id')!r}, not {run_id!r}")
             records.append(data)
         return records
+
+
+    def references(self) -> dict[str, dict[str, Any]]:
+        """Every stored recorded reference, by key (none: ``{}``); :class:`InvalidArgument` naming a damaged file."""
+        out = {}
+        for path in sorted((self.path / "references").glob("*.json")):
+            data = read_document(path, json.loads, what="recorded reference", fmt="JSON",
+                                 errors=(json.JSONDecodeError, UnicodeDecodeError))
+            if not isinstance(data, dict) or "payloads" not in data:
+                raise InvalidArgument(f"{path}: not a recorded reference (no 'payloads')")
+            out[path.stem] = data
+        return out
 
 
 def read_trial_file(path: str | Path) -> dict[str, Any]:
