@@ -60,6 +60,16 @@ class HarnessFault(StageFailed):
     """
 
 
+# How a stage that never returned is worded (a driver call, the utility or CRIU past its time limit): the
+# support matrix reads a failure with these words as "hung", not as an ordinary failure.
+HUNG_MARK = "did not return within"
+
+
+def hung_reason(what: str, seconds: float) -> str:
+    """The reason of a stage whose call ``what`` was still running after ``seconds`` (see :data:`HUNG_MARK`)."""
+    return f"{what} {HUNG_MARK} {seconds:g} s (still running when the harness gave up on it)"
+
+
 # CLI exit codes (DESIGN.md, Results).
 EXIT_VALID = 0
 EXIT_INVALID = 1

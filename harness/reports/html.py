@@ -31,6 +31,7 @@ from cutbench.harness.store.rundir import RunDir
 
 MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm
 MAX_TRIAL_ROWS = 2000  # rows of the all-trials table
+MAX_SKIPPED_LINES = 40  # skipped arms listed (a matrix on a CPU machine skips hundreds)
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
@@ -102,18 +103,19 @@ class ReportFiles:
 
 
 def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame,
-              criteria: pd.DataFrame | None = None) -> ReportFiles:
+              criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None) -> ReportFiles:
     """Write ``summary.md``, ``plots/<name>.png`` and ``report.html`` for a run; return their paths.
 
     ``criteria`` (the table ``cutbench criteria`` stored) adds the criteria
-    section and its plots (``plots/criteria_<criterion>.png``).
+    section and its plots (``plots/criteria_<criterion>.png``); ``matrix``
+    (``cutbench matrix``'s table) the support-matrix section.
     """
     summary_path = run.write_text("summary.md", summary.render(meta, trials))
     pngs = plots.render_all(trials, timeline)
     if criteria is not None and not criteria.empty:
         pngs.update({f"criteria_{c}": plots.criteria_plot(criteria, c) for c in plots.CRITERIA_PLOTS})
     plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
-    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria))
+    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria, matrix))
     return ReportFiles(summary_path, report_path, plot_paths)
 
 
@@ -121,7 +123,8 @@ def build(run: RunDir) -> ReportFiles:
     """Regenerate every artefact of ``run`` from its stored ``run.toml`` and tables; return their paths."""
     # Replay commands must name where the run is now (it may have been moved or downloaded).
     meta = {**run.meta(), "run_dir": str(run.path)}
-    return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"), run.table("criteria"))
+    return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"), run.table("criteria"),
+                     run.table("matrix"))
 
 
 # -- HTML ----------------------------------------------------------------------
@@ -388,8 +391,9 @@ def _criteria_section(table: pd.DataFrame, pngs: dict[str, bytes]) -> list[str]:
 
 
 def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes],
-                criteria: pd.DataFrame | None = None) -> str:
-    """The complete, self-contained ``report.html`` text for a run (with the criteria section when ``criteria`` has rows)."""
+                criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None) -> str:
+    """The complete, self-contained ``report.html`` text for a run (with the criteria section when ``criteria`` has
+    rows, the support-matrix section when ``matrix`` has)."""
     scen = meta.get("scenario", {})
     run_dir = str(meta.get("run_dir", ""))
     title = f"cutbench {scen.get('name', '')} {meta.get('run_id', '')}"
@@ -416,8 +420,14 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         run_pairs.append((f"sweep axis {axis}", ", ".join(map(str, values))))
     out.append('<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table"))
-    for skipped in meta.get("skipped_arms", []):
+    if matrix is not None and not matrix.empty:
+        from cutbench.harness.reports.matrix import html_section
+
+        out.append(html_section(matrix))
+    for skipped in meta.get("skipped_arms", [])[:MAX_SKIPPED_LINES]:
         out.append(f'<p class="muted">skipped arm {_e(skipped.get("arm"))}: {_e(skipped.get("reason"))}</p>')
+    if len(meta.get("skipped_arms", [])) > MAX_SKIPPED_LINES:
+        out.append(f'<p class="muted">… and {len(meta["skipped_arms"]) - MAX_SKIPPED_LINES} more skipped arms (run.toml lists them all)</p>')
 
     if trials.empty:
         out.append("<p>No trial finished, so there is nothing to plot.</p>")

@@ -22,13 +22,14 @@ of its own; this process keeps the receiver and still writes everything.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -380,6 +381,50 @@ def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunD
             results.extend(finished[i] for i in sorted(finished))
 
 
+def _needs_gpu_alone(spec: TrialSpec) -> bool:
+    """Whether ``spec``'s workload declares that it needs the GPUs to itself (``exclusive_gpu``: it fills their memory)."""
+    return bool(getattr(workload_api.load(spec.workload), "exclusive_gpu", False))
+
+
+class _ExclusiveGate:
+    """Trials share the machine, except one that needs it alone: it waits until no trial runs, and none
+    starts while it does (a readers-writer lock; waiting exclusive trials go first)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        """Run the ``with`` body as a shared trial, or alone when ``exclusive``."""
+        with self._cond:
+            if exclusive:
+                self._waiting += 1
+                try:
+                    self._wait(lambda: self._running == 0 and not self._exclusive)
+                finally:
+                    self._waiting -= 1
+                self._exclusive = True
+            else:
+                self._wait(lambda: not self._exclusive and not self._waiting)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if exclusive:
+                    self._exclusive = False
+                self._cond.notify_all()
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        # In short waits: a Ctrl-C reaches a worker thread only when it runs Python code.
+        while not ready():
+            self._cond.wait(0.2)
+
+
 class _Workers:
     """``jobs`` threads running the specs of one session, taking them in plan order.
 
@@ -400,6 +445,7 @@ class _Workers:
         self.lock = threading.Lock()  # ``busy`` and a result's hand-over change together
         self.stopping = False
         self.late: dict[int, TrialResult] = {}
+        self.gate = _ExclusiveGate()
         self.threads = [threading.Thread(target=self._work, name=f"cutbench-trials-{k + 1}", daemon=True)
                         for k in range(jobs)]
 
@@ -444,7 +490,8 @@ class _Workers:
                     return
                 item: tuple[int, TrialResult | None, BaseException | None]
                 try:
-                    item = (index, self.session.run_trial(spec), None)
+                    with self.gate.hold(_needs_gpu_alone(spec)):
+                        item = (index, self.session.run_trial(spec), None)
                 except KeyboardInterrupt:
                     item = (index, None, None)  # interrupted: cleaned up, no verdict
                 except Exception as exc:

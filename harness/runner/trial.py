@@ -440,11 +440,22 @@ class TrialRunner:
         finished = self._finish(control, child)
         if finished == "deadlock":
             state.status, state.error = "deadlock", f"no progress for {self.spec.watchdog_s:g}s"
+        elif finished.startswith("workload exit") and state.status == "completed" and self._came_back(state):
+            # The tool brought the process back and it died on its own afterwards: the restore's failure,
+            # not the harness's (the uninterrupted control of a recorded-reference workload ran to its end).
+            last = (self._log_tail(3) or "no log line").splitlines()[-1]
+            state.status, state.failed_stage = "lost", "after_restore" if state.restores else "after_resume"
+            state.error = f"the {'restored' if state.restores else 'resumed'} workload ended with {finished}: {last}"
         elif finished and state.status == "completed":
             state.status, state.error = "unknown", finished
         elif finished and state.status == "refused" and "exit" in finished:
             # A refusal that killed the workload was not a clean refusal.
             state.status, state.error = "unknown", f"{state.error}; then {finished}"
+
+    @staticmethod
+    def _came_back(state: "_TrialState") -> bool:
+        """Whether a cut of this trial restored the workload or resumed it in place."""
+        return any(o.get("status") in ("restored", "resumed") for o in state.outcomes)
 
     def _last_position(self, control: ControlFile, state: "_TrialState") -> tuple[int, str]:
         """Where the workload stood last (op, phase name), as its control slots say."""

@@ -69,6 +69,10 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "cert_reason": "; ".join(c["reason"] for c in rec.certificates if c.get("reason")),
         "release_latency_median_s": rec.facts.get("release_latency_median_s"),
         "release_latency_p99_s": rec.facts.get("release_latency_p99_s"),
+        # What the harness had to do to bring the process back after a tool's stage (unlock, restore, kill).
+        "harness_action": rec.facts.get("harness_action", ""),
+        # Figures a workload reports beside its state (a probe's bandwidth, sizes), as JSON.
+        "measures": json.dumps((rec.report or {}).get("measures") or {}, sort_keys=True) if (rec.report or {}).get("measures") else "",
     }
     for kind, n in verdict.counts().items():
         row[kind] = n

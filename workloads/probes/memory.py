@@ -66,10 +66,6 @@ class MemoryProbe(Probe):
         """The buffer's address."""
         return {"buf": pointer(self.buf)}
 
-    def measures(self) -> dict[str, float]:
-        """The buffer's size."""
-        return {"bytes": float(self.p["size_bytes"])}
-
 
 GLOBALS_SOURCE = r"""
 extern "C" {

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
-from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.errors import HUNG_MARK, StageFailed, StageRefused, Unavailable, hung_reason
 from cutbench.procs import Child
 
 NETWORK_LOCK = "nftables"
@@ -54,7 +54,7 @@ def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(argv, -9, exc.stdout or "", f"timed out after {timeout}s")
+        return subprocess.CompletedProcess(argv, -9, exc.stdout or "", hung_reason(f"criu {args[0] if args else ''}".strip(), timeout))
 
 
 class CriuCheckpointer:
@@ -106,7 +106,7 @@ class CriuCheckpointer:
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
-                reason = f"criu dump exit {proc.returncode}: {criu_error_tail(images / 'dump.log')}"
+                reason = f"criu dump exit {proc.returncode}: {_words(proc, images / 'dump.log')}"
                 # CRIU resumes the tree when a dump fails; if it is running, the
                 # tool declined and the workload went on: a safe refusal.
                 if target.alive():
@@ -128,7 +128,7 @@ class CriuCheckpointer:
         with ctx.timeline.stage("criu_restore", ctx.cut_index):
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
-                raise StageFailed("criu_restore", f"criu restore exit {proc.returncode}: {criu_error_tail(images / 'restore.log')}")
+                raise StageFailed("criu_restore", f"criu restore exit {proc.returncode}: {_words(proc, images / 'restore.log')}")
             try:
                 return int(pidfile.read_text().strip())
             except (OSError, ValueError) as exc:
@@ -139,6 +139,13 @@ class CriuCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing beyond the images directory, which the pipeline removes."""
+
+
+def _words(proc: subprocess.CompletedProcess[str], log: Path) -> str:
+    """What a failed CRIU said: that it hung (past its time limit), else the error lines of its log."""
+    if proc.returncode == -9 and HUNG_MARK in (proc.stderr or ""):
+        return f"{proc.stderr}; {criu_error_tail(log)}"
+    return criu_error_tail(log)
 
 
 def _inherits_session(pid: int) -> bool:

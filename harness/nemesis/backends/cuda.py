@@ -25,6 +25,7 @@ Failure semantics (issue "the real GPU pipeline"):
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 from cutbench.harness.environment import gpu_mem, gpu_probe
 from cutbench.harness.nemesis import quiesce
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.errors import HarnessFault, StageFailed, StageRefused, hung_reason
 from cutbench.procs import Child
 
 # A lock waits for in-flight device work; a kernel that never finishes makes it
@@ -287,6 +288,14 @@ class CudaStages:
     def __init__(self, driver: DriverApi):
         self.driver = driver
         self.procs: CudaProcs | None = None
+        # What the harness had to do to bring processes back (a tool that left one LOCKED or CHECKPOINTED):
+        # the cut's ``harness_action`` fact, so a verdict never credits the tool with the harness's repair.
+        self.actions: list[str] = []
+
+    def take_actions(self) -> str:
+        """What :meth:`bring_back` and the backend did since the last call, as one line ("" for nothing)."""
+        text, self.actions = "; ".join(self.actions), []
+        return text
 
     # -- discovery ---------------------------------------------------------
     def discover(self, root: int, ctx: CutContext) -> CudaProcs:
@@ -431,18 +440,26 @@ class CudaStages:
             "; ".join(f"with {len(c)} pair(s): {e.name} {e.text}" for c, e in zip(candidates, errors)))
 
     def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], Any]) -> None:
-        """Run one driver call as a timed stage; on error bring every process back and raise the stage outcome."""
+        """Run one driver call as a timed stage; on error bring every process back and raise the stage outcome.
+
+        A call still running after ``ctx.stage_timeout_s`` is a hung stage: :class:`StageFailed` with
+        :func:`~cutbench.errors.hung_reason` (nothing is brought back: the driver is inside a call for
+        this process, and a second one would wait behind it).
+        """
         error: CudaCallError | None = None
         # No receiver round trips between one rank's call and the next: they would widen a coordinated cut.
         with ctx.timeline.stage(stage, ctx.cut_index, marks=False) as extra:
             extra["detail"] = f"rank {rank} pid {pid}"
             try:
-                note = fn()
+                note = _bounded(fn, ctx.stage_timeout_s)
                 if note:
                     extra["detail"] += f": {note}"
             except CudaCallError as exc:
                 error = exc
                 extra["detail"] += f": {exc}"
+            except _StillRunning:
+                extra["detail"] += ": hung"
+                raise StageFailed(stage, hung_reason(f"the {stage} call for pid {pid}", ctx.stage_timeout_s)) from None
         if error is not None:
             states = self.bring_back()
             raise classify(stage, error, states)
@@ -460,9 +477,11 @@ class CudaStages:
             if state == "checkpointed":
                 self._quiet(lambda: self.driver.restore(pid))
                 state = self._state(pid)
+                self.actions.append(f"restore pid {pid}, which the tool left CHECKPOINTED (now {state or 'gone'})")
             if state == "locked":
                 self._quiet(lambda: self.driver.unlock(pid))
                 state = self._state(pid)
+                self.actions.append(f"unlock pid {pid}, which the tool left LOCKED (now {state or 'gone'})")
             if state is not None:
                 states.append(state)
         return states
@@ -576,14 +595,48 @@ class CudaCheckpointer:
             self._quiesced = False
 
     def cleanup(self, ctx: CutContext) -> None:
-        """Leave no process LOCKED or CHECKPOINTED and no drained workload waiting; never raises."""
+        """Leave no process LOCKED or CHECKPOINTED and no drained workload waiting; never raises.
+
+        What the harness had to do for that is the cut's ``harness_action`` fact.
+        """
         try:
             if self._stages is not None:
                 self._stages.bring_back()
                 self._stages.procs = None
+                action = self._stages.take_actions()
+                if action:
+                    ctx.facts["harness_action"] = action
         except Exception:
             pass
         self._end_quiesce(ctx)
+
+
+class _StillRunning(Exception):
+    """A call did not return within its time limit."""
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """``fn()`` on a thread of its own, waited for ``timeout_s``; :class:`_StillRunning` when it is not back.
+
+    A driver call that never returns (a restore stuck in the driver) would otherwise stop the
+    trial, and the run, for good; the thread is left to the driver (a daemon: it ends with the process).
+    """
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=call, name="cutbench-driver-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise _StillRunning()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def _describe_pairs(pairs: dict[int, list[list[tuple[str, str]]]]) -> str:

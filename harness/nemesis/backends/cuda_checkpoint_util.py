@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
+from cutbench.errors import hung_reason
 from cutbench.harness.nemesis.backends.cuda import RESULTS, STATES, CudaCallError, CudaCheckpointer, DriverApi
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 
@@ -34,7 +35,9 @@ class UtilityDriver:
         argv = [self.exe, *args, "--pid", str(pid)]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except subprocess.TimeoutExpired as exc:
+            raise CudaCallError(call, pid, -1, "", hung_reason(f"{TOOL} --{call}", CALL_TIMEOUT_S)) from exc
+        except OSError as exc:
             raise CudaCallError(call, pid, -1, "", f"{TOOL}: {exc}") from exc
         out = (p.stdout + p.stderr).strip()
         if p.returncode != 0:

@@ -99,6 +99,7 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             raise  # the restored tree runs on its own GPU: the pipeline keeps it
         except BaseException:
             _kill_tree(pid)
+            self.stages.actions.append(f"kill the restored tree of pid {pid}, whose GPU state did not come back")
             raise
         return pid
 

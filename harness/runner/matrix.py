@@ -1,0 +1,107 @@
+"""``cutbench matrix``: run every probe row through every tool, then store the support matrix.
+
+The steps, in order: choose the rows, tools and faults (:mod:`cutbench.harness.generator.matrix`);
+run the matrix scenario as one run (the probes' ground truth recorded first, the rows that need the
+GPU to themselves last and alone); judge each trial into a cell
+(:mod:`cutbench.harness.checker.matrix`); store ``matrix.parquet`` and ``matrix.md`` in the run
+directory and redraw its report with the matrix section. :func:`from_runs` builds the matrix again
+from stored runs of one machine, with no trial.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.checker import matrix as cells
+from cutbench.harness.generator import matrix as plan
+from cutbench.harness.reports import html as report
+from cutbench.harness.reports import matrix as render
+from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
+from cutbench.harness.store.rundir import RunDir
+
+
+def utility_version() -> str:
+    """What NVIDIA's ``cuda-checkpoint`` says its version is (``--version``), or "" when it is not on PATH."""
+    exe = shutil.which("cuda-checkpoint")
+    if exe is None:
+        return ""
+    try:
+        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{exe} ({type(exc).__name__})"
+    text = " ".join((p.stdout + p.stderr).split())
+    return text[:120] or f"{exe} (exit {p.returncode})"
+
+
+def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults: tuple[str, ...] = (),
+               results_root: str | Path = "results", *, jobs: int | str = 1, progress: ProgressFn | None = None,
+               workdir: str | Path | None = None) -> tuple[RunOutcome, pd.DataFrame]:
+    """Measure the matrix of ``probes`` (row or probe names; none: all) × ``tools`` × ``faults``; return the
+    run and its matrix table. Bad names raise :class:`InvalidArgument` before anything runs."""
+    grid = plan.grid(plan.select_rows(probes), plan.check_tools(tools), plan.check_faults(faults))
+    grid["cuda_checkpoint_version"] = utility_version()
+    scen = plan.scenario(grid, jobs=jobs)
+    specs, skipped = variant_specs([(v.variant, v) for v in scen.variants])
+    outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
+                      extra_meta={"matrix": grid})
+    return outcome, store_matrix(outcome.run)
+
+
+def store_matrix(run: RunDir, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Write ``matrix.parquet`` and ``matrix.md`` into ``run`` (``table``, or the matrix of ``run`` itself) and
+    redraw its report with the matrix section; return the table."""
+    meta = {**run.meta(), "run_dir": str(run.path)}
+    if table is None:
+        try:
+            table = cells.build(run.table("trials"), meta)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+    run.write_table("matrix", table)
+    run.write_text("matrix.md", render.markdown(table))
+    report.build(run)
+    return table
+
+
+def from_runs(paths: list[str | Path], into: str | Path | None = None) -> tuple[RunDir, pd.DataFrame]:
+    """The matrix of stored matrix runs of one machine, merged (a later run wins a point both measured),
+    stored in ``into`` (default: the first run). Raises :class:`InvalidArgument` for a run that is no matrix
+    run or runs of different machines."""
+    runs = [RunDir.open(p) for p in paths]
+    tables = []
+    for run in runs:
+        try:
+            tables.append(cells.build(run.table("trials"), {**run.meta(), "run_dir": str(run.path)}))
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+    try:
+        merged = cells.merge(tables)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    target = RunDir.open(into) if into else runs[0]
+    return target, store_matrix(target, merged)
+
+
+def load_matrix(path: str | Path) -> pd.DataFrame:
+    """The stored matrix of a run directory (or a ``matrix.parquet`` file); :class:`InvalidArgument` when there is none."""
+    p = Path(path)
+    if p.is_dir():
+        table = RunDir.open(p).table("matrix")
+        if table.empty:
+            raise InvalidArgument(f"{p}: holds no matrix (matrix.parquet): run cutbench matrix, or cutbench matrix --from RUN")
+        return table
+    try:
+        return pd.read_parquet(p)
+    except Exception as exc:
+        raise InvalidArgument(f"{p}: not a matrix table ({type(exc).__name__}: {exc})") from None
+
+
+def compare_matrices(a: str | Path, b: str | Path) -> tuple[pd.DataFrame, dict[str, Any], str]:
+    """The cells that changed from matrix ``a`` to ``b``, the environment that differs, and both as Markdown."""
+    table, env = cells.compare(load_matrix(a), load_matrix(b))
+    return table, env, render.comparison(table, env, str(a), str(b))
