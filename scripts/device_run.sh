@@ -14,6 +14,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+# NVIDIA's utility travels in .carry/bin (never committed): on PATH for the cuda-checkpoint backends and the plugin.
+[ -d .carry/bin ] && export PATH=$PWD/.carry/bin:$PATH
 PY=python3
 CB="$PY -m cutbench"
 RES=${RES:-/tmp/results}
@@ -67,6 +69,9 @@ step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" -
 # The six criteria over the newest run (criteria.parquet and the report's section in it).
 step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} 2>&1 | tail -80; }
+
+# The CUDA support matrix: every probe row through every tool here, faults none and kill (MATRIX_ARGS: e.g. --probe X).
+step_matrix() { set -f; timeout -s INT ${MATRIX_TIMEOUT:-540} $CB matrix --out "$RES" --jobs ${MATRIX_JOBS:-12} ${MATRIX_ARGS:-} 2>&1 | tail -${MATRIX_TAIL:-150}; set +f; }
 
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).
 step_pack() {

@@ -125,7 +125,8 @@ class Workload(Protocol):
     #   ground_truth: ClassVar[str]         "model" (default: ``reference`` computes it) or "recorded"
     #                                       (uninterrupted runs on this machine record it; see RecordedReference)
     #   features: ClassVar[frozenset[str]]  CUDA features it uses (probe features; the certificate asks the
-    #                                       measured support matrix about each)
+    #                                       measured support matrix about each); features_for(cls, params, array)
+    #                                       where they depend on the parameters or the array backend
     #   environment: ClassVar[dict[str, str]] variables set in the workload process before CUDA starts
     #   min_gpus: ClassVar[int]             GPUs it needs (default 1 for a device backend)
     #   exclusive_gpu: ClassVar[bool]       it needs the GPUs to itself (it fills their memory)
@@ -372,8 +373,12 @@ def declared_domains(cls: type, params: dict[str, Any]) -> frozenset[str]:
     return frozenset(cls.domains) | (frozenset(extra(params)) if callable(extra) else frozenset())
 
 
-def declared_features(cls: type) -> frozenset[str]:
-    """The CUDA features ``cls`` declares it uses (``features``; empty when it declares none)."""
+def declared_features(cls: type, params: dict[str, Any] | None = None, array: str | None = None) -> frozenset[str]:
+    """The features ``cls`` uses with ``params`` on array backend ``array``: ``features_for(params, array)``
+    where the class has it (a probe whose buffer is device or host memory by array), else ``features``."""
+    pick = getattr(cls, "features_for", None)
+    if callable(pick) and params is not None and array is not None:
+        return frozenset(pick(params, array))
     return frozenset(getattr(cls, "features", frozenset()))
 
 

@@ -199,3 +199,23 @@ def feature_cells(matrix: pd.DataFrame, tool: str, fault: str) -> dict[str, tupl
         if have is None or SEVERITY[rec["cell"]] > SEVERITY[have[0]]:
             out[rec["feature"]] = (rec["cell"], rec["row"])
     return out
+
+
+def support_for(matrix: pd.DataFrame, tool: str, driver: str) -> dict[str, dict[str, tuple[str, str]]]:
+    """What the certificate needs of a measured matrix for one tool on this machine's ``driver``:
+    ``{fault: {feature: (cell, where)}}``, the worst cell of the feature's rows with the row, tool, fault
+    and driver it was measured on. A matrix of another driver vouches for nothing here: every feature it
+    holds is ``not_measured``, with both drivers named."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    if matrix.empty:
+        return out
+    drivers = sorted({str(d) for d in matrix["driver"]}) if "driver" in matrix else []
+    for fault in sorted(set(matrix["fault"])):
+        cells = feature_cells(matrix, tool, fault)
+        if driver and drivers and driver not in drivers:
+            out[fault] = {f: ("not_measured", f"the support matrix was measured on driver {', '.join(drivers)}; this "
+                                              f"machine runs {driver}") for f in cells}
+            continue
+        out[fault] = {f: (cell, f"row {row}, {tool} · {fault}, driver {', '.join(drivers) or '?'}")
+                      for f, (cell, row) in cells.items()}
+    return out

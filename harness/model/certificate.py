@@ -30,7 +30,11 @@ earlier position valid for the later one.
    fence and aborts what a rolled-back process prepared after it;
    ``idempotent`` deduplicates a replayed op; ``at_least_once`` is safe only
    when no effect of an op past the cut became visible before the restore
-   (such an effect would be sent again).
+   (such an effect would be sent again), and
+4. every CUDA feature the workload declares (``features``) is *continued
+   identically* by this tool, under this fault, on this driver, as the measured
+   support matrix says (``cutbench matrix``); a feature the matrix marks
+   otherwise, or did not measure here, is unknown (``feature:<name>``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,10 @@ class Evidence:
     # image does not hold is still live in it, not lost.
     in_place: bool = False
     quiesced: bool | None = None  # a quiesce adapter's acknowledgement (None: the workload has none)
+    # The CUDA features the workload declares, and the support matrix's word on each for this tool, fault and
+    # driver: feature -> (cell, where it was measured or why not). A feature absent from ``support`` is unmeasured.
+    features: tuple[str, ...] = ()
+    support: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,7 @@ class Certificate:
     unknown: tuple[str, ...]
     eligible: bool
     reason: str  # why not eligible ("" when eligible)
+    features: dict[str, str] = field(default_factory=dict)  # feature -> the support matrix's cell and where
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``in_flight`` keys as strings)."""
@@ -131,6 +140,10 @@ def certify(ev: Evidence) -> Certificate:
     unknown = () if ev.in_place else tuple(sorted(d for d in used if d not in covers))
     if unknown:
         reasons.append(f"no checkpoint holds {', '.join(unknown)}")
+    features, unsupported = _features(ev)
+    if unsupported:
+        unknown = unknown + tuple(f"feature:{f}" for f in unsupported)
+        reasons += [f"feature {f}: {features[f]}" for f in unsupported]
     image_stage = next(reversed(ev.positions), "") if ev.positions else ""
     image_pos = ev.positions.get(image_stage)
     domains: dict[str, str] = {}
@@ -171,7 +184,23 @@ def certify(ev: Evidence) -> Certificate:
         unknown=unknown,
         eligible=not reasons,
         reason="; ".join(reasons),
+        features=features,
     )
+
+
+NO_MATRIX = "not measured: no support matrix was given (pipeline.support_matrix; cutbench matrix measures one)"
+
+
+def _features(ev: Evidence) -> tuple[dict[str, str], list[str]]:
+    """Each declared feature's support-matrix verdict as text, and those not continued identically."""
+    out, unsupported = {}, []
+    for f in ev.features:
+        cell, where = ev.support.get(f, ("not_measured", NO_MATRIX))
+        out[f] = f"{cell} ({where})" if cell == "identical" else (
+            f"the support matrix says {cell} ({where})" if cell != "not_measured" else where)
+        if cell != "identical":
+            unsupported.append(f)
+    return out, unsupported
 
 
 def _effects(ev: Evidence, reasons: list[str]) -> tuple[str, dict[int, str]]:

@@ -52,7 +52,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "workload": ("name", "array", "params"),
     "receiver": ("store", "modes"),
     "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
-                 "rank_skew_ms", "restore_targets", "certify"),
+                 "rank_skew_ms", "restore_targets", "certify", "support_matrix"),
     "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile",
              "interval_ops"),
     "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "jobs", "trials_per_gpu", "executor", "ray_address"),
@@ -113,6 +113,9 @@ class Scenario:
     certify: tuple[str, ...] = ("off",)
     keep_images: bool = False
     images_dir: str = "/dev/shm"
+    # A measured support matrix (a `cutbench matrix` run directory or its matrix.parquet): the certificate's
+    # verdict on each CUDA feature a workload declares. "" = none given (such features are unmeasured).
+    support_matrix: str = ""
     skip_unavailable: bool = False
     plan_source: str = "exhaustive"
     plan_ops: tuple[int, int] = (1, 1)
@@ -247,6 +250,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         certify=tuple(check_choices("pipeline.certify", _as_list(_get(pl, "pipeline", "certify", (list, str), ["off"])), CERTIFY_MODES)),
         keep_images=_get(pl, "pipeline", "keep_images", bool, False),
         images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
+        support_matrix=_get(pl, "pipeline", "support_matrix", str, ""),
         skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
         plan_source=check_choice("plan.source", _get(pn, "plan", "source", str, "exhaustive"), PLAN_SOURCES),
         plan_ops=(plan_ops[0], plan_ops[1]),

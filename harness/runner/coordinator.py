@@ -41,7 +41,8 @@ class TrialCoordinator:
     """Fences and certificates of one trial; the runner makes one per trial."""
 
     def __init__(self, client: Any, receiver_trial: str, mode: str, certify_mode: str, control: Any,
-                 phases: tuple[str, ...], workload_domains: tuple[str, ...], covers: tuple[str, ...]):
+                 phases: tuple[str, ...], workload_domains: tuple[str, ...], covers: tuple[str, ...], *,
+                 features: tuple[str, ...] = (), support: dict[str, dict[str, tuple[str, str]]] | None = None):
         self.client = client
         self.trial = receiver_trial
         self.mode = mode
@@ -50,6 +51,9 @@ class TrialCoordinator:
         self.phases = phases
         self.workload_domains = workload_domains
         self.covers = covers
+        # The CUDA features the workload declares, and what the support matrix says of them ({fault: {feature: ...}}).
+        self.features = features
+        self.support = support or {}
         self.fence = 0
         self.commit_times: dict[int, float] = {}  # op -> wall time its commit was acknowledged
         self.certificates: list[dict[str, Any]] = []
@@ -148,6 +152,7 @@ class CutCertifier:
             covers=coordinator.covers, receiver_mode=coordinator.mode,
             reconnects=cut.fault == "leave_running",  # CRIU restores a closed connection then
             in_place=cut.fault == "none",
+            features=coordinator.features, support=dict(coordinator.support.get(cut.fault, {})),
         )
         self.certificate: Certificate | None = None
 

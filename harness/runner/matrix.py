@@ -23,7 +23,7 @@ from cutbench.harness.generator import matrix as plan
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import matrix as render
 from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
-from cutbench.harness.store.rundir import RunDir
+from cutbench.harness.store.rundir import RunDir, read_matrix
 
 
 def utility_version() -> str:
@@ -87,21 +87,7 @@ def from_runs(paths: list[str | Path], into: str | Path | None = None) -> tuple[
     return target, store_matrix(target, merged)
 
 
-def load_matrix(path: str | Path) -> pd.DataFrame:
-    """The stored matrix of a run directory (or a ``matrix.parquet`` file); :class:`InvalidArgument` when there is none."""
-    p = Path(path)
-    if p.is_dir():
-        table = RunDir.open(p).table("matrix")
-        if table.empty:
-            raise InvalidArgument(f"{p}: holds no matrix (matrix.parquet): run cutbench matrix, or cutbench matrix --from RUN")
-        return table
-    try:
-        return pd.read_parquet(p)
-    except Exception as exc:
-        raise InvalidArgument(f"{p}: not a matrix table ({type(exc).__name__}: {exc})") from None
-
-
 def compare_matrices(a: str | Path, b: str | Path) -> tuple[pd.DataFrame, dict[str, Any], str]:
     """The cells that changed from matrix ``a`` to ``b``, the environment that differs, and both as Markdown."""
-    table, env = cells.compare(load_matrix(a), load_matrix(b))
+    table, env = cells.compare(read_matrix(a), read_matrix(b))
     return table, env, render.comparison(table, env, str(a), str(b))

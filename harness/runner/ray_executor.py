@@ -200,10 +200,12 @@ class RayCluster:
 
     def trials(self, specs: "list[TrialSpec]", window: int, *, run_id: str, receiver: str, store: str,
                workdir: str | Path | None, trials_per_gpu: int, token: str | None = None,
-               recordings: dict[str, Any] | None = None) -> "RayTrials":
+               recordings: dict[str, Any] | None = None,
+               supports: dict[str, Any] | None = None) -> "RayTrials":
         """A pool running ``specs`` as Ray tasks, at most ``window`` at once (see :class:`RayTrials`), once every
         node that may run them passed :meth:`check_nodes`. ``token``: the receiver's secret (a spread run);
-        ``recordings``: the run's recorded references by key, sent along to the trials they judge."""
+        ``recordings``: the run's recorded references by key, sent along to the trials they judge;
+        ``supports``: per backend, what the run's support matrix says (the certificates' features)."""
         from cutbench.workloads import api as workload_api
 
         base = {"run_id": run_id, "receiver": receiver, "token": token, "store": store,
@@ -211,11 +213,13 @@ class RayCluster:
 
         def request(spec: "TrialSpec") -> dict[str, Any]:
             cls = workload_api.load(spec.workload)
+            support = (supports or {}).get(spec.backend)
+            extra = {"support": {spec.backend: support}} if support and workload_api.declared_features(cls) else {}  # any params
             if not workload_api.records_reference(cls):
-                return {**base, "spec": spec.to_dict()}
+                return {**base, "spec": spec.to_dict(), **extra}
             key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
             known = (recordings or {}).get(key)
-            return {**base, "spec": spec.to_dict(), **({"references": {key: known.to_dict()}} if known else {})}
+            return {**base, "spec": spec.to_dict(), **extra, **({"references": {key: known.to_dict()}} if known else {})}
 
         requests = [request(s) for s in specs]
         options = {**self.task_resources(trials_per_gpu), "max_retries": 0,  # a retried trial would publish twice

@@ -49,7 +49,7 @@ from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
-from cutbench.harness.store.rundir import RunDir
+from cutbench.harness.store.rundir import RunDir, read_matrix
 from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
 from cutbench.procs import kill_namespace_inits, pid_namespace_error
 from cutbench.workloads import api as workload_api
@@ -201,6 +201,8 @@ def execute(
     called in this thread as each trial finishes.
     """
     env = environment.collect()
+    # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
+    support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
     cluster = None
     if isinstance(specs, list) and scenario.executor == "ray":
         from cutbench.harness.runner.ray_executor import RayCluster
@@ -250,6 +252,7 @@ def execute(
                      listen=listen, token=token) as session:
             if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
                 meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
+            session.support_matrix, session.driver = support_matrix, str((env.get("gpu") or {}).get("driver_version") or "")
             if isinstance(specs, list):
                 specs, unjudgeable = record_references(session, specs, jobs, run, env)
                 if unjudgeable:  # said up front, in run.toml: these trials are not run
@@ -268,7 +271,8 @@ def execute(
             if cluster is not None and isinstance(specs, list):
                 pool = cluster.trials(specs, jobs, run_id=run.run_id, receiver=session.receiver.address,
                                       store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu,
-                                      token=token, recordings=session.recordings)
+                                      token=token, recordings=session.recordings,
+                                      supports={b: session.support(b) for b in {s.backend for s in specs}})
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress, pool=pool)
             elif jobs > 1 and isinstance(specs, list):
                 _run_parallel(session, specs, jobs, run, scenario.store, results, progress)

@@ -76,6 +76,11 @@ class Session:
         self.receiver = None
         # Ground truth recorded on this machine (workloads with ground_truth = "recorded"), by reference_key.
         self.recordings: dict[str, workload_api.RecordedReference] = {}
+        # The measured support matrix the certificates ask about declared CUDA features (pipeline.support_matrix),
+        # this machine's driver, and per backend what the matrix says ({fault: {feature: (cell, where)}}).
+        self.support_matrix: pd.DataFrame | None = None
+        self.driver = ""
+        self.supports: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
 
     def __enter__(self) -> "Session":
         become_subreaper()
@@ -212,6 +217,16 @@ class Session:
             if callable(close):
                 close()
 
+    def support(self, backend: str) -> dict[str, dict[str, tuple[str, str]]]:
+        """What the support matrix says of ``backend`` here: ``{fault: {feature: (cell, where)}}`` (empty
+        without a matrix: every declared feature is then unmeasured)."""
+        if backend not in self.supports:
+            from cutbench.harness.checker.matrix import support_for
+
+            table = self.support_matrix
+            self.supports[backend] = support_for(table, backend, self.driver) if table is not None else {}
+        return self.supports[backend]
+
     def run_trial(self, spec: TrialSpec) -> TrialResult:
         """Run one trial to its verdict; never raises for a failing stage or workload."""
         return TrialRunner(self, spec).run()
@@ -249,7 +264,7 @@ class Session:
                 clean = replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant="")
                 record, effects = TrialRunner(self, clean).observe()
                 if record.status != "completed" or record.exit_code != 0:
-                    tail = f"; workload log: {record.log_tail[-600:]}" if record.log_tail else ""
+                    tail = f"; workload log: {record.log_tail[-1500:]}" if record.log_tail else ""
                     failures[key] = (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
                                      f"{record.exit_code}): {record.error or 'no error given'}{tail}")
                     return
@@ -312,7 +327,10 @@ class TrialRunner:
         domains = sorted(workload_api.declared_domains(self.cls, spec.params))
         self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
                                             spec.arm.get("certify", "off"), control, self.phases, tuple(domains),
-                                            tuple(sorted(backend.capabilities.covers)))
+                                            tuple(sorted(backend.capabilities.covers)),
+                                            features=tuple(sorted(workload_api.declared_features(
+                                                self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array)))),
+                                            support=self.s.support(spec.backend))
         state = _TrialState()
         child: Child | None = None
         companions: list[Child] = []

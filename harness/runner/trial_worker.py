@@ -46,7 +46,7 @@ from cutbench.workloads import api as workload_api
 
 PR_SET_PDEATHSIG = 1
 REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "token", "store", "workdir", "pid_namespace", "node"})
-OPTIONAL_KEYS = frozenset({"check_only", "references"})
+OPTIONAL_KEYS = frozenset({"check_only", "references", "support"})
 
 
 class _Receiver:
@@ -133,6 +133,8 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
             # The driver recorded the ground truth of a recorded-reference workload; the verdict is judged here.
             for key, data in (request.get("references") or {}).items():
                 session.recordings[key] = workload_api.RecordedReference.from_dict(data)
+            for backend, by_fault in (request.get("support") or {}).items():  # JSON made the (cell, where) pairs lists
+                session.supports[backend] = {fault: {f: tuple(v) for f, v in cells.items()} for fault, cells in by_fault.items()}
             result = session.run_trial(spec)
     finally:
         if request["pid_namespace"]:

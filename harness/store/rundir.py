@@ -214,6 +214,30 @@ class RunDir:
         return out
 
 
+def read_matrix(path: str | Path) -> pd.DataFrame:
+    """The support matrix stored at ``path``: a run directory holding ``matrix.parquet``, or that file.
+
+    Raises :class:`InvalidArgument` naming the path when there is no matrix there.
+    """
+    p = Path(path)
+    if p.is_dir():
+        table = RunDir.open(p).table("matrix")
+        if table.empty:
+            raise InvalidArgument(f"{p}: holds no support matrix (matrix.parquet): run cutbench matrix, or "
+                                  "cutbench matrix --from RUN")
+        return table
+    if not p.is_file():
+        raise InvalidArgument(f"support matrix {str(p)!r} does not exist (a cutbench matrix run directory or its matrix.parquet)")
+    try:
+        table = pd.read_parquet(p)
+    except Exception as exc:
+        raise _unreadable(p, exc) from None
+    missing = [c for c in ("row", "feature", "tool", "fault", "cell") if c not in table.columns]
+    if missing:
+        raise InvalidArgument(f"{p}: not a support matrix (lacks column(s) {', '.join(missing)})")
+    return table
+
+
 def read_trial_file(path: str | Path) -> dict[str, Any]:
     """Load one stored trial JSON (for replay); raise InvalidArgument if it is not one."""
     data = read_document(path, json.loads, what="trial file", fmt="JSON", errors=(json.JSONDecodeError, UnicodeDecodeError))

@@ -173,6 +173,6 @@ def test_a_worker_request_names_its_keys(tmp_path: Path):
         path.write_text(json.dumps({**request, **extra}))
         assert read_request(path) == {**request, **extra}
     path.write_text(json.dumps({**request, "surprise": 1}))
-    with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally check_only\\)"):
+    with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally check_only, references, support\\)"):
         read_request(path)
     assert decode(pickle.dumps({"checked": True}), "(node check)") is None

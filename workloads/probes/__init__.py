@@ -231,7 +231,7 @@ class Probe(BaseWorkload):
         """The common report keys, every op's digest (``checksums``), the pointers and the probe's measures."""
         out = self.report_frame(self.state_digest())
         out.update(checksums=self.checksums, pointers_initial=self.pointers_initial, pointers_final=self.pointers(),
-                   measures=self.measures(), features=sorted(self.features))
+                   measures=self.measures())
         return out
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from cutbench.workloads.api import MatrixRow
 from cutbench.workloads.common import check_range
 from cutbench.workloads.probes import BLOCK, Probe
-from cutbench.workloads.xp import pointer
+from cutbench.workloads.xp import pointer, release_cached_memory
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -26,7 +26,7 @@ class MemoryProbe(Probe):
 
     name = "probe_memory"
     arrays = ("numpy", "cupy")
-    features = frozenset({"device_memory"})
+    features = frozenset({"device_memory", "host_memory"})
     defaults = {**Probe.defaults, "size_bytes": MIB}
     matrix_rows = (
         MatrixRow("device_memory_1B", "device_memory", "1 byte of device memory", {"size_bytes": 1}),
@@ -37,6 +37,11 @@ class MemoryProbe(Probe):
         MatrixRow("host_memory_64MiB", "host_memory", "64 MiB of host memory (NumPy, no GPU)", {"size_bytes": 64 * MIB},
                   array="numpy"),
     )
+
+    @classmethod
+    def features_for(cls, params: dict[str, Any], array: str) -> frozenset[str]:
+        """Device memory on a GPU array backend, host memory on NumPy."""
+        return frozenset({"host_memory" if array == "numpy" else "device_memory"})
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
@@ -61,6 +66,12 @@ class MemoryProbe(Probe):
     def buffers(self) -> dict[str, Any]:
         """The buffer."""
         return {"buf": self.buf}
+
+    def state_digest(self) -> str:
+        """The digest, then the digest's temporaries given back: the checkpoint moves the buffer, not them."""
+        digest = super().state_digest()
+        release_cached_memory(self.xp)
+        return digest
 
     def pointers(self) -> dict[str, int]:
         """The buffer's address."""

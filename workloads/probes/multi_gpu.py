@@ -82,6 +82,11 @@ class MigrationProbe(MemoryProbe):
     matrix_rows = (MatrixRow("gpu_migration_other_gpu", "gpu_migration", "restore onto the other GPU of the machine",
                              {"size_bytes": 64 << 20}, restore_target="other_gpu"),)
 
+    @classmethod
+    def features_for(cls, params: dict[str, Any], array: str) -> frozenset[str]:
+        """GPU migration (the device memory moves with it)."""
+        return frozenset({"gpu_migration"})
+
 
 class NcclProbe(NcclRanks):
     """``probe_nccl``: the ``nccl_ranks`` job (two ranks, an NCCL all-reduce every op) as a matrix row."""

@@ -56,7 +56,7 @@ class ForkProbe(Probe):
 
     name = "probe_fork"
     arrays = ("numpy", "cupy")
-    features = frozenset({"forked_child"})
+    features = frozenset({"forked_child", "anon_shared_memory"})
     defaults = {**Probe.defaults, "share": "pipe", "words": 1 << 14}
     choices = {"share": ("pipe", "anon_shared")}
     matrix_rows = (
@@ -68,6 +68,11 @@ class ForkProbe(Probe):
                   "anonymous MAP_SHARED memory written by a forked child (NumPy, no GPU)", {"share": "anon_shared"},
                   array="numpy"),
     )
+
+    @classmethod
+    def features_for(cls, params: dict[str, Any], array: str) -> frozenset[str]:
+        """A forked child, and anonymous shared memory with ``share = "anon_shared"``."""
+        return frozenset({"forked_child"} | ({"anon_shared_memory"} if params.get("share") == "anon_shared" else set()))
 
     def open(self) -> None:
         """Map the shared memory (when asked), fork the child, and step device memory on CuPy."""
