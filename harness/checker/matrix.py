@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import HUNG_MARK
+from cutbench.harness.model.scenario import Arm
 
 CELLS: tuple[str, ...] = ("identical", "refused", "failed", "hung", "wrong", "unknown", "not_measured")
 # How bad a cell is, for "the worst cell of a feature" (a feature measured by several rows).
@@ -50,9 +51,9 @@ COLUMNS: tuple[str, ...] = ("row", "feature", "description", "probe", "array", "
 ENVIRONMENT_COLUMNS: tuple[str, ...] = ("gpu", "driver", "cuda", "criu", "kernel", "cuda_checkpoint", "cuda_bindings")
 
 
-def arm_label(tool: str, fault: str) -> str:
+def arm_label(tool: str, fault: str, restore_target: str = "same") -> str:
     """The arm label of a matrix trial (``Arm.label`` of its one receiver mode), as run.toml's skipped arms name it."""
-    return f"{tool}/{RECEIVER_MODE}/{fault}"
+    return Arm(tool, RECEIVER_MODE, fault, 0.0, 0.0, restore_target=restore_target).label()
 
 
 def cell_of(trial: dict[str, Any]) -> tuple[str, str]:
@@ -134,7 +135,8 @@ def build(trials: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
                         "probe": row["probe"], "array": row["array"], "tool": tool, "fault": fault,
                         "run_dir": meta.get("run_dir", ""), **env}
                 if rec is None:
-                    reason = skipped.get(f"{row['name']} {arm_label(tool, fault)}") or "no trial was run"
+                    label = arm_label(tool, fault, row.get("restore_target", "same"))
+                    reason = skipped.get(f"{row['name']} {label}") or "no trial was run"
                     out.append({**base, "cell": "not_measured", "detail": reason, "harness_action": "", "trial_id": "",
                                 "measures": ""})
                     continue

@@ -47,9 +47,9 @@ def replay_command(run_dir: str, trial_id: str) -> str:
     return f"cutbench replay {run_dir}/trials/{trial_id}.json" if trial_id else ""
 
 
-def markdown(table: pd.DataFrame) -> str:
+def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None) -> str:
     """``matrix.md``: the environment, the cell counts, the grid, then every cell that is not identical with
-    its detail and replay command."""
+    its detail and replay command. ``unavailable``: tools left out because they cannot run here, and why."""
     if table.empty:
         return "# CUDA support matrix\n\nNo cells.\n"
     n = counts(table)
@@ -61,6 +61,8 @@ def markdown(table: pd.DataFrame) -> str:
            "refused = the tool declined and the process ran on by itself; FAILED = the tool failed (or declined but "
            "left the process for the harness to bring back); HUNG = no progress; **WRONG** = restored silently wrong; "
            "– = not measured here (the reason is below).", ""]
+    for tool, why in (unavailable or {}).items():
+        out.insert(-1, f"- not a column: `{tool}` cannot run here ({why})")
     cols = _columns(table)
     out.append("| row | feature | " + " | ".join(f"{t} · {f}" for t, f in cols) + " |")
     out.append("|---|---|" + "|".join(":-:" for _ in cols) + "|")

@@ -10,6 +10,7 @@ from stored runs of one machine, with no trial.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,16 +28,28 @@ from cutbench.harness.store.rundir import RunDir, read_matrix
 
 
 def utility_version() -> str:
-    """What NVIDIA's ``cuda-checkpoint`` says its version is (``--version``), or "" when it is not on PATH."""
+    """The version line NVIDIA's ``cuda-checkpoint`` prints in its ``--help`` (it is the driver's: the utility
+    is a thin client of it), or its path when it prints none; "" when it is not on PATH."""
     exe = shutil.which("cuda-checkpoint")
     if exe is None:
         return ""
     try:
-        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        p = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{exe} ({type(exc).__name__})"
-    text = " ".join((p.stdout + p.stderr).split())
-    return text[:120] or f"{exe} (exit {p.returncode})"
+    found = re.search(r"[Vv]ersion[: ]+([\w.\-]+)", p.stdout + p.stderr)
+    return found.group(1) if found else f"present ({exe})"
+
+
+def tool_unavailable_reason(tool: str) -> str | None:
+    """Why backend ``tool`` cannot run here (with the fix), or None."""
+    from cutbench.errors import Unavailable
+    from cutbench.harness import nemesis
+
+    try:
+        return nemesis.get(tool).unavailable_reason()
+    except Unavailable as exc:
+        return str(exc)
 
 
 def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults: tuple[str, ...] = (),
@@ -44,7 +57,12 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
                workdir: str | Path | None = None) -> tuple[RunOutcome, pd.DataFrame]:
     """Measure the matrix of ``probes`` (row or probe names; none: all) × ``tools`` × ``faults``; return the
     run and its matrix table. Bad names raise :class:`InvalidArgument` before anything runs."""
-    grid = plan.grid(plan.select_rows(probes), plan.check_tools(tools), plan.check_faults(faults))
+    chosen = plan.check_tools(tools)
+    # Asked for by name, a tool that cannot run here is a column of "not measured" with the reason; by
+    # default only the tools this machine has are columns, and the others are named with why.
+    absent = {} if tools else {t: why for t in chosen if (why := tool_unavailable_reason(t))}
+    grid = plan.grid(plan.select_rows(probes), tuple(t for t in chosen if t not in absent), plan.check_faults(faults))
+    grid["tools_unavailable"] = absent
     grid["cuda_checkpoint_version"] = utility_version()
     scen = plan.scenario(grid, jobs=jobs)
     specs, skipped = variant_specs([(v.variant, v) for v in scen.variants])
@@ -63,7 +81,7 @@ def store_matrix(run: RunDir, table: pd.DataFrame | None = None) -> pd.DataFrame
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
     run.write_table("matrix", table)
-    run.write_text("matrix.md", render.markdown(table))
+    run.write_text("matrix.md", render.markdown(table, (meta.get("matrix") or {}).get("tools_unavailable") or {}))
     report.build(run)
     return table
 

@@ -541,7 +541,13 @@ class TrialRunner:
         a single process of its tree to cut (the ``peer`` domain: CRIU cannot
         dump one process of a namespace without its init).
         """
-        return self.s.pid_namespace and getattr(backend, "pid_namespace", False) and "peer" not in domains
+        if not (self.s.pid_namespace and getattr(backend, "pid_namespace", False) and "peer" not in domains):
+            return False
+        # No restore, no pid to collide with (an uninterrupted control run); and the CUDA runtime does not start
+        # inside such a namespace (cudaErrorOperatingSystem, driver 580): a GPU workload runs in the host's.
+        from cutbench.workloads.xp import DEVICE_BACKENDS
+
+        return bool(self.spec.cut_plan().cuts) and workload_api.resolve_array(self.cls, self.spec.array) not in DEVICE_BACKENDS
 
     def _arm(self, control: ControlFile, plan: CutPlan, index: int) -> int | None:
         """Arm cut ``index`` if it is precise; return its sequence (None: async or none left)."""

@@ -294,7 +294,7 @@ class CudaStages:
 
     def take_actions(self) -> str:
         """What :meth:`bring_back` and the backend did since the last call, as one line ("" for nothing)."""
-        text, self.actions = "; ".join(self.actions), []
+        text, self.actions = "; ".join(dict.fromkeys(self.actions)), []
         return text
 
     # -- discovery ---------------------------------------------------------
