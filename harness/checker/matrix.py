@@ -135,8 +135,10 @@ def build(trials: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
                         "probe": row["probe"], "array": row["array"], "tool": tool, "fault": fault,
                         "run_dir": meta.get("run_dir", ""), **env}
                 if rec is None:
-                    label = arm_label(tool, fault, row.get("restore_target", "same"))
-                    reason = skipped.get(f"{row['name']} {label}") or "no trial was run"
+                    # An arm of a backend that drives no CUDA has no restore target: look under both labels.
+                    labels = dict.fromkeys([arm_label(tool, fault, row.get("restore_target", "same")), arm_label(tool, fault)])
+                    reason = next((skipped[f"{row['name']} {label}"] for label in labels
+                                   if f"{row['name']} {label}" in skipped), "no trial was run")
                     out.append({**base, "cell": "not_measured", "detail": reason, "harness_action": "", "trial_id": "",
                                 "measures": ""})
                     continue
@@ -167,8 +169,9 @@ def merge(matrices: list[pd.DataFrame]) -> pd.DataFrame:
     # A point measured in a later run replaces an earlier "not measured" or an earlier cell.
     merged["_measured"] = merged["cell"] != "not_measured"
     merged = merged.sort_values("_measured", kind="stable").drop_duplicates(["row", "tool", "fault"], keep="last")
-    order = {name: i for i, name in enumerate(dict.fromkeys(pd.concat([f["row"] for f in frames])))}
-    merged = merged.sort_values(["row", "tool", "fault"], key=lambda s: s.map(order) if s.name == "row" else s, kind="stable")
+    # Rows, tools and faults in the order the runs listed them (their grids' order), not alphabetical.
+    order = {c: {v: i for i, v in enumerate(dict.fromkeys(pd.concat([f[c] for f in frames])))} for c in ("row", "tool", "fault")}
+    merged = merged.sort_values(["row", "tool", "fault"], key=lambda s: s.map(order[s.name]), kind="stable")
     return merged.drop(columns="_measured").reset_index(drop=True)
 
 

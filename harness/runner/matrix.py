@@ -41,6 +41,15 @@ def utility_version() -> str:
     return found.group(1) if found else f"present ({exe})"
 
 
+def display_path(path: Path) -> str:
+    """``path`` as the matrix's replay commands name it: relative to the working directory when inside it
+    (a committed reference run reads the same on every checkout), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def tool_unavailable_reason(tool: str) -> str | None:
     """Why backend ``tool`` cannot run here (with the fix), or None."""
     from cutbench.errors import Unavailable
@@ -74,7 +83,7 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
 def store_matrix(run: RunDir, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Write ``matrix.parquet`` and ``matrix.md`` into ``run`` (``table``, or the matrix of ``run`` itself) and
     redraw its report with the matrix section; return the table."""
-    meta = {**run.meta(), "run_dir": str(run.path)}
+    meta = {**run.meta(), "run_dir": display_path(run.path)}
     if table is None:
         try:
             table = cells.build(run.table("trials"), meta)
@@ -94,7 +103,7 @@ def from_runs(paths: list[str | Path], into: str | Path | None = None) -> tuple[
     tables = []
     for run in runs:
         try:
-            tables.append(cells.build(run.table("trials"), {**run.meta(), "run_dir": str(run.path)}))
+            tables.append(cells.build(run.table("trials"), {**run.meta(), "run_dir": display_path(run.path)}))
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
     try:
