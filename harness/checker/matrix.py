@@ -206,20 +206,25 @@ def feature_cells(matrix: pd.DataFrame, tool: str, fault: str) -> dict[str, tupl
     return out
 
 
-def support_for(matrix: pd.DataFrame, tool: str, driver: str) -> dict[str, dict[str, tuple[str, str]]]:
-    """What the certificate needs of a measured matrix for one tool on this machine's ``driver``:
-    ``{fault: {feature: (cell, where)}}``, the worst cell of the feature's rows with the row, tool, fault
-    and driver it was measured on. A matrix of another driver vouches for nothing here: every feature it
-    holds is ``not_measured``, with both drivers named."""
+def support_for(matrix: pd.DataFrame, tool: str, driver: str, criu: str = "") -> dict[str, dict[str, tuple[str, str]]]:
+    """What the certificate needs of a measured matrix for one tool on this machine (its ``driver`` and
+    ``criu`` versions; "" where it has none): ``{fault: {feature: (cell, where)}}``, the worst cell of the
+    feature's rows with the row, tool, fault and driver it was measured on. A matrix of another driver or
+    CRIU vouches for nothing here: every feature it holds is ``not_measured``, with both versions named."""
     out: dict[str, dict[str, tuple[str, str]]] = {}
     if matrix.empty:
         return out
-    drivers = sorted({str(d) for d in matrix["driver"]}) if "driver" in matrix else []
+    drivers = sorted({str(d) for d in matrix["driver"] if str(d)}) if "driver" in matrix else []
+    crius = sorted({str(c) for c in matrix["criu"] if str(c)}) if "criu" in matrix else []
+    elsewhere = ""
+    if driver and drivers and driver not in drivers:
+        elsewhere = f"the support matrix was measured on driver {', '.join(drivers)}; this machine runs {driver}"
+    elif criu and crius and criu not in crius:
+        elsewhere = f"the support matrix was measured with CRIU {', '.join(crius)}; this machine has CRIU {criu}"
     for fault in sorted(set(matrix["fault"])):
         cells = feature_cells(matrix, tool, fault)
-        if driver and drivers and driver not in drivers:
-            out[fault] = {f: ("not_measured", f"the support matrix was measured on driver {', '.join(drivers)}; this "
-                                              f"machine runs {driver}") for f in cells}
+        if elsewhere:
+            out[fault] = {f: ("not_measured", elsewhere) for f in cells}
             continue
         out[fault] = {f: (cell, f"row {row}, {tool} · {fault}, driver {', '.join(drivers) or '?'}")
                       for f, (cell, row) in cells.items()}

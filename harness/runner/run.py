@@ -252,7 +252,9 @@ def execute(
                      listen=listen, token=token) as session:
             if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
                 meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
-            session.support_matrix, session.driver = support_matrix, str((env.get("gpu") or {}).get("driver_version") or "")
+            session.support_matrix = support_matrix
+            session.driver = str((env.get("gpu") or {}).get("driver_version") or "")
+            session.criu_version = str((env.get("criu") or {}).get("version") or "")
             if isinstance(specs, list):
                 specs, unjudgeable = record_references(session, specs, jobs, run, env)
                 if unjudgeable:  # said up front, in run.toml: these trials are not run

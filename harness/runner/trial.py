@@ -79,7 +79,7 @@ class Session:
         # The measured support matrix the certificates ask about declared CUDA features (pipeline.support_matrix),
         # this machine's driver, and per backend what the matrix says ({fault: {feature: (cell, where)}}).
         self.support_matrix: pd.DataFrame | None = None
-        self.driver = ""
+        self.driver = self.criu_version = ""
         self.supports: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
 
     def __enter__(self) -> "Session":
@@ -224,7 +224,7 @@ class Session:
             from cutbench.harness.checker.matrix import support_for
 
             table = self.support_matrix
-            self.supports[backend] = support_for(table, backend, self.driver) if table is not None else {}
+            self.supports[backend] = support_for(table, backend, self.driver, self.criu_version) if table is not None else {}
         return self.supports[backend]
 
     def run_trial(self, spec: TrialSpec) -> TrialResult:
