@@ -457,7 +457,10 @@ class TrialRunner:
         """Let the workload finish after the last cut and fold how it ended into the status."""
         finished = self._finish(control, child)
         if finished == "deadlock":
-            state.status, state.error = "deadlock", f"no progress for {self.spec.watchdog_s:g}s"
+            stalled = f"no progress for {self.spec.watchdog_s:g}s"
+            if state.status == "refused":  # the tool declined, said it let the process go on, and it stopped: its words
+                stalled += f" after the {state.failed_stage} refusal ({state.error})"
+            state.status, state.error = "deadlock", stalled
         elif finished.startswith("workload exit") and state.status == "completed" and self._came_back(state):
             # The tool brought the process back and it died on its own afterwards: the restore's failure,
             # not the harness's (the uninterrupted control of a recorded-reference workload ran to its end).
