@@ -38,7 +38,7 @@ def utility_version() -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{exe} ({type(exc).__name__})"
     found = re.search(r"[Vv]ersion[: ]+([\w.\-]+)", p.stdout + p.stderr)
-    return found.group(1) if found else f"present ({exe})"
+    return found.group(1).rstrip(".") if found else f"present ({exe})"
 
 
 def display_path(path: Path) -> str:

@@ -437,9 +437,14 @@ def test_every_committed_reference_run_is_judged_as_it_was_stored(path):
     run = RunDir.open(path)
     table, stored = run.table("effects"), run.table("trials").set_index("trial_id")
     kinds = [k for k in oracle.FINDING_KINDS if k in stored.columns]
+    # A recorded-reference workload (a probe) is judged by what the run recorded on its machine.
+    recordings = [workload_api.RecordedReference.from_dict(d) for d in run.references().values()]
     for trial in run.trial_records():
         spec = trial["spec"]
-        ref = workload_reference(spec["workload"], json.dumps(spec["params"], sort_keys=True))
+        if workload_api.records_reference(workload_api.load(spec["workload"])):
+            ref = analysis.stored_reference(spec, recordings)
+        else:
+            ref = workload_reference(spec["workload"], json.dumps(spec["params"], sort_keys=True))
         e = analysis.trial_effects(table, spec["trial_id"])
         v = judge(trial["record"], e, ref)
         assert v == judge(trial["record"], e, ref, finders=per_op.FINDERS), spec["trial_id"]
