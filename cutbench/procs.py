@@ -284,3 +284,24 @@ def is_zombie_or_gone(pid: int) -> bool:
         return True
     except OSError as exc:  # pragma: no cover - racy /proc reads
         return exc.errno == errno.ESRCH
+
+
+def identity(pid: int | None = None) -> str:
+    """``"PID:STARTTIME"`` of a process (this one by default): its pid and its start time in clock ticks
+    since boot (``/proc/PID/stat`` field 22), which together name one process for the machine's uptime
+    (a pid alone may be reused). Raises :class:`ProcessLookupError` for a process that is gone."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, IndexError):
+        raise ProcessLookupError(pid) from None
+    return f"{pid}:{fields[19]}"
+
+
+def identity_alive(ident: str) -> bool:
+    """Whether the process :func:`identity` named is still running (same pid, same start time, no zombie)."""
+    try:
+        pid = int(ident.split(":", 1)[0])
+        return identity(pid) == ident and not is_zombie_or_gone(pid)
+    except (ProcessLookupError, ValueError):
+        return False

@@ -241,3 +241,61 @@ def _tail(path: Path, lines: int = 8) -> str:
         return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+# -- the trial containers either engine holds -------------------------------------
+
+# Every trial container carries TRIAL_LABEL; RUN_LABEL names its run, HARNESS_LABEL the harness process
+# that made it (cutbench.procs.identity: pid and start time), so what a killed harness left is known.
+TRIAL_LABEL = "cutbench"
+RUN_LABEL = "cutbench.run"
+HARNESS_LABEL = "cutbench.harness"
+
+
+@dataclass(frozen=True)
+class TrialContainer:
+    """A trial container as an engine lists it."""
+
+    engine: str
+    name: str
+    run: str  # its run id ("" on a container made before runs were labelled)
+    harness: str  # the identity of the harness that made it ("" likewise)
+    running: bool
+
+
+def trial_containers() -> list[TrialContainer]:
+    """Every container labelled ``cutbench`` in the project's Docker engine (when one answers) and in Podman
+    (when installed); never starts an engine, never raises."""
+    found: list[TrialContainer] = []
+    try:
+        client = docker_client(timeout=5)
+        client.ping()
+        for c in client.containers.list(all=True, filters={"label": TRIAL_LABEL}):
+            labels = c.labels or {}
+            found.append(TrialContainer("docker", c.name, labels.get(RUN_LABEL, ""), labels.get(HARNESS_LABEL, ""),
+                                        c.status == "running"))
+    except Exception:
+        pass  # no Docker engine answers (or no SDK): nothing of it to list
+    if shutil.which("podman"):
+        try:
+            p = subprocess.run(["podman", "ps", "--all", "--filter", f"label={TRIAL_LABEL}", "--format", "json"],
+                               capture_output=True, text=True, timeout=60)
+            for c in json.loads(p.stdout or "[]"):
+                labels = c.get("Labels") or {}
+                names = c.get("Names") or [""]
+                found.append(TrialContainer("podman", names[0], labels.get(RUN_LABEL, ""), labels.get(HARNESS_LABEL, ""),
+                                            str(c.get("State", "")).lower() == "running"))
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+    return found
+
+
+def remove_container(container: TrialContainer) -> None:
+    """Stop and remove ``container`` for good; an absent one is no error."""
+    if container.engine == "docker":
+        try:
+            docker_client(timeout=30).api.remove_container(container.name, force=True)
+        except Exception:
+            pass
+    else:
+        subprocess.run(["podman", "rm", "--force", "--ignore", container.name], capture_output=True, timeout=120)

@@ -96,6 +96,8 @@ def _figures(trials: Any) -> dict[str, Any]:
 
 def _report_run(outcome: Any, as_json: bool) -> int:
     trials = outcome.trials
+    for line in outcome.run.meta().get("swept", []):  # what killed runs had left, removed before this one
+        say(f"removed, left by a run whose harness is gone: {line}", "yellow")
     # An interrupted run is never a verdict, even if what finished was all valid.
     code = outcome.exit_code() if outcome.complete else interrupted_code()
     if outcome.complete and trials.empty and outcome.skipped_arms:
@@ -399,6 +401,8 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
         finally:
             progress.stop()
         run = outcome.run
+        for line in run.meta().get("swept", []):
+            say(f"removed, left by a run whose harness is gone: {line}", "yellow")
         if not outcome.complete:
             say(f"matrix run interrupted; partial matrix: {run.path / 'matrix.md'}", "yellow")
             sys.exit(interrupted_code())
@@ -508,11 +512,13 @@ def engine_stop(name: str) -> None:
 
 @engine.command("status")
 def engine_status() -> None:
-    """One line per engine: where it is and whether it can checkpoint."""
-    from cutbench.harness.environment import engines
+    """One line per engine (where it is, whether it can checkpoint), then one per trial container left in either."""
+    from cutbench.harness.environment import engines, leftovers
 
     for name in engines.ENGINES:
         say(engines.engine_status(name))
+    for line in leftovers.status_lines():  # trial containers still there (the next run removes a dead run's)
+        say(line)
 
 
 @cli.command("list")

@@ -38,6 +38,7 @@ import pandas as pd
 
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
 from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.generator.search import search_arms
@@ -221,6 +222,8 @@ def execute(
             cluster.close()
         raise
     started = time.time()
+    # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
+    swept = leftovers.sweep()
     if isinstance(specs, list):
         planned = len(specs)
         arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in specs))
@@ -238,6 +241,7 @@ def execute(
         "n_trials_planned": planned,
         "arms_planned": arms_planned,
         "jobs": jobs,
+        **({"swept": swept} if swept else {}),
         **({"executor": "ray", "ray": cluster.describe(scenario.trials_per_gpu)} if cluster is not None else {}),
         **(extra_meta or {}),
     }
@@ -248,8 +252,11 @@ def execute(
     try:
         # Under Ray this process runs no trial: its session is the receiver and the work directory.
         listen, token = cluster.receiver_exposure() if cluster is not None else ("127.0.0.1:0", None)
+        images_dirs = {s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir}
         with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1 and cluster is None,
-                     listen=listen, token=token) as session:
+                     listen=listen, token=token) as session, \
+                leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
+                                receiver_pid=session.receiver.pid if session.receiver is not None else None):
             if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
                 meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
             session.support_matrix = support_matrix

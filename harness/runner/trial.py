@@ -9,6 +9,7 @@ to a ``TrialResult`` and never raises for a failing stage or workload.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import shutil
 import sys
@@ -27,6 +28,7 @@ import pandas as pd
 from cutbench.errors import HarnessFault
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.checker import oracle
+from cutbench.harness.environment.engines import RUN_LABEL
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
@@ -340,7 +342,7 @@ class TrialRunner:
             companions = self._start_companions(config)
             seq = self._arm(control, spec.cut_plan(), 0)
             # A backend that must own the workload's start (a container engine) launches it itself.
-            launch = getattr(backend, "launch", None) or spawn
+            launch = _launcher(backend, {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id})
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):
@@ -638,6 +640,18 @@ class TrialRunner:
             return self.s.effects(self.receiver_trial), ""
         except Exception as exc:  # a store we cannot read makes the verdict unknown
             return oracle.empty_effects(), f"cannot read receiver store: {exc}"
+
+
+def _launcher(backend: Any, labels: dict[str, str]) -> Callable[..., Child]:
+    """How the trial starts its workload: :func:`~cutbench.procs.spawn`, or the backend's own ``launch(argv, *,
+    cwd, labels)`` (a container engine), given the run's and the trial's ``labels`` for the container (a
+    ``launch`` without that parameter gets none)."""
+    launch = getattr(backend, "launch", None)
+    if launch is None:
+        return spawn
+    if "labels" in inspect.signature(launch).parameters:
+        return functools.partial(launch, labels=labels)
+    return launch
 
 
 @dataclass

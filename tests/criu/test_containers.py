@@ -10,8 +10,12 @@ continue the execution (never ``restarted``).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,12 +29,14 @@ from tests.fixtures.container_fixtures import docker_engine, podman_engine  # no
 pytestmark = pytest.mark.criu
 
 
-def left_behind() -> list[str]:
-    """Trial containers either engine still holds."""
-    found = [c.name for c in engines.docker_client().containers.list(all=True, filters={"label": "cutbench"})]
-    podman = subprocess.run(["podman", "ps", "--all", "--filter", "label=cutbench", "--format", "{{.Names}}"],
-                            capture_output=True, text=True)
-    return found + podman.stdout.split()
+def left_behind(run_id: str) -> list[str]:
+    """Trial containers either engine still holds of run ``run_id`` (by its label: another run's garbage is not ours)."""
+    return [c.name for c in engines.trial_containers() if c.run == run_id]
+
+
+def latest_run(results_root: Path) -> str:
+    """The run id of the newest run under ``results_root``."""
+    return (results_root / "latest").resolve().name
 
 
 def test_docker_and_podman_give_criu_s_verdict_on_every_quick_plan_and_continue_the_run(
@@ -49,7 +55,7 @@ def test_docker_and_podman_give_criu_s_verdict_on_every_quick_plan_and_continue_
     # The pattern the scenario documents: duplicates only where the original ran on and the receiver repeats them.
     invalid = trials[trials["outcome"] == "invalid"]
     assert set(zip(invalid["receiver_mode"], invalid["fault"])) == {("at_least_once", "leave_running")}
-    assert left_behind() == [] and not RUNC_OPTIONS.exists()
+    assert left_behind(latest_run(results_root)) == [] and not RUNC_OPTIONS.exists()
 
 
 def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu, docker_engine, podman_engine, results_root):
@@ -63,7 +69,7 @@ def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu
     assert set(refused["variant"]) <= {"ranks/one-rank"}, refused[["variant", "arm", "error"]]
     assert refused["error"].str.contains("whole containers only").all()
     assert (trials["restarted"] == 0).all()
-    assert left_behind() == []
+    assert left_behind(latest_run(results_root)) == []
 
 
 @pytest.mark.parametrize("engine", ["docker", "podman"])
@@ -109,3 +115,69 @@ def test_a_runc_options_file_of_someone_else_makes_the_docker_backend_unavailabl
         RUNC_OPTIONS.unlink()
     assert reason and str(RUNC_OPTIONS) in reason and "move that file away" in reason
     assert DockerCheckpointer().unavailable_reason() is None
+
+
+SLOW = """
+name = "slow-container"
+[workload]
+name = "counter"
+array = "numpy"
+params = { ops = 40, state_size = 1024, seed = 3, op_interval_ms = 250.0 }
+[receiver]
+modes = ["idempotent"]
+[pipeline]
+backends = ["ENGINE"]
+faults = ["kill"]
+[plan]
+source = "exhaustive"
+ops = [30, 30]
+phases = ["commit"]
+"""
+
+
+def start_and_wait_for_container(engine: str, tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """``cutbench run`` of a slow counter in a container, returned once the trial's container runs (and its run id)."""
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text(SLOW.replace("ENGINE", engine))
+    out = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(scenario), "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        runs = [p.name for p in out.glob("*-slow-container-*")] if out.is_dir() else []
+        if runs and any(c.running for c in engines.trial_containers() if c.run == runs[0]):
+            return proc, runs[0]
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before its container ran: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.3)
+    proc.kill()
+    pytest.fail("no container of the run appeared within 120 s")
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_run_stopped_by_sigterm_removes_its_container(criu, docker_engine, podman_engine, tmp_path, engine):
+    proc, run_id = start_and_wait_for_container(engine, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    assert left_behind(run_id) == []
+    assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*"))
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_what_a_sigkilled_run_left_is_removed_when_the_next_run_starts(criu, docker_engine, podman_engine, tmp_path,
+                                                                        engine):
+    proc, run_id = start_and_wait_for_container(engine, tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert left_behind(run_id), "a SIGKILLed harness removes nothing (the test's premise)"
+    status = subprocess.run([sys.executable, "-m", "cutbench", "engine", "status"], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert f"run {run_id}, harness gone" in status.stdout + status.stderr
+    nxt = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"),
+                          "--set", 'plan.phases=["commit"]', "--set", 'pipeline.faults=["kill"]',
+                          "--set", 'receiver.modes=["idempotent"]', "--out", str(tmp_path / "next")],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert nxt.returncode == 0, nxt.stderr[-2000:]
+    assert f"container" in nxt.stderr and run_id in nxt.stderr  # it says what it removed
+    assert left_behind(run_id) == []
+    assert not (Path(os.environ.get("CUTBENCH_RUNS_DIR", "/var/tmp/cutbench/runs")) / f"{run_id}.json").exists()

@@ -32,8 +32,9 @@ from typing import Any, Protocol
 
 import cutbench
 from cutbench.errors import StageRefused, Unavailable
+from cutbench.harness.environment.engines import HARNESS_LABEL, TRIAL_LABEL
 from cutbench.harness.nemesis.backends.criu import NETWORK_LOCK
-from cutbench.procs import Child, is_zombie_or_gone
+from cutbench.procs import Child, identity, is_zombie_or_gone
 
 # The image every container backend runs the workload in (built on first use).
 IMAGE = "cutbench-rootfs:1"
@@ -71,6 +72,13 @@ def container_of(target: Child, stage: str) -> str:
         raise StageRefused(stage, f"the cut names one process of the workload (pid {target.pid} in the container's "
                                   "namespace); the engine checkpoints whole containers only")
     return container
+
+
+def trial_labels(labels: dict[str, str] | None = None) -> dict[str, str]:
+    """The labels of a trial container: ``cutbench=trial``, the harness's ``labels`` (its run and trial) and
+    ``cutbench.harness``, the identity of the process that made it (pid and start time), by which
+    :func:`cutbench.harness.environment.leftovers.sweep` knows a container a killed harness left."""
+    return {TRIAL_LABEL: "trial", **(labels or {}), HARNESS_LABEL: identity()}
 
 
 def container_name(cwd: str) -> str:

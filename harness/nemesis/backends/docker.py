@@ -31,7 +31,7 @@ from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
                                                           container_of, criu_options,
-                                                          host_mounts, rootfs_tarball)
+                                                          host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
 from cutbench.procs import Child
@@ -102,15 +102,16 @@ class DockerCheckpointer:
             pass
 
     # -- the workload's container --------------------------------------------
-    def launch(self, argv: list[str], *, cwd: str) -> Child:
-        """Start ``argv`` in a new container (working directory ``cwd``); returns its handle."""
+    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None) -> Child:
+        """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
+        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`); returns its handle."""
         self._ensure_image()
         mounts = host_mounts(Path(cwd), forbidden=(self.data_root(), engines.docker_paths().root))
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
         created = self.api.create_container(
             IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=container_name(cwd),
-            environment={"PYTHONDONTWRITEBYTECODE": "1"}, labels={"cutbench": "trial"})
+            environment={"PYTHONDONTWRITEBYTECODE": "1"}, labels=trial_labels(labels))
         cid = created["Id"]
         try:
             self.api.start(cid)

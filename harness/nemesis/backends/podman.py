@@ -30,7 +30,7 @@ from typing import Any
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of, criu_options,
-                                                          host_mounts, rootfs_tarball)
+                                                          host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
@@ -102,8 +102,9 @@ class PodmanCheckpointer:
         self.podman("rm", "--force", "--ignore", container, timeout=60)
 
     # -- the workload's container ------------------------------------------------
-    def launch(self, argv: list[str], *, cwd: str) -> Child:
-        """Start ``argv`` in a new container (working directory ``cwd``); returns its handle."""
+    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None) -> Child:
+        """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
+        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`); returns its handle."""
         self._ensure_image()
         name = container_name(cwd)
         options = Path(cwd) / OPTIONS_FILE
@@ -115,7 +116,8 @@ class PodmanCheckpointer:
         limits = ["--ulimit", f"nofile={_limit(soft)}:{_limit(hard)}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
         mounts = [arg for path, mode in host_mounts(Path(cwd)).items() for arg in ("-v", f"{path}:{path}:{mode}")]
         p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
-                        "--annotation", f"org.criu.config={options}", "--label", "cutbench=trial",
+                        "--annotation", f"org.criu.config={options}",
+                        *[arg for k, v in trial_labels(labels).items() for arg in ("--label", f"{k}={v}")],
                         "--env", "PYTHONDONTWRITEBYTECODE=1", "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
         if p.returncode != 0:
             self.remove(name)
