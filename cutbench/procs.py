@@ -68,13 +68,31 @@ def become_subreaper() -> bool:
         return False
 
 
+def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's environment) with this very cutbench first on ``PYTHONPATH``.
+
+    A process the harness starts (``python -m cutbench…``: a workload, a companion, the receiver) must run
+    the code the harness runs, whatever its working directory: from a trial directory, an interpreter would
+    otherwise find cutbench through the environment's own install, which may be another tree (a copied
+    checkout whose virtual environment still points at the original).
+    """
+    import cutbench
+
+    out = dict(os.environ if env is None else env)
+    root = str(cutbench.IMPORT_ROOT)
+    out["PYTHONPATH"] = os.pathsep.join([root, *[p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]])
+    return out
+
+
 def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False) -> "Child":
     """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`.
 
-    ``pid_namespace``: as the init of a new PID namespace (see the module
+    The environment is ``env`` (default this process's) with this cutbench first on ``PYTHONPATH``
+    (:func:`package_env`). ``pid_namespace``: as the init of a new PID namespace (see the module
     docstring); the handle's ``pid`` is its host pid. Raises ``OSError`` when
     no namespace can be made here (it needs CAP_SYS_ADMIN, as CRIU does).
     """
+    env = package_env(env)
     if pid_namespace:
         return _spawn_namespace_init(argv, cwd=cwd, env=env)
     proc = subprocess.Popen(
@@ -149,6 +167,11 @@ class Child:
     history: list[int] = field(default_factory=list)  # earlier pids (before restores)
     # The process is the init of a PID namespace of its own (spawn(pid_namespace=True), or its restored copy).
     pid_namespace: bool = False
+
+    def output_tail(self) -> str:
+        """What the process wrote to stdout and stderr, where something kept it ("": a spawned process's stdio
+        is /dev/null; a container's engine keeps its output)."""
+        return ""
 
     def poll(self) -> int | None:
         """The exit status if it has exited (reaping it), else None."""

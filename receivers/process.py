@@ -9,14 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import cutbench
 from cutbench.errors import InvalidArgument, Unavailable
+from cutbench.procs import package_env
 
 from .protocol import TOKEN_ENV
 from .server import check_exposure
-
-# The receiver process must import the same cutbench as this one.
-_PACKAGE_ROOT = str(cutbench.IMPORT_ROOT)
 
 
 class ReceiverHandle:
@@ -56,9 +53,7 @@ class ReceiverHandle:
 
     def _start(self, listen: str) -> None:
         self.ready_path.unlink(missing_ok=True)
-        env = dict(os.environ)
-        # The child must import this very package, whatever the caller's cwd is.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env = package_env()  # the child must import this very package, whatever the caller's cwd is
         env.pop(TOKEN_ENV, None)
         if self.token:
             env[TOKEN_ENV] = self.token  # not on the command line, where ps would show it

@@ -357,6 +357,8 @@ class TrialRunner:
         finally:
             if child is not None and child.alive():
                 child.kill()
+            # A container's own output goes with it: keep its last lines for a trial that needs them.
+            output = child.output_tail() if child is not None and state.status in ("unknown", "deadlock", "lost") else ""
             if child is not None:
                 child.kill_groups()  # also what an interrupted restore left behind
                 if child.pid_namespace:
@@ -385,7 +387,7 @@ class TrialRunner:
             covered_domains=sorted(backend.capabilities.covers),
             duration_s=time.monotonic() - started,
             facts=state.facts,
-            log_tail=self._log_tail() if state.status in ("unknown", "deadlock", "lost") else "",
+            log_tail=(self._log_tail() or output) if state.status in ("unknown", "deadlock", "lost") else "",
             certificates=self.coordinator.certificates,
             cut_evidence=state.evidence,
             fresh_starts=fresh_starts,
@@ -587,7 +589,7 @@ class TrialRunner:
                     return ""
                 rc = child.poll()
                 if rc is not None:
-                    return f"workload exited ({rc}) before cut {i} at {cut.op}/{cut.phase}"
+                    return f"workload exited ({rc}) before cut {i} at {cut.op}/{cut.phase}{self._last_words(child)}"
                 now = time.monotonic()
                 if count != last_count:
                     last_count, last_change = count, now
@@ -627,6 +629,12 @@ class TrialRunner:
             return json.loads((self.tdir / "report.json").read_text())
         except (OSError, ValueError):
             return None
+
+    def _last_words(self, child: Child) -> str:
+        """``": <the last line>"`` of what a workload that ended wrote: its log, else its own output (a
+        container's: an interpreter that could not import cutbench never reaches its log); "" when neither."""
+        text = self._log_tail(3) or child.output_tail()
+        return f": {text.splitlines()[-1]}" if text.strip() else ""
 
     def _log_tail(self, lines: int = 20) -> str:
         try:

@@ -181,3 +181,20 @@ def test_what_a_sigkilled_run_left_is_removed_when_the_next_run_starts(criu, doc
     assert f"container" in nxt.stderr and run_id in nxt.stderr  # it says what it removed
     assert left_behind(run_id) == []
     assert not (Path(os.environ.get("CUTBENCH_RUNS_DIR", "/var/tmp/cutbench/runs")) / f"{run_id}.json").exists()
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_workload_that_dies_before_its_log_says_why_in_its_error(criu, docker_engine, podman_engine, tmp_path, engine):
+    """The container's own output (kept by the engine) is the error's last words: here an import that fails."""
+    scenario = tmp_path / "refusal.toml"
+    scenario.write_text(SLOW.replace("ENGINE", engine).replace('name = "counter"', 'name = "tests.fixtures.container_refusal:HostOnlyCounter"')
+                        .replace("ops = [30, 30]", "ops = [2, 2]"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "cutbench", "run", str(scenario), "--out", str(tmp_path / "r"), "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    assert out.returncode == 2, out.stderr[-2000:]  # unknown only: the harness could not judge
+    record = json.loads(((tmp_path / "r" / "latest").resolve() / "trials" / "t0001.json").read_text())["record"]
+    assert record["error"].startswith("workload exited (1) before cut 0")
+    assert "this workload module refuses to load inside a container" in record["error"]
+    assert "refuses to load inside a container" in record["log_tail"]
+    assert left_behind((tmp_path / "r" / "latest").resolve().name) == []

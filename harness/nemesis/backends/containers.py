@@ -200,6 +200,12 @@ class ContainerChild(Child):
             self.engine.kill(self.container)
         return self.wait(timeout)
 
+    def output_tail(self) -> str:
+        """What the container's processes wrote to stdout and stderr, last lines (the engine keeps it: a
+        workload that dies before it can write its log, an import that fails, says why here)."""
+        logs = getattr(self.engine, "logs", None)
+        return logs(self.container) if callable(logs) else ""
+
     def kill_groups(self, timeout: float = 2.0) -> None:
         """Stop and remove the container: nothing of the trial stays behind."""
         self.engine.kill(self.container)

@@ -34,7 +34,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER,
                                                           host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
-from cutbench.procs import Child
+from cutbench.procs import Child, package_env
 
 RUNC_OPTIONS = Path("/etc/criu/runc.conf")
 
@@ -94,6 +94,13 @@ class DockerCheckpointer:
         except Exception:
             pass
 
+    def logs(self, container: str, lines: int = 20) -> str:
+        """The last ``lines`` of what the container's processes wrote to stdout and stderr ("" when none)."""
+        try:
+            return self.api.logs(container, tail=lines).decode(errors="replace").strip()
+        except Exception:
+            return ""
+
     def remove(self, container: str) -> None:
         """Remove ``container`` (and its checkpoints); no error when absent."""
         try:
@@ -109,16 +116,22 @@ class DockerCheckpointer:
         mounts = host_mounts(Path(cwd), forbidden=(self.data_root(), engines.docker_paths().root))
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
-        created = self.api.create_container(
-            IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=container_name(cwd),
-            environment={"PYTHONDONTWRITEBYTECODE": "1"}, labels=trial_labels(labels))
-        cid = created["Id"]
+        name = container_name(cwd)
         try:
-            self.api.start(cid)
-        except Exception as exc:
-            self.remove(cid)
-            raise Unavailable(f"docker could not start the workload's container: {exc}") from exc
-        _running, _code, pid = self.state(cid)
+            created = self.api.create_container(
+                IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=name,
+                environment={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": package_env()["PYTHONPATH"]},
+                labels=trial_labels(labels))
+            cid = created["Id"]
+            try:
+                self.api.start(cid)
+            except Exception as exc:
+                raise Unavailable(f"docker could not start the workload's container: {exc}") from exc
+            _running, _code, pid = self.state(cid)
+        except BaseException:
+            # A failed start, or Ctrl-C / SIGTERM before the trial holds the handle: nobody else would remove it.
+            self.remove(name)
+            raise
         return ContainerChild(pid=pid, container=cid, engine=self)
 
     def data_root(self) -> Path:

@@ -33,7 +33,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild,
                                                           host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.procs import Child
+from cutbench.procs import Child, package_env
 
 # Podman's statistics (microseconds) kept as facts, in seconds, under these names.
 _CHECKPOINT_STATS = {"podman_checkpoint_duration": "podman_checkpoint_total_s",
@@ -92,6 +92,11 @@ class PodmanCheckpointer:
         self.podman("kill", container, timeout=30)
         self.podman("wait", container, timeout=30)
 
+    def logs(self, container: str, lines: int = 20) -> str:
+        """The last ``lines`` of what the container's processes wrote to stdout and stderr ("" when none)."""
+        p = self.podman("logs", "--tail", str(lines), container, timeout=30)
+        return (p.stdout + p.stderr).decode(errors="replace").strip() if p.returncode == 0 else ""
+
     def remove(self, container: str) -> None:
         """Remove ``container`` for good (the trial's end); no error when absent."""
         self._discard(container)
@@ -115,15 +120,21 @@ class PodmanCheckpointer:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         limits = ["--ulimit", f"nofile={_limit(soft)}:{_limit(hard)}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
         mounts = [arg for path, mode in host_mounts(Path(cwd)).items() for arg in ("-v", f"{path}:{path}:{mode}")]
-        p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
-                        "--annotation", f"org.criu.config={options}",
-                        *[arg for k, v in trial_labels(labels).items() for arg in ("--label", f"{k}={v}")],
-                        "--env", "PYTHONDONTWRITEBYTECODE=1", "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
-        if p.returncode != 0:
+        try:
+            p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
+                            "--annotation", f"org.criu.config={options}",
+                            *[arg for k, v in trial_labels(labels).items() for arg in ("--label", f"{k}={v}")],
+                            "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", f"PYTHONPATH={package_env()['PYTHONPATH']}",
+                            "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
+            if p.returncode != 0:
+                raise Unavailable(f"podman could not start the workload's container: {_err(p)}")
+            self._options[name] = options
+            _running, _code, pid = self.state(name)
+        except BaseException:
+            # Ctrl-C or SIGTERM may land after podman made the container and before the trial holds its handle:
+            # nobody else would remove it.
             self.remove(name)
-            raise Unavailable(f"podman could not start the workload's container: {_err(p)}")
-        self._options[name] = options
-        _running, _code, pid = self.state(name)
+            raise
         return ContainerChild(pid=pid, container=name, engine=self)
 
     def _ensure_image(self) -> None:
