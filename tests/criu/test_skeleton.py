@@ -72,3 +72,34 @@ def test_unusable_criu_stops_the_run_with_a_clear_message(tmp_path: Path):
                           capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert proc.returncode == 254, proc.stderr
     assert "criu install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_of_the_trial_held_open_across_the_cut_is_no_finding_against_the_tool(criu, tmp_path, monkeypatch):
+    """CRIU cannot restore a file the image held open after it grew: when that file is the trial's own (the
+    runtime's report being written, a workload that broke the rule), the trial is unknown, not the tool's loss."""
+    from tests.fixtures.run_fixtures import cli
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the workload process imports the fixture from tests/
+    scenario = tmp_path / "held.toml"
+    scenario.write_text("""
+name = "held-file"
+[workload]
+name = "tests.fixtures.holds_file:HoldsFileOpen"
+array = "numpy"
+params = { ops = 6, state_size = 64, seed = 1, op_interval_ms = 30.0 }
+[receiver]
+modes = ["idempotent"]
+[pipeline]
+backends = ["criu"]
+faults = ["leave_running"]
+crash_after_ms = [150]
+[plan]
+source = "exhaustive"
+ops = [2, 2]
+phases = ["commit"]
+""")
+    proc = cli("run", str(scenario), "--out", str(tmp_path / "r"), "--json", env=dict(os.environ))
+    assert proc.returncode == 2, proc.stderr[-2000:]  # unknown only: no verdict either way
+    [row] = pd.read_parquet((tmp_path / "r" / "latest").resolve() / "trials.parquet").itertuples()
+    assert row.outcome == "unknown" and row.process_lost == 0
+    assert "held.txt, a file of the trial directory that changed after the dump" in row.error

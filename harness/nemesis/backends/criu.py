@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
-from cutbench.errors import HUNG_MARK, StageFailed, StageRefused, Unavailable, hung_reason
+from cutbench.errors import HUNG_MARK, HarnessFault, StageFailed, StageRefused, Unavailable, hung_reason
 from cutbench.procs import Child
 
 NETWORK_LOCK = "nftables"
@@ -128,7 +128,8 @@ class CriuCheckpointer:
         with ctx.timeline.stage("criu_restore", ctx.cut_index):
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
-                raise StageFailed("criu_restore", f"criu restore exit {proc.returncode}: {_words(proc, images / 'restore.log')}")
+                raise restore_failure("criu_restore", f"criu restore exit {proc.returncode}: "
+                                                      f"{_words(proc, images / 'restore.log')}", ctx)
             try:
                 return int(pidfile.read_text().strip())
             except (OSError, ValueError) as exc:
@@ -139,6 +140,38 @@ class CriuCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing beyond the images directory, which the pipeline removes."""
+
+
+def restore_failure(stage: str, reason: str, ctx: CutContext) -> StageFailed:
+    """The outcome of a restore that failed for ``reason``: the tool's failure (:class:`StageFailed`), unless
+    the words name a file of the trial's own directory (:func:`trial_file_in`): then the image held such a
+    file open — the runtime's report being written, a log line, a workload that broke the rule — and it
+    changed after the dump, which is no claim about the tool (:class:`HarnessFault`: the trial is unknown)."""
+    artefact = trial_file_in(reason, ctx)
+    if artefact:
+        return HarnessFault(stage, f"the image holds {artefact}, a file of the trial directory that changed after the "
+                                   f"dump (the workload runtime's or the workload's own, open at the cut), so it "
+                                   f"cannot be restored: {reason}")
+    return StageFailed(stage, reason)
+
+
+def trial_file_in(reason: str, ctx: CutContext) -> str:
+    """The path of a file in the trial's directory that a failed restore's words name, or "" when none does.
+
+    The trial's directory holds the control file, the report, the marker, the log and what the workload
+    keeps outside its image; CRIU restores a file a process held open only as it was, so one of them
+    changed after a dump (a report renamed into place, a log line appended) fails the restore for a
+    reason that is the harness's or the workload's, never the tool's.
+    """
+    control = getattr(ctx.control, "path", None)
+    if control is None:
+        return ""
+    tdir = str(Path(control).parent).strip("/")
+    for word in reason.replace("'", " ").replace('"', " ").split():
+        # CRIU names paths relative to the root ("tmp/cutbench-…/t0001/held.txt").
+        if word.lstrip("/").startswith(tdir + "/"):
+            return "/" + word.lstrip("/").rstrip(":,;)")
+    return ""
 
 
 def _words(proc: subprocess.CompletedProcess[str], log: Path) -> str:

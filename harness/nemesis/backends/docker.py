@@ -32,7 +32,7 @@ from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
                                                           container_of, criu_options,
                                                           host_mounts, rootfs_tarball, trial_labels)
-from cutbench.harness.nemesis.backends.criu import criu_error_tail
+from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
 from cutbench.procs import Child, package_env
 
@@ -179,7 +179,7 @@ class DockerCheckpointer:
         with ctx.timeline.stage("docker_restore", ctx.cut_index):
             reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
             if reply is None or reply.status_code >= 300:
-                raise StageFailed("docker_restore", f"docker start --checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}")
+                raise restore_failure("docker_restore", f"docker start --checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}", ctx)
             running, code, pid = self.state(cid)
             if not running:
                 raise StageFailed("docker_restore", f"the container is not running after the restore (exit {code})")

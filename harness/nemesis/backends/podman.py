@@ -31,7 +31,7 @@ from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of, criu_options,
                                                           host_mounts, rootfs_tarball, trial_labels)
-from cutbench.harness.nemesis.backends.criu import criu_error_tail
+from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child, package_env
 
@@ -182,7 +182,7 @@ class PodmanCheckpointer:
             p = self.podman("container", "restore", "--import", str(archive), "--print-stats",
                             *(["--tcp-established"] if ctx.cut.fault == "kill" else []), timeout=ctx.stage_timeout_s)
             if p.returncode != 0:
-                raise StageFailed("podman_restore", f"podman restore exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}")
+                raise restore_failure("podman_restore", f"podman restore exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}", ctx)
             running, code, pid = self.state(container)
             if not running:
                 raise StageFailed("podman_restore", f"the container is not running after the restore (exit {code})")
