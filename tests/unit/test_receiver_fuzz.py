@@ -126,6 +126,7 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
     good.start()
     fuzz = _Conn(receiver.address)
     counts = {"intact": 0, "frames": 0, "oversize": 0, "truncated": 0, "garbage": 0, "error_replies": 0}
+    progress: list[int] = []  # the well-behaved client's acks so far, at each fuzz example
     t0 = time.monotonic()
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -134,6 +135,7 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
     def check(case) -> None:
         kind, payload = case
         counts[kind] += 1
+        progress.append(len(good.ack_times))
         if kind == "intact":
             fuzz.sock.sendall(b"".join(_frame(b) for b in payload))
             for r in fuzz.replies(len(payload)):
@@ -163,7 +165,11 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
     print(f"\nfuzz: {total} examples ({counts}) in {elapsed:.1f}s; well-behaved client got "
           f"{len(acked_during)} acks meanwhile, longest gap {max(gaps):.3f}s")
     assert total >= EXAMPLES
-    assert len(acked_during) > 100 and max(gaps) < 2.0
+    # The good client's acks keep flowing while the fuzzer runs: counted in fuzz examples, not seconds (a
+    # loaded machine stretches both alike), its ack count moves on in all but a few windows of 100 examples.
+    windows = progress[::100]
+    stalled = sum(1 for a, b in zip(windows, windows[1:]) if b == a)
+    assert len(acked_during) > 100 and stalled <= len(windows) // 20, (stalled, len(windows))
     # The service is still alive, still the same process, and still answers.
     assert receiver.running
     assert ctl.health()["status"] == "ok"
