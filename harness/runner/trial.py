@@ -528,9 +528,10 @@ class TrialRunner:
         if pid > 0 and child.pid_namespace:  # the workload wrote its namespace's pid (the root is 1)
             if pid != 1:
                 # CRIU dumps a PID namespace only with its init ("Can't dump a pid namespace without the process init").
-                raise HarnessFault(f"the workload named one process of its tree to cut (cut_pid {pid}), but it runs in a "
-                                   "PID namespace of its own (a parallel run) and CRIU dumps a namespace only whole: "
-                                   "declare the 'peer' domain for such cuts (they then run without one) or use --jobs 1")
+                raise HarnessFault("cut_target", f"the workload named one process of its tree to cut (cut_pid {pid}), "
+                                   "but it runs in a PID namespace of its own (a parallel run) and CRIU dumps a namespace "
+                                   "only whole: declare the 'peer' domain for such cuts (they then run without one) or "
+                                   "use --jobs 1")
             return child
         if pid <= 0 or pid == child.pid:
             return child
