@@ -69,25 +69,28 @@ def become_subreaper() -> bool:
 
 
 def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's environment) with this very cutbench first on ``PYTHONPATH``.
+    """``env`` (default: this process's environment) with this very cutbench on ``PYTHONPATH``.
 
     A process the harness starts (``python -m cutbench…``: a workload, a companion, the receiver) must run
     the code the harness runs, whatever its working directory: from a trial directory, an interpreter would
     otherwise find cutbench through the environment's own install, which may be another tree (a copied
-    checkout whose virtual environment still points at the original).
+    checkout whose virtual environment's editable install still points at the original). Any ``PYTHONPATH``
+    entry is searched before an editable install's finder, so the folder that holds this cutbench is
+    appended *last*: in a checkout it also holds the folders ``workloads`` and ``harness``, and a user's
+    own packages of those names (earlier on ``PYTHONPATH``) must keep winning.
     """
     import cutbench
 
     out = dict(os.environ if env is None else env)
     root = str(cutbench.IMPORT_ROOT)
-    out["PYTHONPATH"] = os.pathsep.join([root, *[p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]])
+    out["PYTHONPATH"] = os.pathsep.join([*[p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != root], root])
     return out
 
 
 def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False) -> "Child":
     """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`.
 
-    The environment is ``env`` (default this process's) with this cutbench first on ``PYTHONPATH``
+    The environment is ``env`` (default this process's) with this cutbench on ``PYTHONPATH``
     (:func:`package_env`). ``pid_namespace``: as the init of a new PID namespace (see the module
     docstring); the handle's ``pid`` is its host pid. Raises ``OSError`` when
     no namespace can be made here (it needs CAP_SYS_ADMIN, as CRIU does).

@@ -241,3 +241,23 @@ def test_rate_plot_with_every_group_size(mixed_run: Path):
     for n in (3, 6, 7):  # sizes at which the computed bound used to miss 0 by a rounding error
         many = pd.concat([trials.assign(trial_id=trials["trial_id"] + f"-{i}") for i in range(n)], ignore_index=True)
         assert plots.invalid_rate_by_phase(many)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_support_matrix_page_renders_in_chromium_with_a_cell_per_measured_point():
+    """The committed H200 matrix's report: the page checks itself, and its grid has one coloured cell per grid
+    point of matrix.parquet, each linking to its entry (tool's words, replay command) unless identical."""
+    from tests.conftest import REPO
+
+    run = REPO / "results" / "reference" / "matrix"
+    table = pd.read_parquet(run / "matrix.parquet")
+    body = rendered_body(run / "report.html")
+    assert body.get("data-render-check") == "ok", body.get("data-problems")
+    dom = run_chromium(run / "report.html", "--dump-dom").stdout
+    grid = dom[dom.index('id="support-matrix-table"'):]
+    grid = grid[:grid.index("</table>")]
+    assert grid.count('<td class="cell-') == len(table)
+    for cell, n in table["cell"].value_counts().items():
+        assert grid.count(f'<td class="cell-{cell}"') == n, cell
+    listed = table[(table["cell"] != "identical") & (table["trial_id"] != "")]
+    assert dom.count('<li id="cell-') == len(listed)
+    assert "cutbench replay results/reference/matrix/trials/" in dom
