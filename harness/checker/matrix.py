@@ -67,6 +67,11 @@ def cell_of(trial: dict[str, Any]) -> tuple[str, str]:
     action = str(trial.get("harness_action") or "")
     findings = json.loads(trial.get("findings") or "[]")
     kinds = {f["kind"] for f in findings}
+    if outcome == "unknown" or status == "unknown":  # the harness's own failure, whatever words it carries
+        return "unknown", error or "the harness could not judge the trial"
+    measures = json.loads(trial.get("measures") or "{}")
+    if measures.get("precondition_met") == 0.0:  # the probe says its situation never arose (a filler too late)
+        return "not_measured", f"the probe's precondition did not hold in this trial (measures {measures})"
     if status == "deadlock" or HUNG_MARK in error or "deadlock" in kinds:
         return "hung", error or _describe(findings)
     if status == "lost" or "process_lost" in kinds:

@@ -70,6 +70,13 @@ def sweep() -> list[str]:
     still runs). Then every trial container whose harness label names a process that is gone, and every
     stopped container made before containers carried one. Never raises: what cannot be removed is said.
     """
+    try:
+        return _sweep()
+    except Exception as exc:  # a sweep never stops a run: what it could not do stays for the next one
+        return [f"the sweep stopped early ({type(exc).__name__}: {exc}); the next run tries again"]
+
+
+def _sweep() -> list[str]:
     removed: list[str] = []
     containers = engines.trial_containers()
     dead_runs: set[str] = set()
@@ -92,7 +99,7 @@ def sweep() -> list[str]:
         receiver = str(data.get("receiver") or "")
         if receiver and identity_alive(receiver):
             pid = int(receiver.split(":")[0])
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
             removed.append(f"receiver of run {run_id} (pid {pid})")
         removed.append(_remove_file(path, f"claim of run {run_id} (harness {harness} is gone)"))

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cutbench
 from cutbench.errors import InvalidArgument, Unavailable
+from cutbench.procs import package_env
 
 if TYPE_CHECKING:
     from cutbench.harness.model.trial import TrialResult, TrialSpec
@@ -372,9 +372,7 @@ def run_task(request: dict[str, Any], node_gpus: dict[str, int], driver_node: st
     """
     import ray
 
-    env = dict(os.environ)
-    # The child must import this very cutbench, whatever the Ray worker's cwd and path are.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cutbench.IMPORT_ROOT), env.get("PYTHONPATH")) if p)
+    env = package_env()  # the child must import this very cutbench, whatever the Ray worker's cwd and path are
     node = ray.get_runtime_context().get_node_id()
     request = {**request, "node": node[:12] if len(node_gpus) > 1 else None}
     if node != driver_node:

@@ -153,6 +153,10 @@ def run_hypothesis(
     """
     if scenario.profile not in PROFILES:
         raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
+    if workload_api.records_reference(workload_api.load(scenario.workload)):
+        raise InvalidArgument(f"plan.source = 'hypothesis' with workload {scenario.workload!r}: its ground truth is "
+                              "recorded before the trials, which the adaptive search does not do yet; use plan.source = "
+                              "'exhaustive' or 'random'")
     arms, skipped = check_backends(scenario)
     sarms = search_arms(scenario, arms)
     outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
@@ -204,6 +208,8 @@ def execute(
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
+    # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
+    swept = leftovers.sweep()
     cluster = None
     if isinstance(specs, list) and scenario.executor == "ray":
         from cutbench.harness.runner.ray_executor import RayCluster
@@ -222,8 +228,6 @@ def execute(
             cluster.close()
         raise
     started = time.time()
-    # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
-    swept = leftovers.sweep()
     if isinstance(specs, list):
         planned = len(specs)
         arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in specs))

@@ -8,6 +8,7 @@ to a ``TrialResult`` and never raises for a failing stage or workload.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 import json
@@ -257,14 +258,27 @@ class Session:
                 if key not in self.recordings:
                     todo.setdefault(key, spec)
         failures: dict[str, str] = {}
+        running: set[int] = set()  # idents of the threads inside a control run (a Ctrl-C is raised in each)
+        lock = threading.Lock()
 
         def record(key: str, spec: TrialSpec) -> None:
+            with lock:
+                running.add(threading.get_ident())
+            try:
+                control_runs(key, spec)
+            finally:
+                with lock:
+                    running.discard(threading.get_ident())
+
+        def control_runs(key: str, spec: TrialSpec) -> None:
             cls = workload_api.load(spec.workload)
             array = workload_api.resolve_array(cls, spec.array)
             runs: list[workload_api.RecordedReference] = []
             for n in (1, 2):
                 clean = replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant="")
-                record, effects = TrialRunner(self, clean).observe()
+                # Started as the harness starts any process, whatever the trials' backend (a container engine
+                # may not reach the GPU): the recording is of the workload, not of a tool.
+                record, effects = TrialRunner(self, clean, plain_launch=True).observe()
                 if record.status != "completed" or record.exit_code != 0:
                     tail = f"; workload log: {record.log_tail[-1500:]}" if record.log_tail else ""
                     failures[key] = (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
@@ -285,18 +299,36 @@ class Session:
             if keep is not None:
                 keep(key, runs[0])
 
-        with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), thread_name_prefix="cutbench-ref") as pool:
-            for future in [pool.submit(record, key, spec) for key, spec in todo.items()]:
+        pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), thread_name_prefix="cutbench-ref")
+        futures = [pool.submit(record, key, spec) for key, spec in todo.items()]
+        try:
+            for future in futures:
                 future.result()
+        except BaseException:
+            # Ctrl-C (or a harness error): start no more control runs, and interrupt the running ones, which
+            # clean up as a trial does; wait for them, so none outlives the session's receiver.
+            pool.shutdown(wait=False, cancel_futures=True)
+            with lock:
+                for ident in running:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+            for future in futures:
+                try:
+                    future.result()
+                except BaseException:
+                    pass
+            raise
+        pool.shutdown()
         return failures
 
 
 class TrialRunner:
     """One trial's side effects, from spawn to verdict (see :meth:`run`)."""
 
-    def __init__(self, session: Session, spec: TrialSpec):
+    def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False):
         self.s = session
         self.spec = spec
+        # Start the workload as the harness starts any process, not through the backend's own launch.
+        self.plain_launch = plain_launch
         self.cls = workload_api.load(spec.workload)
         self.phases = tuple(self.cls.phases)
         self.receiver_trial = f"{session.run_id}/{spec.trial_id}"
@@ -342,7 +374,8 @@ class TrialRunner:
             companions = self._start_companions(config)
             seq = self._arm(control, spec.cut_plan(), 0)
             # A backend that must own the workload's start (a container engine) launches it itself.
-            launch = _launcher(backend, {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id})
+            labels = {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id}
+            launch = spawn if self.plain_launch else _launcher(backend, labels)
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):
@@ -358,9 +391,13 @@ class TrialRunner:
             if child is not None and child.alive():
                 child.kill()
             # A container's own output goes with it: keep its last lines for a trial that needs them.
-            output = child.output_tail() if child is not None and state.status in ("unknown", "deadlock", "lost") else ""
-            if child is not None:
-                child.kill_groups()  # also what an interrupted restore left behind
+            output = ""
+            try:
+                if child is not None and state.status in ("unknown", "deadlock", "lost"):
+                    output = child.output_tail()
+            finally:
+                if child is not None:
+                    child.kill_groups()  # also what an interrupted restore left behind
                 if child.pid_namespace:
                     # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
                     kill_namespace_inits(cwd=self.tdir)
@@ -435,6 +472,8 @@ class TrialRunner:
             state.resumed_at = (at_cut, control.get("progress_count"))
             state.outcomes.append(asdict(outcome))
             for key, value in ctx.facts.items():
+                if key == "harness_action" and state.facts.get(key):  # every cut's repairs, not the last one's
+                    value = f"{state.facts[key]}; cut {i}: {value}"
                 state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
             state.evidence.append(self.coordinator.evidence_of(ctx.certifier))
             if outcome.status == "restored":
@@ -465,9 +504,11 @@ class TrialRunner:
             if state.status == "refused":  # the tool declined, said it let the process go on, and it stopped: its words
                 stalled += f" after the {state.failed_stage} refusal ({state.error})"
             state.status, state.error = "deadlock", stalled
-        elif finished.startswith("workload exit") and state.status == "completed" and self._came_back(state):
-            # The tool brought the process back and it died on its own afterwards: the restore's failure,
-            # not the harness's (the uninterrupted control of a recorded-reference workload ran to its end).
+        elif (finished.startswith("workload exit") and state.status == "completed" and self._came_back(state)
+              and workload_api.records_reference(self.cls)):
+            # The tool brought the process back and it died on its own afterwards: the restore's failure, not the
+            # harness's, because the uninterrupted control runs of this (recorded-reference) workload ran to their
+            # end. A model-reference workload has no such control in the run: its exit stays unknown below.
             last = (self._log_tail(3) or "no log line").splitlines()[-1]
             state.status, state.failed_stage = "lost", "after_restore" if state.restores else "after_resume"
             state.error = f"the {'restored' if state.restores else 'resumed'} workload ended with {finished}: {last}"

@@ -111,7 +111,8 @@ class RunDir:
         if not key or "/" in key or key.startswith("."):
             raise InvalidArgument(f"reference key {key!r}: expected a file name")
         (self.path / "references").mkdir(exist_ok=True)
-        return atomic_write(self.path / "references" / f"{key}.json", json.dumps(data, indent=1, sort_keys=True))
+        return atomic_write(self.path / "references" / f"{key}.json",
+                            json.dumps(data, indent=1, sort_keys=True, default=str))
 
     def write_table(self, name: str, rows: list[dict[str, Any]] | pd.DataFrame) -> Path:
         """Write ``<name>.parquet`` from rows or a frame; return its path."""

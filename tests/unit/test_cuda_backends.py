@@ -104,3 +104,58 @@ def test_remap_onto_a_gpu_without_room_is_refused_before_the_cut(monkeypatch):
     # A swap fits when the memory the checkpoint frees is counted.
     monkeypatch.setattr(gpu_mem, "free_bytes", lambda: {"GPU-0": gib, "GPU-1": 3 * gib})
     assert CudaStages(TwoGpus()).remap_pairs(procs, "other_gpu")
+
+
+class _StuckDriver:
+    """A driver interface whose checkpoint call never returns (a process stuck in the driver)."""
+
+    supports_remap = False
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+    def get_state(self, pid: int) -> str:
+        self.calls.append("get_state")
+        return "locked"
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self.calls.append("lock")
+
+    def checkpoint(self, pid: int) -> None:
+        self.calls.append("checkpoint")
+        self.release.wait()  # until the test ends
+
+    def restore(self, pid: int, pairs=()) -> None:
+        self.calls.append("restore")
+
+    def unlock(self, pid: int) -> None:
+        self.calls.append("unlock")
+
+    def gpu_uuids(self) -> list[str]:
+        return []
+
+
+def test_a_driver_call_that_never_returns_is_a_hung_stage_and_nothing_waits_behind_it():
+    from cutbench.errors import HUNG_MARK, StageFailed
+    from cutbench.harness.model.plan import Cut
+    from cutbench.harness.model.timeline import Timeline
+    from cutbench.harness.nemesis.base import CutContext
+
+    driver = _StuckDriver()
+    stages = CudaStages(driver)
+    ctx = CutContext(images_dir=Path("/nonexistent"), timeline=Timeline("t"), cut_index=0, cut=Cut(2, "launch"),
+                     stage_timeout_s=0.3)
+    try:
+        with pytest.raises(StageFailed, match=HUNG_MARK) as err:
+            stages.cut(CudaProcs([os.getpid()]), ctx)
+        assert err.value.stage == "cuda_checkpoint"
+        # The way back asks nothing more about the stuck process (a second call would queue behind the first).
+        calls = len(driver.calls)
+        assert stages.bring_back([os.getpid()]) == []
+        assert len(driver.calls) == calls
+        assert "inside its hung cuda_checkpoint call" in stages.take_actions()
+    finally:
+        driver.release.set()

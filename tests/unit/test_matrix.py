@@ -52,6 +52,10 @@ def finding(kind: str, op: int | None = 3, detail: str = "x") -> str:
      "wrong", "mixed_epoch op 4"),
     (trial(outcome="invalid", findings=finding("pointer_changed", None, "buf: 0x10 → 0x20")), "wrong", "pointer_changed"),
     (trial(status="unknown", outcome="unknown", error="harness: KeyError"), "unknown", "harness: KeyError"),
+    # The harness's own failure stays unknown even when its words carry a tool's time-out text.
+    (trial(status="unknown", outcome="unknown", error=hung_reason("criu restore", 60)), "unknown", "did not return"),
+    # A probe whose situation never arose (its filler too late) is not counted, whatever the tool did.
+    (trial(measures=json.dumps({"filler_mib": 0.0, "precondition_met": 0.0})), "not_measured", "precondition did not hold"),
 ])
 def test_a_trial_becomes_the_cell_that_says_what_the_tool_did(row, cell, says):
     got, detail = cells.cell_of(row)
@@ -234,3 +238,22 @@ def test_the_oracle_judges_a_probe_by_its_recording():
     # A trial whose host op the recording does not hold is unknown, never valid.
     short = TrialRecord(status="completed", restores=1, cut_outcomes=[{"status": "restored"}], report={"host_op": 2, "checksum": "c2"})
     assert oracle.judge(short, effects.iloc[:2].assign(digest=["p1", "p2"]), ref).outcome == "unknown"
+
+
+def test_a_restore_failure_on_a_file_of_the_trial_is_the_harness_s_and_others_stay_the_tool_s(tmp_path):
+    from cutbench.errors import HarnessFault
+    from cutbench.harness.nemesis.backends.criu import restore_failure
+
+    class Control:
+        path = tmp_path / "t0001" / "control"
+
+    ctx = type("Ctx", (), {"control": Control()})()
+    rel = str(tmp_path / "t0001" / "report.json.77.tmp").lstrip("/")
+    ours = restore_failure("criu_restore", f"criu restore exit 1: 9: Error (criu/files-reg.c:2353): Can't open file {rel} "
+                                           "on restore: No such file or directory", ctx)
+    assert isinstance(ours, HarnessFault) and f"/{rel}" in ours.reason
+    theirs = restore_failure("criu_restore", "criu restore exit 1: Error (criu/sk-inet.c): Can't bind inet socket", ctx)
+    assert type(theirs).__name__ == "StageFailed"
+    mount = restore_failure("podman_restore", f"podman restore exit 125: mount /{rel.rsplit('/', 1)[0]} failed: "
+                                              "invalid argument", ctx)
+    assert type(mount).__name__ == "StageFailed"  # a mount of the trial directory is no file the image held

@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutbench.procs import is_zombie_or_gone
 from cutbench.workloads.api import MatrixRow
 from cutbench.workloads.probes import Probe, launch_step
+from cutbench.workloads.xp import device_uuid, release_cached_memory
 
 MIB = 1 << 20
 # What the filler leaves free: too little for any restore of a CUDA context, enough not to starve the driver.
@@ -39,10 +41,11 @@ class RestoreOomProbe(Probe):
                              "another process takes the GPU's memory while the process is checkpointed"),)
 
     def open(self) -> None:
-        """The held device memory."""
+        """The held device memory (the set-up's temporaries given back: the probe holds what it says)."""
         import cupy
 
         self.buf = cupy.zeros(self.p["hold_mib"] * MIB // 8, dtype=cupy.uint64) + cupy.uint64(self.p["seed"])
+        release_cached_memory(cupy)
 
     def launch(self, op: int) -> None:
         """One step of the held memory."""
@@ -57,12 +60,13 @@ class RestoreOomProbe(Probe):
         return {"buf": int(self.buf.data.ptr)}
 
     def measures(self) -> dict[str, float]:
-        """What the filler did: MiB it took, and whether it had them before this report (after the restore)."""
+        """What the filler did: MiB it took; ``precondition_met`` 0 when it had taken none by this report (after
+        the restore): the restore then never met a full GPU, and the matrix does not count the trial."""
         try:
             done = json.loads((self.rt.workdir / FILLER_FILE).read_text())
         except (OSError, ValueError):
-            return {"filler_mib": 0.0}
-        return {"filler_mib": float(done.get("mib", 0))}
+            return {"filler_mib": 0.0, "precondition_met": 0.0}
+        return {"filler_mib": float(done.get("mib", 0)), "precondition_met": 1.0}
 
 
 def _gpu_bytes(nvml: Any, handle: Any, pid: int) -> int | None:
@@ -71,14 +75,6 @@ def _gpu_bytes(nvml: Any, handle: Any, pid: int) -> int | None:
         if proc.pid == pid:
             return int(proc.usedGpuMemory or 0)
     return None
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def fill(config_path: str, poll_s: float = 0.005) -> int:
@@ -94,7 +90,7 @@ def fill(config_path: str, poll_s: float = 0.005) -> int:
     workdir = Path(config.report_path).parent
     cupy.cuda.runtime.free(0)  # this process's CUDA context now, not when the memory is wanted
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(cupy.cuda.Device().id)
+    handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid(cupy))  # NVML's order need not be CUDA's
     control = ControlFile(config.control_path)
     seen_on_gpu = False
     while True:
@@ -105,7 +101,7 @@ def fill(config_path: str, poll_s: float = 0.005) -> int:
             held = _gpu_bytes(pynvml, handle, pid)
             if held:
                 seen_on_gpu = True
-            elif seen_on_gpu and _running(pid) and not control.get("done"):
+            elif seen_on_gpu and not is_zombie_or_gone(pid) and not control.get("done"):
                 break  # on the GPU before, running and holding nothing now: checkpointed
         time.sleep(poll_s)
     taken: list[tuple[int, int]] = []  # (pointer, bytes)

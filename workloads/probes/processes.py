@@ -8,16 +8,21 @@ answers over a pipe, one line per op, and leaves at :meth:`Probe.close`.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import numpy as np
 
 from cutbench.workloads.api import MatrixRow
 from cutbench.workloads.probes import Probe, host_step, is_cupy, launch_step
+from cutbench.workloads.probes.allocation import device_words
+from cutbench.workloads.xp import device_uuid
 
 
 class _PipeChild:
@@ -36,17 +41,29 @@ class _PipeChild:
             raise RuntimeError(f"probe child {self.pid} closed its pipe (it exited)")
         return answer.strip()
 
-    def close(self) -> None:
-        """Ask the child to leave and reap it."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the child to leave and reap it; one that has not left within ``timeout`` is killed."""
         try:
             self.w.write("quit\n")
             self.w.close()
         except OSError:
             pass
+        self.r.close()
         if self.proc is not None:
-            self.proc.wait(timeout=30)
-        else:
-            os.waitpid(self.pid, 0)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitpid(self.pid, os.WNOHANG)[0]:
+                return
+            time.sleep(0.01)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
 
 
 class ForkProbe(Probe):
@@ -166,9 +183,13 @@ class IpcProbe(Probe):
         from cupy.cuda import runtime
 
         n = self.p["words"]
-        self.buf = cupy.arange(n, dtype=cupy.uint64) + cupy.uint64(self.p["seed"])
+        # An allocation of its own (cudaMalloc), not a slice of CuPy's pool: an IPC handle names a whole
+        # allocation, and the child maps it at its start.
+        self._ptr = int(runtime.malloc(n * 8))
+        self.buf = device_words(self._ptr, n, self)
+        self.buf[...] = cupy.arange(n, dtype=cupy.uint64) + cupy.uint64(self.p["seed"])
         cupy.cuda.Device().synchronize()
-        handle = bytes(runtime.ipcGetMemHandle(int(self.buf.data.ptr)))
+        handle = bytes(runtime.ipcGetMemHandle(self._ptr))
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         proc = subprocess.Popen([sys.executable, "-m", "cutbench.workloads.probes.ipc_child", handle.hex(), str(n),
@@ -217,7 +238,7 @@ class NvmlProbe(Probe):
 
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(cupy.cuda.Device().id)
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid(cupy))  # NVML's order need not be CUDA's
         self.buf = cupy.arange(self.p["words"], dtype=cupy.uint64) + cupy.uint64(self.p["seed"])
         self.answers: list[tuple[str, str, int]] = []
 

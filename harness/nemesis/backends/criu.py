@@ -167,10 +167,15 @@ def trial_file_in(reason: str, ctx: CutContext) -> str:
     if control is None:
         return ""
     tdir = str(Path(control).parent).strip("/")
-    for word in reason.replace("'", " ").replace('"', " ").split():
-        # CRIU names paths relative to the root ("tmp/cutbench-…/t0001/held.txt").
-        if word.lstrip("/").startswith(tdir + "/"):
-            return "/" + word.lstrip("/").rstrip(":,;)")
+    # Only CRIU's words about a regular file it restores ("Can't open file …", "File … has bad size"): a
+    # failure that merely mentions the trial directory (a container's bind mount of it) is still the tool's.
+    for part in reason.split("|"):
+        if "file" not in part.lower():
+            continue
+        for word in part.replace("'", " ").replace('"', " ").split():
+            # CRIU names paths relative to the root ("tmp/cutbench-…/t0001/held.txt").
+            if word.lstrip("/").startswith(tdir + "/"):
+                return "/" + word.lstrip("/").rstrip(":,;)")
     return ""
 
 

@@ -291,6 +291,10 @@ class CudaStages:
         # What the harness had to do to bring processes back (a tool that left one LOCKED or CHECKPOINTED):
         # the cut's ``harness_action`` fact, so a verdict never credits the tool with the harness's repair.
         self.actions: list[str] = []
+        # Processes a driver call never returned for: nothing more is asked of the driver about them (a second
+        # call would wait behind the first), and every call on the way back is bounded as well.
+        self.hung: set[int] = set()
+        self.timeout_s = 60.0
 
     def take_actions(self) -> str:
         """What :meth:`bring_back` and the backend did since the last call, as one line ("" for nothing)."""
@@ -446,6 +450,7 @@ class CudaStages:
         :func:`~cutbench.errors.hung_reason` (nothing is brought back: the driver is inside a call for
         this process, and a second one would wait behind it).
         """
+        self.timeout_s = ctx.stage_timeout_s
         error: CudaCallError | None = None
         # No receiver round trips between one rank's call and the next: they would widen a coordinated cut.
         with ctx.timeline.stage(stage, ctx.cut_index, marks=False) as extra:
@@ -459,6 +464,8 @@ class CudaStages:
                 extra["detail"] += f": {exc}"
             except _StillRunning:
                 extra["detail"] += ": hung"
+                self.hung.add(pid)
+                self.actions.append(f"leave pid {pid} inside its hung {stage} call (nothing more asked of the driver for it)")
                 raise StageFailed(stage, hung_reason(f"the {stage} call for pid {pid}", ctx.stage_timeout_s)) from None
         if error is not None:
             states = self.bring_back()
@@ -467,12 +474,15 @@ class CudaStages:
     def bring_back(self, pids: Sequence[int] | None = None) -> list[str]:
         """Best effort: restore every CHECKPOINTED process and unlock every LOCKED one; return the states after.
 
-        Never raises; a process that no longer exists is skipped.
+        Never raises and never waits for long: a process that no longer exists, or one a driver call hung
+        for, is skipped, and each call here is bounded like a stage's.
         """
         if pids is None:
             pids = self.procs.pids if self.procs else []
         states = []
         for pid in pids:
+            if pid in self.hung:
+                continue
             state = self._state(pid)
             if state == "checkpointed":
                 self._quiet(lambda: self.driver.restore(pid))
@@ -487,18 +497,20 @@ class CudaStages:
         return states
 
     def _state(self, pid: int) -> str | None:
-        if not os.path.exists(f"/proc/{pid}"):
+        if not os.path.exists(f"/proc/{pid}") or pid in self.hung:
             return None
         try:
-            return self.driver.get_state(pid)
+            return _bounded(lambda: self.driver.get_state(pid), self.timeout_s)
         except CudaCallError:
+            return None
+        except _StillRunning:
+            self.hung.add(pid)
             return None
 
-    @staticmethod
-    def _quiet(fn: Callable[[], None]) -> None:
+    def _quiet(self, fn: Callable[[], None]) -> None:
         try:
-            fn()
-        except CudaCallError:
+            _bounded(fn, self.timeout_s)
+        except (CudaCallError, _StillRunning):
             pass
 
 
