@@ -11,6 +11,9 @@ installed cutbench puts exactly one name into ``site-packages``:
   the checkpointed process;
 - ``cutbench.receivers``: the durable external service that records effects.
 
+For code, ``cutbench.open_run(path)`` opens a stored run (see
+``cutbench.api``, the package's front door, loaded on first use).
+
 The modules beside this file are the ground floor every room may import and
 that imports none of them: ``errors`` (the error types and exit codes),
 ``procs`` (process trees), ``files`` (atomic writes), ``validate`` (argument
@@ -30,3 +33,13 @@ IMPORT_ROOT = Path(__file__).resolve().parent.parent
 def source_checkout() -> Path | None:
     """The repository root when cutbench runs from a source checkout, else None."""
     return IMPORT_ROOT if (IMPORT_ROOT / "pyproject.toml").is_file() and (IMPORT_ROOT / "harness").is_dir() else None
+
+
+def __getattr__(name: str):
+    """``cutbench.open_run`` and ``cutbench.Run``: the front door (:mod:`cutbench.api`), imported on first use so
+    that ``import cutbench`` loads none of the rooms (PEP 562)."""
+    if name in ("open_run", "Run"):
+        from cutbench import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'cutbench' has no attribute {name!r}")

@@ -124,7 +124,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, label_a: str = "A", label_b: str =
     ra = rates(matched_a, by).set_index(by)
     rb = rates(matched_b, by).set_index(by)
     cols = ["trials", "invalid", "invalid_rate", "rate_low", "rate_high"]
-    groups = ra[cols].join(rb[cols], lsuffix="_a", rsuffix="_b", how="outer").reset_index()
+    groups = ra[cols].merge(rb[cols], left_index=True, right_index=True, how="outer", suffixes=("_a", "_b")).reset_index()
     timings = pd.DataFrame([
         {"stage": c, "median_a": float(matched_a[c].dropna().median()) if c in matched_a and matched_a[c].notna().any() else None,
          "median_b": float(matched_b[c].dropna().median()) if c in matched_b and matched_b[c].notna().any() else None}

@@ -79,15 +79,16 @@ def stored_reference(spec: dict[str, Any], recordings: list[workload_api.Recorde
                                      "parameters (references/ lacks it)")
 
 
-def reanalyze(run: RunDir) -> Reanalysis:
-    """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side.
+def check_run(run: RunDir) -> list[dict[str, Any]]:
+    """Check a run directory as every reader of it needs; returns its trial records (in trial order).
 
-    The run directory is checked first: the trials table and the trial
-    records must describe the same trials (:class:`InvalidArgument` names
-    what disagrees), so a damaged run never re-analyses as "0 verdicts differ".
+    Each table's footer is read (a damaged or column-less one is named), and
+    the trials table and ``trials/`` must describe the same trials:
+    :class:`InvalidArgument` names what disagrees, so a damaged run is
+    reported, never read as fewer trials or re-analysed as "0 verdicts differ".
     """
-    effects = run.table("effects")
-    run.check_table("timeline")  # not needed for verdicts, but a damaged run is reported, not re-analysed as fine
+    for name in ("trials", "timeline", "effects", "certificates"):
+        run.check_table(name)
     records = run.trial_records()
     table = run.table("trials")
     listed = set(table["trial_id"]) if not table.empty else set()
@@ -95,6 +96,16 @@ def reanalyze(run: RunDir) -> Reanalysis:
     if listed != recorded:
         raise InvalidArgument(f"{run.path}: trials.parquet lists {len(listed)} trials and trials/ holds {len(recorded)} "
                               f"records; they differ in {', '.join(sorted(listed ^ recorded)[:5])}")
+    return records
+
+
+def reanalyze(run: RunDir) -> Reanalysis:
+    """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side.
+
+    The run directory is checked first (:func:`check_run`).
+    """
+    records = check_run(run)
+    effects = run.table("effects")
     rows = []
     recordings = [workload_api.RecordedReference.from_dict(data) for data in run.references().values()]
     for stored in records:

@@ -74,3 +74,17 @@ def test_reading_commands_name_the_damaged_file(mixed_run_copy: Path, damage):
             continue
         assert proc.returncode == 254, (args, proc.returncode, proc.stdout[-800:], proc.stderr[-1500:])
         assert says in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr[-1500:])
+
+
+@pytest.mark.parametrize("damage", [_drop_trials_table, _truncate_timeline, _drop_a_column, _corrupt_a_trial_record,
+                                    _remove_the_trial_records, _a_file_from_another_run, _damage_run_toml],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_open_run_names_the_damaged_file(mixed_run_copy: Path, damage):
+    """The Python API checks the directory as ``analyze`` does: every damage is an error naming its file."""
+    import cutbench
+    from cutbench.errors import InvalidArgument
+
+    says = damage(mixed_run_copy)
+    with pytest.raises(InvalidArgument) as caught:
+        cutbench.open_run(mixed_run_copy)
+    assert says in str(caught.value)

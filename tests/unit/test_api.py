@@ -1,0 +1,108 @@
+"""``cutbench.open_run``: a stored run as DataFrames and values, read from a committed reference run.
+
+The reference run (``results/reference/containers/quick``: 84 trials of
+``quick.toml`` through criu, docker and podman) is read, never written; the
+damaged-directory cases are in ``tests/criu/test_damaged_run.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cutbench
+from cutbench.errors import InvalidArgument
+from tests.conftest import REPO
+
+REFERENCE = REPO / "results" / "reference" / "containers" / "quick"
+
+
+@pytest.fixture(scope="module")
+def run() -> cutbench.api.Run:
+    return cutbench.open_run(REFERENCE)
+
+
+def test_the_run_s_tables_and_headline(run):
+    assert run.run_id == json.loads((REFERENCE / "trials" / "t0001.json").read_text())["run_id"]
+    assert run.complete and run.scenario["name"] == "quick"
+    assert len(run.trials) == 84 == len(run.trial_ids)
+    assert set(run.trials["backend"]) == {"criu", "docker", "podman"}
+    counts = run.trials["outcome"].value_counts().to_dict()
+    assert run.counts == {k: counts.get(k, 0) for k in ("valid", "invalid", "refused", "unknown")}
+    assert run.verdict.label == "invalid" and run.counts["invalid"] > 0
+    assert {"stage", "t_start", "t_end"} <= set(run.timeline.columns) and {"op_id", "decision"} <= set(run.effects.columns)
+    assert run.matrix.empty and "invalid" in repr(run)
+
+
+def test_rates_per_arm_carry_wilson_bounds(run):
+    rates = run.rates()
+    assert list(rates["arm"]) == sorted(run.trials["arm"].unique())
+    assert rates["trials"].sum() == 84
+    assert ((rates["rate_low"] <= rates["invalid_rate"]) & (rates["invalid_rate"] <= rates["rate_high"])).all()
+    by_fault = run.rates(["backend", "fault"])
+    assert len(by_fault) == 3 * run.trials["fault"].nunique()
+
+
+def test_one_trial_its_effects_and_its_timeline(run):
+    bad = run.failing()
+    assert (bad["outcome"] == "invalid").all() and len(bad) == run.counts["invalid"]
+    tid = bad["trial_id"].iloc[0]
+    stored = run.trial(tid)
+    assert stored["spec"]["trial_id"] == tid and stored["verdict"]["outcome"] == "invalid"
+    fx = run.effects_of(tid)
+    assert len(fx) and (fx["trial_id"] == tid).all() and fx["arrival_seq"].is_monotonic_increasing
+    duplicated = {f["op"] for f in stored["verdict"]["findings"] if f["kind"] == "duplicate"}
+    assert duplicated and duplicated <= set(fx[fx["decision"] == "applied"].groupby("op_id").filter(lambda g: len(g) > 1)["op_id"])
+    tl = run.timeline_of(tid)
+    assert (tl["trial_id"] == tid).all() and tl["t_start"].is_monotonic_increasing
+
+
+def test_an_unknown_trial_is_an_error_naming_what_the_run_has(run):
+    with pytest.raises(InvalidArgument, match=r"no trial 't9999'; it has 84 \(t0001"):
+        run.trial("t9999")
+    with pytest.raises(InvalidArgument, match="no trial"):
+        run.effects_of("t9999")
+
+
+def test_a_run_compared_with_itself_changes_no_plan(run):
+    cmp = run.compare(REFERENCE)
+    assert cmp.counts()["matched"] == 84 and cmp.counts()["same"] == 84 and cmp.regressions.empty
+
+
+def test_reanalysis_gives_the_stored_verdicts(run):
+    result = run.reanalyze()
+    assert len(result.rows) == 84 and result.differences == []
+
+
+def test_not_a_run_directory_is_named(tmp_path):
+    with pytest.raises(InvalidArgument, match="not a cutbench run directory"):
+        cutbench.open_run(tmp_path)
+
+
+def test_a_trial_file_missing_from_a_copy_is_named(tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(REFERENCE, copy)
+    (copy / "trials" / "t0005.json").unlink()
+    with pytest.raises(InvalidArgument, match="holds 83 trial files, run.toml counts 84"):
+        cutbench.open_run(copy)
+
+
+def test_importing_cutbench_loads_none_of_the_rooms():
+    """``cutbench.open_run`` is reached through the package's lazy door: ``import cutbench`` stays light."""
+    code = ("import sys, cutbench; assert 'pandas' not in sys.modules and 'cutbench.api' not in sys.modules; "
+            "f = cutbench.open_run; import cutbench.api as a; assert f is a.open_run and cutbench.Run is a.Run")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_first_ten_minutes_example_reads_the_reference_run():
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "analysis" / "first_ten_minutes.py"), str(REFERENCE)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "84 trials, complete" in out.stdout and "duplicate op 3: applied 2 times" in out.stdout
+    assert "median seconds per stage" in out.stdout
