@@ -34,6 +34,7 @@ import pandas as pd
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.reports import compare as _compare
+from cutbench.harness.reports import explain as _explain
 from cutbench.harness.reports import summary as _summary
 from cutbench.harness.store import analysis as _analysis
 from cutbench.harness.store.rundir import RunDir, read_matrix
@@ -136,6 +137,12 @@ class Run:
         self.trial(trial_id)
         tl = self.timeline
         return tl[tl["trial_id"] == trial_id].sort_values("t_start") if not tl.empty else tl
+
+    def explain(self, trial_id: str) -> str:
+        """Trial ``trial_id``'s verdict in plain words, as the report gives it beside its timeline ("" when valid)."""
+        self.trial(trial_id)
+        row = self.trials[self.trials["trial_id"] == trial_id].iloc[0].to_dict()
+        return _explain.explain(row, self.effects_of(trial_id))
 
     # -- verdicts --------------------------------------------------------------
     @property

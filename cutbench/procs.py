@@ -291,6 +291,27 @@ def kill_namespace_inits(timeout: float = 2.0, *, cwd: str | Path | None = None)
     return found
 
 
+def processes_in(directory: str | Path) -> list[int]:
+    """The pids of every process but this one whose working directory is ``directory`` or below it.
+
+    A trial's workload works in its trial directory, a restored one too (CRIU
+    gives the working directory back), inside a PID namespace or a container
+    alike: what a harness killed outright left running is found by where it works.
+    """
+    root = str(Path(directory).resolve())
+    me, found = os.getpid(), []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            where = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if where == root or where.startswith(root + "/"):
+            found.append(int(proc.name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

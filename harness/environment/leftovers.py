@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cutbench.files import atomic_write
 from cutbench.harness.environment import engines
-from cutbench.procs import identity, identity_alive
+from cutbench.procs import identity, identity_alive, processes_in
 
 RUNS_ENV = "CUTBENCH_RUNS_DIR"
 
@@ -55,6 +55,15 @@ def claim(run_id: str, *, images_dirs: set[str] | list[str], workdir: Path, rece
             path.unlink(missing_ok=True)
 
 
+def live_harness(run_id: str) -> str | None:
+    """The identity (``pid:start``) of the live harness that claims run ``run_id``, or None when none does."""
+    try:
+        harness = str(json.loads((runs_dir() / f"{run_id}.json").read_text())["harness"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return harness if identity_alive(harness) else None
+
+
 def _identity_or_empty(pid: int | None) -> str:
     try:
         return identity(pid) if pid else ""
@@ -66,8 +75,8 @@ def sweep() -> list[str]:
     """Remove what runs whose harness is gone left behind; return one line per thing removed (none: ``[]``).
 
     For each claim of a dead harness: its trial containers (by run label), its image directories
-    (``<images_dir>/cutbench-<run id>-*``), its work directory and its receiver (when that very process
-    still runs). Then every trial container whose harness label names a process that is gone, and every
+    (``<images_dir>/cutbench-<run id>-*``), the processes working in its work directory (its workloads),
+    that directory, and its receiver (when that very process still runs). Then every trial container whose harness label names a process that is gone, and every
     stopped container made before containers carried one. Never raises: what cannot be removed is said.
     """
     try:
@@ -95,6 +104,11 @@ def _sweep() -> list[str]:
                 removed.append(_remove_tree(leftover, f"image directory of run {run_id}"))
         workdir = Path(str(data.get("workdir") or ""))
         if workdir.name.startswith(f"cutbench-{run_id}") and workdir.is_dir():
+            # Its workloads first (parked at a cut, or running on): each works in its trial's directory.
+            for pid in processes_in(workdir):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                removed.append(f"workload process {pid} of run {run_id}")
             removed.append(_remove_tree(workdir, f"work directory of run {run_id}"))
         receiver = str(data.get("receiver") or "")
         if receiver and identity_alive(receiver):

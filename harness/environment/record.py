@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from cutbench.errors import Unavailable
@@ -18,6 +19,24 @@ def cutbench_version() -> str:
         return metadata.version("cutbench")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def code_digest() -> str:
+    """A SHA-256 over the path and bytes of every Python source of the installed cutbench (harness, workloads,
+    receivers and the ground floor): two runs with equal digests ran the same code, whatever the version says."""
+    import hashlib
+
+    import cutbench
+
+    root = Path(cutbench.__file__).resolve().parent
+    files = [(f.name, f) for f in sorted(root.glob("*.py"))]
+    for part in ("harness", "workloads", "receivers"):
+        base = (root / part).resolve()  # links in a checkout, folders in an installed copy
+        files += [(f"{part}/{f.relative_to(base)}", f) for f in sorted(base.rglob("*.py")) if "__pycache__" not in f.parts]
+    digest = hashlib.sha256()
+    for rel, f in files:
+        digest.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def collect() -> dict[str, Any]:

@@ -150,28 +150,39 @@ def _execution_overrides(executor: str | None, ray_address: str | None) -> tuple
 
 
 @cli.command()
-@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.argument("scenario", type=click.Path(dir_okay=False), required=False)
 @click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a scenario field.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable result.")
 @click.option("--variant", "variants", multiple=True, metavar="NAME",
               help="Run only this [[variants]] entry of the scenario (repeatable); default: every variant.")
+@click.option("--resume", "resume", default=None, type=click.Path(file_okay=False), metavar="RUN_DIR",
+              help="Continue the interrupted run RUN_DIR (its own scenario, plan and seeds; its finished trials kept). "
+                   "With SCENARIO (and --set), that scenario must be the run's.")
 @_execution_options
-def run(scenario: str, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None,
-        variants: tuple[str, ...], executor: str | None, ray_address: str | None) -> None:
-    """Run every trial of SCENARIO and store the results under --out."""
+def run(scenario: str | None, out: str, overrides: tuple[str, ...], as_json: bool, jobs: str | None,
+        variants: tuple[str, ...], executor: str | None, ray_address: str | None, resume: str | None) -> None:
+    """Run every trial of SCENARIO and store the results under --out (or continue a run: --resume RUN_DIR)."""
     from dataclasses import replace
 
-    from cutbench.harness.runner.run import run_scenario
+    from cutbench.harness.runner.run import resume_run, run_scenario
     from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants
 
+    if scenario is None and resume is None:
+        raise click.UsageError("give a SCENARIO to run, or --resume RUN_DIR to continue a run")
+    if resume is not None and variants:
+        raise click.UsageError("--variant with --resume: a resumed run continues every variant it planned")
     overrides += _execution_overrides(executor, ray_address)
-    scen = select_variants(load_scenario(scenario, list(overrides)), variants)
-    if jobs is not None:  # wins over run.jobs in the file and in --set, like --set over the file
+    scen = select_variants(load_scenario(scenario, list(overrides)), variants) if scenario is not None else None
+    if jobs is not None and scen is not None:  # wins over run.jobs in the file and in --set, like --set over the file
         scen = replace(scen, jobs=parse_jobs("--jobs", jobs))
     progress = _progress_printer(as_json)
     try:
-        outcome = run_scenario(scen, out, progress=progress)
+        if resume is not None:
+            outcome = resume_run(resume, scenario=scen, progress=progress,
+                                 jobs=parse_jobs("--jobs", jobs) if jobs is not None else None)
+        else:
+            outcome = run_scenario(scen, out, progress=progress)
     finally:
         progress.stop()
     sys.exit(_report_run(outcome, as_json))

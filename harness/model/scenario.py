@@ -168,6 +168,24 @@ class Scenario:
         """The resolved scenario as plain data (written to ``run.toml``)."""
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Scenario":
+        """Inverse of :meth:`to_dict`, from ``run.toml``'s ``[scenario]`` table (lists back to tuples, absent
+        keys at their defaults, as TOML drops empty values); :class:`InvalidArgument` naming an unknown key."""
+        if not isinstance(data, dict):
+            raise InvalidArgument(f"stored scenario: expected a table, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InvalidArgument(f"stored scenario: unknown field(s) {', '.join(unknown)} (made by another cutbench)")
+        fields = {}
+        for name, value in data.items():
+            if name == "variants":
+                value = tuple(cls.from_dict(v) for v in value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            fields[name] = value
+        return cls(**fields)
+
 
 def select_variants(scenario: "Scenario", names: tuple[str, ...] | list[str]) -> "Scenario":
     """``scenario`` with only the ``[[variants]]`` named in ``names`` (all of them when ``names`` is empty).

@@ -26,6 +26,7 @@ from matplotlib.colors import to_rgb
 
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
+from cutbench.harness.reports.explain import explain
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
 
@@ -110,13 +111,33 @@ def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline:
     section and its plots (``plots/criteria_<criterion>.png``); ``matrix``
     (``cutbench matrix``'s table) the support-matrix section.
     """
-    summary_path = run.write_text("summary.md", summary.render(meta, trials))
+    pictures = _trial_pictures(trials, timeline, effects)
+    for tid, png in pictures.items():
+        run.write_bytes(summary.trial_picture(tid), png)
+    summary_path = run.write_text("summary.md", summary.render(meta, trials, effects, set(pictures)))
     pngs = plots.render_all(trials, timeline)
     if criteria is not None and not criteria.empty:
         pngs.update({f"criteria_{c}": plots.criteria_plot(criteria, c) for c in plots.CRITERIA_PLOTS})
     plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
     report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria, matrix))
     return ReportFiles(summary_path, report_path, plot_paths)
+
+
+def _trial_pictures(trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame) -> dict[str, bytes]:
+    """The static timeline picture of every invalid trial summary.md lists, by trial id."""
+    bad = summary.failing_trials(trials, summary.FAILING_LISTED)
+    if bad.empty or timeline.empty:
+        return {}
+    colours = plots.timeline_colours(timeline)
+    out = {}
+    for rec in bad[bad["outcome"] == "invalid"].to_dict("records"):
+        tid = rec["trial_id"]
+        st = timeline[timeline["trial_id"] == tid]
+        fx = effects[effects["trial_id"] == tid] if not effects.empty and "trial_id" in effects else pd.DataFrame()
+        if not st.empty:
+            out[tid] = plots.trial_timeline_png(st, fx, json.loads(rec.get("findings") or "[]"), colours,
+                                                f"{tid} {rec['arm']} {rec['plan']}: {rec['outcome']}")
+    return out
 
 
 def build(run: RunDir) -> ReportFiles:
@@ -152,11 +173,12 @@ def _breakable(text: str, after: str) -> str:
 
 
 def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = None, row_class: str | None = None,
-                wrap_cells: tuple[str, ...] = (), klass: str = "") -> str:
+                wrap_cells: tuple[str, ...] = (), klass: str = "", links: set[str] | frozenset[str] = frozenset()) -> str:
     """A table of ``frame`` inside its own horizontally scrolling box, so a wide table never widens the page.
 
     Cells of the ``wrap_cells`` columns may break after ``/`` and ``+``;
-    ``klass`` is the ``<table>``'s CSS class.
+    ``klass`` is the ``<table>``'s CSS class; a ``trial_id`` cell whose id is
+    in ``links`` links to that trial's timeline (``#trial-<id>``).
     """
     cols = [c for c in (columns or list(frame.columns)) if c in frame.columns]
     head = "".join(f"<th>{_breakable(c, '_')}</th>" for c in cols)
@@ -169,6 +191,8 @@ def _html_table(frame: pd.DataFrame, table_id: str, columns: list[str] | None = 
             num = isinstance(v, (int, float)) and not isinstance(v, bool)
             cell_class = "num" if num else ("outcome" if c == "outcome" else "")
             text = _breakable(_fmt(v), "/+") if c in wrap_cells else _e(_fmt(v))
+            if c == "trial_id" and v in links:
+                text = f'<a href="#trial-{_e(v)}">{text}</a>'
             cells.append(f'<td class="{cell_class}">{text}</td>' if cell_class else f"<td>{text}</td>")
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     table_class = f' class="{_e(klass)}"' if klass else ""
@@ -202,36 +226,6 @@ def _environment_pairs(meta: dict[str, Any]) -> list[tuple[str, Any]]:
     return pairs
 
 
-def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | None]:
-    """Trial time of each delivery (in ``effects`` order), or None where it cannot be placed.
-
-    Stages carry the receiver's high-water mark before and after, so a
-    delivery with arrival number ``s`` arrived between the last mark below
-    ``s`` and the first mark at or above it. Deliveries also carry the
-    receiver's wall clock (``received_at``), whose offset to trial time is
-    constant within a trial: the offset is the midpoint of what every
-    delivery's window allows. Without a consistent offset (clock step, no
-    ``received_at``) a delivery sits in the middle of its window.
-    """
-    points = sorted((float(t), float(h)) for r in stages.itertuples()
-                    for t, h in ((r.t_start, r.hwm_before), (r.t_end, r.hwm_after)) if h is not None and h == h)
-    if not points or effects.empty:
-        return [None] * len(effects)
-    windows = []
-    for seq in effects["arrival_seq"].astype(float):
-        lo = max((t for t, h in points if h < seq), default=points[0][0])
-        hi = min((t for t, h in points if h >= seq), default=points[-1][0])
-        windows.append((lo, max(lo, hi)))
-    if "received_at" in effects:
-        wall = effects["received_at"].astype(float).tolist()
-        off_lo = max(w - hi for w, (lo, hi) in zip(wall, windows))
-        off_hi = min(w - lo for w, (lo, hi) in zip(wall, windows))
-        if off_lo <= off_hi:
-            offset = (off_lo + off_hi) / 2
-            return [w - offset for w in wall]
-    return [(lo + hi) / 2 for lo, hi in windows]
-
-
 def _ink(fill: str) -> str:
     """Text colour readable on ``fill``: dark on pale fills, white on strong ones."""
     r, g, b = to_rgb(fill)
@@ -261,24 +255,36 @@ def _legend(items: list[tuple[str, str, str, str]], x0: float, y0: float, width:
     return "".join(parts), y - y0 + 18
 
 
-def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame, colours: dict[str, str] | None = None) -> str:
-    """An inline SVG of one trial: stage bars on a time axis and, below, every receiver delivery placed
-    by its arrival sequence number (green: first application of an op, red: applied again, grey: suppressed).
+def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame, colours: dict[str, str] | None = None,
+                       findings: list[dict[str, Any]] | None = None) -> str:
+    """An inline SVG of one trial: stage bars on a time axis and, below, one lane per incarnation (the receiver's
+    ``epoch``: 0 the original, 1 the first restored process, …) holding every delivery it sent, placed by its
+    arrival sequence number (green: first application of an op, red: applied again, grey: suppressed).
 
     Every stage has its own colour (``colours``, stage name to colour, keeps
     the report's timelines alike; stages it lacks get the next free ones of
     :func:`cutbench.harness.reports.plots.stage_colours`), a hover title, a
     label when the bar is wide enough, and an entry in the legend under the
     axis that names every stage and delivery kind drawn. A failed or refused
-    stage is outlined red.
+    stage is outlined red. Each cut is a dashed line where the workload was
+    parked for it; an op applied twice has its applications joined by a red
+    arc; an op of a ``missing`` finding (``findings``, the verdict's) is a red
+    ring in the last lane, after the last delivery of an op before it.
     """
     width, left, right = 1060, 130, 20
     stages = stages.sort_values("t_start")
     colours = plots.stage_colours([*(colours or {}), *stages["stage"]])
     end = max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3)
     scale = (width - left - right) / end
-    y_stage, bar_h, y_fx = 24, 18, 62
-    marks = [f'<text x="4" y="{y_stage + 13}">stages</text><text x="4" y="{y_fx + 13}">deliveries</text>']
+    y_stage, bar_h, lane_h = 24, 18, 26
+    epochs = sorted({int(e) for e in effects["epoch"]}) if not effects.empty and "epoch" in effects else [0]
+    lane_y = {e: 62 + i * lane_h for i, e in enumerate(epochs)}
+    y_axis = 62 + len(epochs) * lane_h - lane_h + bar_h
+    marks = [f'<text x="4" y="{y_stage + 13}">stages</text>']
+    for e, y in lane_y.items():
+        name = "original" if e == 0 else f"restored #{e}"
+        marks.append(f'<text class="lane" data-epoch="{e}" x="4" y="{y + 13}">{name} (epoch {e})</text>'
+                     f'<line x1="{left}" x2="{width - right}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" stroke="#eee"/>')
     failed = False
     for r in stages.itertuples():
         x = left + float(r.t_start) * scale
@@ -293,29 +299,50 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
         if w > _CHAR_PX * len(str(r.stage)) + 6:
             # The label lets the pointer through, so hovering it still shows the bar's title.
             marks.append(f'<text x="{x + 3:.1f}" y="{y_stage + 13}" fill="{_ink(colour)}" pointer-events="none">{_e(r.stage)}</text>')
-    seen: set[int] = set()
+        if r.stage == "reach_cut":  # the moment the workload was parked for cut k: where the cut fell
+            xc, where = left + float(r.t_end) * scale, f"cut {r.cut_index}: {r.detail or ''}"
+            marks.append(f'<line class="cut" data-cut="{r.cut_index}" x1="{xc:.1f}" x2="{xc:.1f}" y1="{y_stage - 6}" '
+                         f'y2="{y_axis}" stroke="#555" stroke-dasharray="4 3"><title>{_e(where)}</title></line>'
+                         f'<text x="{xc + 2:.1f}" y="{y_stage - 8}" fill="#555">cut {r.cut_index}</text>')
+    first_at: dict[int, tuple[float, float]] = {}
     kinds: list[str] = []
+    placed: list[tuple[float, int]] = []  # (x, op) of every delivery drawn
     if not effects.empty:
         effects = effects.sort_values("arrival_seq")
-        for fx, t in zip(effects.itertuples(), effect_times(stages, effects)):
+        for fx, t in zip(effects.itertuples(), plots.effect_times(stages, effects)):
             if t is None:
                 continue
-            op = int(fx.op_id)
+            op, x = int(fx.op_id), left + t * scale
+            y = lane_y.get(int(fx.epoch), lane_y[epochs[-1]])
             if fx.decision in ("applied", "committed"):
-                kind = "again" if op in seen else "first"
-                seen.add(op)
+                kind = "again" if op in first_at else "first"
+                if kind == "again":  # the op's two applications, joined over the lanes between them
+                    x0, y0 = first_at[op]
+                    top = min(y0, y) - 4
+                    marks.append(f'<path class="dup-join" data-op="{op}" d="M{x0:.1f},{y0:.1f} C{x0:.1f},{top:.1f} {x:.1f},{top:.1f} '
+                                 f'{x:.1f},{y:.1f}" fill="none" stroke="{_EFFECT_COLOURS["again"]}" stroke-width="1.2" '
+                                 f'stroke-dasharray="3 2"><title>op {op} applied again</title></path>')
+                else:
+                    first_at[op] = (x, y)
             else:
                 kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
             kinds += [kind] if kind not in kinds else []
-            x = left + t * scale
+            placed.append((x, op))
             tip = f"op {op} attempt {fx.attempt} epoch {fx.epoch} {fx.kind}: {fx.decision} (arrival {fx.arrival_seq})"
-            marks.append(f'<line class="effect {kind}" x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx}" y2="{y_fx + bar_h}" '
+            marks.append(f'<line class="effect {kind}" data-op="{op}" x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + bar_h}" '
                          f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
+    missing = sorted({int(f["op"]) for f in findings or () if f.get("kind") == "missing" and f.get("op") is not None})
+    for op in missing:
+        x = max((px for px, pop in placed if pop < op), default=left) + 6
+        y = lane_y[epochs[-1]] + bar_h / 2
+        marks.append(f'<circle class="missing" data-op="{op}" cx="{x:.1f}" cy="{y:.1f}" r="6" fill="none" '
+                     f'stroke="{_EFFECT_COLOURS["again"]}" stroke-width="2"><title>op {op}: committed by the workload, '
+                     f'never applied</title></circle>')
     for k in range(6):
         t = end * k / 5
         x = left + t * scale
-        marks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_fx + bar_h + 6}" y2="{y_fx + bar_h + 10}" stroke="#888"/>'
-                     f'<text x="{x:.1f}" y="{y_fx + bar_h + 22}" text-anchor="middle" fill="#555">{t:.2f}s</text>')
+        marks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y_axis + 6}" y2="{y_axis + 10}" stroke="#888"/>'
+                     f'<text x="{x:.1f}" y="{y_axis + 22}" text-anchor="middle" fill="#555">{t:.2f}s</text>')
 
     # Stages in the order this trial met them, then the failure outline and the delivery kinds drawn.
     items = [(f'class="legend-item stage" data-stage="{_e(name)}"', "fill", colours[name], name) for name in dict.fromkeys(stages["stage"])]
@@ -323,7 +350,9 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
         items.append(('class="legend-item failed"', "outline", _FAILED_COLOUR, "failed or refused"))
     items += [(f'class="legend-item effect" data-kind="{kind}"', "tick", _EFFECT_COLOURS[kind], _EFFECT_NAMES[kind])
               for kind in _EFFECT_COLOURS if kind in kinds]
-    y_legend = y_fx + bar_h + 36
+    if missing:
+        items.append(('class="legend-item missing"', "outline", _EFFECT_COLOURS["again"], "missing (never applied)"))
+    y_legend = y_axis + 36
     legend, legend_h = _legend(items, left, y_legend, width - right)
     height = int(y_legend + legend_h + 4)
     head = (f'<svg class="timeline" id="tl-{_e(trial_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -351,7 +380,7 @@ def _banner(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     return f'<div class="banner {v.label}" id="verdict" data-verdict="{v.label}">{_e(v.text)}{partial}<small>{_e(detail)}</small></div>'
 
 
-def _findings_list(trials: pd.DataFrame, run_dir: str) -> str:
+def _findings_list(trials: pd.DataFrame, run_dir: str, links: set[str]) -> str:
     bad = summary.failing_trials(trials)
     if bad.empty:
         return '<p class="muted">No invalid or unknown trial.</p>'
@@ -359,7 +388,7 @@ def _findings_list(trials: pd.DataFrame, run_dir: str) -> str:
     for rec in bad.to_dict("records"):
         rows.append({"trial_id": rec["trial_id"], "arm": rec["arm"], "plan": rec["plan"], "outcome": rec["outcome"],
                      "findings": summary.findings_text(rec, 6), "replay": summary.replay_command(run_dir, rec["trial_id"])})
-    return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome")
+    return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome", links=links)
 
 
 def _certificates(trials: pd.DataFrame) -> list[str]:
@@ -448,7 +477,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         totals = summary.finding_totals(trials)
         out.append('<h2 id="findings">Findings</h2>')
         out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
-        out.append(_findings_list(trials, run_dir))
+        out.append(_findings_list(trials, run_dir, set(_pick_timelines(trials))))
         out += _certificates(trials)
 
     if criteria is not None and not criteria.empty:
@@ -479,9 +508,11 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
             if st.empty:
                 continue
             opened = " open" if n < 3 else ""
-            out.append(f"<details{opened}><summary><b>{_e(tid)}</b> {_e(row['arm'])} — {_e(row['plan'])} → "
+            words = explain({**row.to_dict(), "trial_id": tid}, fx)
+            words = f'<p class="explain">{_e(words)}</p>' if words else ""
+            out.append(f'<details id="trial-{_e(tid)}"{opened}><summary><b>{_e(tid)}</b> {_e(row["arm"])} — {_e(row["plan"])} → '
                        f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"
-                       f"{trial_timeline_svg(tid, st, fx, colours)}</details>")
+                       f"{words}{trial_timeline_svg(tid, st, fx, colours, json.loads(row.get('findings') or '[]'))}</details>")
 
         out.append('<h2 id="trials">All trials</h2>')
         cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",
@@ -494,7 +525,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         if len(trials) > MAX_TRIAL_ROWS:
             out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
         # The trial ID stays in view while the rest of a wide table scrolls.
-        out.append(_html_table(shown, "all-trials", cols, row_class="outcome", wrap_cells=("arm",), klass="sticky-first"))
+        out.append(_html_table(shown, "all-trials", cols, row_class="outcome", wrap_cells=("arm",), klass="sticky-first",
+                               links=set(ids)))
 
     out.append('<h2 id="environment">Environment</h2>' + _kv_table(_environment_pairs(meta), "environment-table"))
     out.append(f"</main><script>{_CHECK_JS}</script></body></html>")

@@ -90,6 +90,88 @@ def timeline_colours(timeline: pd.DataFrame) -> dict[str, str]:
     return stage_colours(timeline.sort_values(["trial_id", "t_start"])["stage"])
 
 
+def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | None]:
+    """Trial time of each delivery (in ``effects`` order), or None where it cannot be placed.
+
+    Stages carry the receiver's high-water mark before and after, so a
+    delivery with arrival number ``s`` arrived between the last mark below
+    ``s`` and the first mark at or above it. Deliveries also carry the
+    receiver's wall clock (``received_at``), whose offset to trial time is
+    constant within a trial: the offset is the midpoint of what every
+    delivery's window allows. Without a consistent offset (clock step, no
+    ``received_at``) a delivery sits in the middle of its window.
+    """
+    points = sorted((float(t), float(h)) for r in stages.itertuples()
+                    for t, h in ((r.t_start, r.hwm_before), (r.t_end, r.hwm_after)) if h is not None and h == h)
+    if not points or effects.empty:
+        return [None] * len(effects)
+    windows = []
+    for seq in effects["arrival_seq"].astype(float):
+        lo = max((t for t, h in points if h < seq), default=points[0][0])
+        hi = min((t for t, h in points if h >= seq), default=points[-1][0])
+        windows.append((lo, max(lo, hi)))
+    if "received_at" in effects:
+        wall = effects["received_at"].astype(float).tolist()
+        off_lo = max(w - hi for w, (lo, hi) in zip(wall, windows))
+        off_hi = min(w - lo for w, (lo, hi) in zip(wall, windows))
+        if off_lo <= off_hi:
+            offset = (off_lo + off_hi) / 2
+            return [w - offset for w in wall]
+    return [(lo + hi) / 2 for lo, hi in windows]
+
+
+def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: list[dict] | None = None,
+                       colours: dict[str, str] | None = None, title: str = "") -> bytes:
+    """A small static picture of one trial for ``summary.md`` readers: the report's SVG timeline in brief.
+
+    Stage bars on the trial's clock, one lane per incarnation (receiver
+    ``epoch``) with a tick per delivery (green first application, red applied
+    again, grey suppressed), dashed lines at the cuts, and a red ring per op
+    of a ``missing`` finding.
+    """
+    stages = stages.sort_values("t_start")
+    colours = stage_colours([*(colours or {}), *stages["stage"]])
+    epochs = sorted({int(e) for e in effects["epoch"]}) if not effects.empty and "epoch" in effects else [0]
+    fig, ax = plt.subplots(figsize=(8, 1.1 + 0.35 * (len(epochs) + 1)))
+    rows = {"stages": len(epochs)} | {f"epoch {e}": len(epochs) - 1 - i for i, e in enumerate(epochs)}
+    for r in stages.itertuples():
+        ax.barh(rows["stages"], float(r.duration_s), left=float(r.t_start), height=0.7, color=colours[r.stage],
+                edgecolor="#e15759" if r.result in ("failed", "refused") else "white", label=r.stage)
+        if r.stage == "reach_cut":
+            ax.axvline(float(r.t_end), color="#555", linestyle="--", linewidth=0.8)
+    seen: set[int] = set()
+    placed: list[tuple[float, int]] = []
+    if not effects.empty:
+        effects = effects.sort_values("arrival_seq")
+        for fx, t in zip(effects.itertuples(), effect_times(stages, effects)):
+            if t is None:
+                continue
+            op = int(fx.op_id)
+            applied = fx.decision in ("applied", "committed")
+            colour = ("#d62728" if op in seen else "#2e9d4a") if applied else "#9e9e9e"
+            seen |= {op} if applied else set()
+            placed.append((t, op))
+            ax.plot([t, t], [rows[f"epoch {int(fx.epoch)}"] - 0.3, rows[f"epoch {int(fx.epoch)}"] + 0.3], color=colour,
+                    linewidth=2)
+    for f in findings or ():
+        if f.get("kind") == "missing" and f.get("op") is not None:
+            x = max((t for t, op in placed if op < int(f["op"])), default=0.0)
+            ax.plot([x], [rows[f"epoch {epochs[-1]}"]], marker="o", markersize=8, markerfacecolor="none",
+                    markeredgecolor="#d62728")
+    ax.set_yticks(list(rows.values()), [("original (epoch 0)" if k == "epoch 0" else
+                                         f"restored #{k.split()[1]} ({k})" if k.startswith("epoch") else k) for k in rows])
+    ax.set_xlabel("seconds since the trial started")
+    ax.set_xlim(0, max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3) * 1.01)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=min(7, len(unique)) or 1, loc="upper center",
+              bbox_to_anchor=(0.5, -0.3), frameon=False, handlelength=1.2, columnspacing=1.0)
+    ax.set_title(title, fontsize=9)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)
+
+
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")

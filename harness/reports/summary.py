@@ -19,6 +19,7 @@ from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
+from cutbench.harness.reports.explain import explain
 from cutbench.workloads.api import DOMAINS
 
 
@@ -155,8 +156,18 @@ def pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
 
-def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
-    """The ``summary.md`` text for a run."""
+FAILING_LISTED = 20  # failing trials summary.md lists (and draws, when invalid)
+
+
+def trial_picture(trial_id: str) -> str:
+    """Where a trial's static timeline picture is, relative to the run directory."""
+    return f"plots/trial-{trial_id}.png"
+
+
+def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | None = None,
+           pictures: set[str] | frozenset[str] = frozenset()) -> str:
+    """The ``summary.md`` text for a run: with ``effects``, each failing trial is explained in plain words;
+    the trials in ``pictures`` get their timeline picture (:func:`trial_picture`) under their entry."""
     scen = meta.get("scenario", {})
     run_dir = meta.get("run_dir", "results/" + str(meta.get("run_id")))
     lines = [f"# cutbench run {meta.get('run_id', '')}", ""]
@@ -186,11 +197,16 @@ def render(meta: dict[str, Any], trials: pd.DataFrame) -> str:
     for skipped in meta.get("skipped_arms", []):
         lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
     lines += render_certificates(trials)
-    bad = failing_trials(trials, 20)
+    bad = failing_trials(trials, FAILING_LISTED)
     if not bad.empty:
         lines += ["## First invalid or unknown trials", ""]
         for row in bad.itertuples():
             lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `{replay_command(run_dir, row.trial_id)}`")
+            words = explain(row._asdict(), effects) if effects is not None else ""
+            if words:
+                lines.append(f"  {words}")
+            if row.trial_id in pictures:
+                lines.append(f"  ![timeline of {row.trial_id}]({trial_picture(row.trial_id)})")
     return "\n".join(lines) + "\n"
 
 

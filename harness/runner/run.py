@@ -50,8 +50,8 @@ from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.trial import Session
-from cutbench.harness.store.rundir import RunDir, read_matrix
-from cutbench.harness.store.tables import certificate_rows, trial_file, trial_row
+from cutbench.harness.store.rundir import RunDir, as_stored, read_matrix
+from cutbench.harness.store.tables import certificate_rows, result_from_file, trial_file, trial_row
 from cutbench.procs import kill_namespace_inits, pid_namespace_error
 from cutbench.workloads import api as workload_api
 
@@ -194,8 +194,13 @@ def execute(
     extra_meta: dict[str, Any] | None = None,
     planned: int | None = None,
     mark_latest: bool = True,
+    resume: "Resumed | None" = None,
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
+
+    ``resume`` continues a stored run instead of making a new one: its
+    finished trials are kept, ``specs`` are the ones still to run, and the
+    tables are written over all of them (see :func:`resume_run`).
 
     ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its axes there).
     ``specs`` is a list, or a :data:`Driver` that decides trial by trial (the
@@ -222,15 +227,16 @@ def execute(
     if jobs > 1 and cluster is None:
         check_pid_namespaces(specs)
     try:
-        run = RunDir.create(results_root, name or scenario.name)
+        run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run
     except BaseException:
         if cluster is not None:
             cluster.close()
         raise
-    started = time.time()
+    started = time.time() if resume is None else float(resume.meta["started"])
+    every = ([*(r.spec for r in resume.done), *specs] if resume is not None else specs) if isinstance(specs, list) else []
     if isinstance(specs, list):
-        planned = len(specs)
-        arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in specs))
+        planned = len(every)
+        arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in sorted(every, key=lambda s: s.index)))
     else:
         arms_planned = list((extra_meta or {}).get("arms_planned", []))
     meta = {
@@ -239,6 +245,7 @@ def execute(
         "status": "running",
         "started": started,
         "cutbench_version": environment.cutbench_version(),
+        "code_digest": environment.code_digest(),
         "scenario": scenario.to_dict(),
         "environment": env,
         "skipped_arms": skipped or [],
@@ -249,8 +256,14 @@ def execute(
         **({"executor": "ray", "ray": cluster.describe(scenario.trials_per_gpu)} if cluster is not None else {}),
         **(extra_meta or {}),
     }
+    if resume is not None:  # the run's own record stays; what this harness adds is said under `resumes`
+        meta = {**resume.meta, **{k: meta[k] for k in ("status", "skipped_arms", "n_trials_planned", "arms_planned", "jobs")},
+                "run_dir": str(run.path),
+                "resumes": [*resume.meta.get("resumes", []), {"at": time.time(), "kept": len(resume.done),
+                                                               "to_run": len(specs), **({"swept": swept} if swept else {})}]}
+        meta.pop("n_trials", None)
     run.write_meta(meta)
-    results: list[TrialResult] = []
+    results: list[TrialResult] = list(resume.done) if resume is not None else []
     complete = False
     total = planned or 0
     try:
@@ -266,11 +279,13 @@ def execute(
             session.support_matrix = support_matrix
             session.driver = str((env.get("gpu") or {}).get("driver_version") or "")
             session.criu_version = str((env.get("criu") or {}).get("version") or "")
+            if resume is not None:  # judged by the references the run recorded, as its first trials were
+                session.recordings.update({k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
             if isinstance(specs, list):
                 specs, unjudgeable = record_references(session, specs, jobs, run, env)
                 if unjudgeable:  # said up front, in run.toml: these trials are not run
                     meta["skipped_arms"] = skipped = [*(skipped or []), *unjudgeable]
-                    meta["n_trials_planned"] = planned = total = len(specs)
+                    meta["n_trials_planned"] = planned = total = len(specs) + len(results)
                     run.write_meta(meta)
 
             def run_one(spec: TrialSpec) -> TrialResult:
@@ -302,6 +317,95 @@ def execute(
             cluster.close()  # a Ray this run started stops here: its processes do not outlive the trials
         frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, skipped or [])
+
+
+@dataclass
+class Resumed:
+    """A stored run being continued: its directory, its ``run.toml`` and the trials it finished."""
+
+    run: RunDir
+    meta: dict[str, Any]
+    done: list[TrialResult]
+
+
+# Scenario fields that do not change what a trial is: a resumed run may differ in them.
+NOT_TRIAL_FIELDS = frozenset({"source_path", "jobs", "executor", "ray_address"})
+
+
+def resume_refusal(meta: dict[str, Any], *, code_digest: str, fingerprint: dict[str, Any],
+                   scenario: Scenario | None = None) -> str | None:
+    """Why the run whose ``run.toml`` is ``meta`` cannot be continued here, or None when it can.
+
+    Pure: the caller gives this machine's :func:`~cutbench.harness.environment.record.code_digest`
+    and :func:`~cutbench.harness.environment.record.fingerprint`, and the scenario the user named
+    (None: the run's own). A trial made by other code, on another machine or from another scenario
+    would not be the trial an uninterrupted run makes, so the resumed run could not equal one.
+    """
+    status = meta.get("status")
+    if status == "complete":
+        return "the run is complete: nothing to resume"
+    if meta.get("sweep"):
+        return "it is a sweep (`cutbench sweep`); resuming a sweep is not supported: run the sweep again"
+    stored = meta.get("scenario") or {}
+    if stored.get("plan_source") == "hypothesis":
+        return ("its plan source is hypothesis, whose next trial depends on the verdicts of the ones before: "
+                "run it again")
+    if not meta.get("code_digest"):
+        return "run.toml has no code_digest (the run was made before `--resume` existed), so its code is unknown"
+    if meta["code_digest"] != code_digest:
+        return (f"the code differs: the run was made by cutbench sources with digest {meta['code_digest'][:12]}…, "
+                f"this one has {code_digest[:12]}… (a changed harness or workload may change trials)")
+    then = environment.fingerprint(meta.get("environment") or {})
+    if then != fingerprint:
+        changed = sorted(k for k in set(then) | set(fingerprint) if then.get(k) != fingerprint.get(k))
+        return "the machine differs: " + ", ".join(f"{k} was {then.get(k)!r}, is {fingerprint.get(k)!r}" for k in changed)
+    if scenario is not None:
+        now = as_stored(scenario.to_dict())
+        for key in sorted(set(now) | set(stored)):
+            if key not in NOT_TRIAL_FIELDS and now.get(key) != stored.get(key):
+                return f"the scenario differs from the run's: {key} was {stored.get(key)!r}, is {now.get(key)!r}"
+    return None
+
+
+def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: ProgressFn | None = None,
+               workdir: str | Path | None = None, jobs: int | str | None = None) -> RunOutcome:
+    """Continue the partial or interrupted run at ``path`` with its own scenario, plan and seeds; return the
+    :class:`RunOutcome` of the whole run.
+
+    Every trial whose file is in ``trials/`` is kept (a file is written whole or not at all); the rest
+    run in this session, into the same directory, and the tables are written over all of them in plan
+    order, as an uninterrupted run writes them. :class:`InvalidArgument` (nothing run, nothing written)
+    says why a run cannot be continued: see :func:`resume_refusal`; also a harness still running it.
+    """
+    run = RunDir.open(path)
+    meta = run.meta()
+    live = leftovers.live_harness(str(meta.get("run_id", run.run_id)))
+    if live:
+        raise InvalidArgument(f"{run.path}: cannot resume: harness {live} is still running this run")
+    why = resume_refusal(meta, code_digest=environment.code_digest(), fingerprint=environment.fingerprint(environment.collect()),
+                         scenario=scenario)
+    if why:
+        raise InvalidArgument(f"{run.path}: cannot resume: {why}")
+    stored = Scenario.from_dict(meta["scenario"])
+    if jobs is not None:  # how many at once does not change a trial (a parallel run stores what a serial one does)
+        stored = replace(stored, jobs=jobs)
+    specs, skipped = variant_specs([(v.variant, v) for v in stored.variants] or [("", stored)])
+    planned = {s.trial_id: s for s in specs}
+    done: list[TrialResult] = []
+    for data in run.trial_records():
+        tid = data["spec"]["trial_id"]
+        try:
+            result = result_from_file(data)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{run.trial_path(tid)}: cannot resume: {exc}") from None
+        if tid not in planned or as_stored(planned[tid].to_dict()) != as_stored(data["spec"]):
+            raise InvalidArgument(f"{run.trial_path(tid)}: cannot resume: the scenario does not plan this trial "
+                                  "now (its spec differs from the stored one)")
+        done.append(result)
+    kept = {r.spec.trial_id for r in done}
+    todo = [s for s in specs if s.trial_id not in kept]
+    return execute(stored, todo, run.path.parent, skipped=skipped, progress=progress, workdir=workdir,
+                   resume=Resumed(run, meta, done))
 
 
 def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir,
@@ -553,7 +657,8 @@ class _Workers:
 
 def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, complete: bool, started: float,
               mark_latest: bool = True) -> pd.DataFrame:
-    """Write the tables, the summary and the final ``run.toml``; return the trials frame."""
+    """Write the tables (in plan order), the summary and the final ``run.toml``; return the trials frame."""
+    results = sorted(results, key=lambda r: r.spec.index)  # a resumed run's kept trials and new ones, interleaved
     trials = pd.DataFrame([trial_row(r) for r in results])
     timeline = pd.DataFrame([row for r in results for row in r.timeline])
     effects_frames = [r.effects.assign(trial_id=r.spec.trial_id) for r in results if not r.effects.empty]

@@ -8,7 +8,8 @@ Layout of ``results/<run-id>/``::
     effects.parquet     every delivery the receiver recorded, with trial_id
     certificates.parquet one row per recovery-cut certificate (pipeline.certify audit/enforce)
     matrix.parquet      the CUDA support matrix (``cutbench matrix``): one row per probe row, tool and fault
-    trials/<id>.json    the trial's spec (for ``cutbench replay``) and its verdict
+    trials/<id>.json    the trial's spec (for ``cutbench replay``), record and verdict, its timeline and
+                        receiver rows (what ``cutbench run --resume`` keeps of it)
     references/<key>.json the ground truth recorded on this machine (workloads with ground_truth = "recorded")
     summary.md          the human summary
 
@@ -245,6 +246,13 @@ def read_trial_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "spec" not in data:
         raise InvalidArgument(f"{path}: not a cutbench trial file (no 'spec')")
     return data
+
+
+def as_stored(value: Any) -> Any:
+    """``value`` as ``run.toml`` gives it back: tuples as lists, None dropped (to compare a live value with a stored one)."""
+    import tomllib
+
+    return tomllib.loads(tomli_w.dumps({"v": _drop_none(value)}))["v"]
 
 
 def _drop_none(value: Any) -> Any:

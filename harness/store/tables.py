@@ -1,7 +1,7 @@
 """Table layouts: what one row of ``trials.parquet`` and one ``trials/<id>.json`` hold.
 
 Pure: a :class:`~cutbench.harness.model.trial.TrialResult` in, a row or a
-JSON-ready dict out. :class:`~cutbench.harness.store.rundir.RunDir` writes them.
+JSON-ready dict out (and back, for a resumed run). :class:`~cutbench.harness.store.rundir.RunDir` writes them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import functools
 import json
 from typing import Any
 
-from cutbench.errors import CutbenchError
+import pandas as pd
+
+from cutbench.errors import CutbenchError, InvalidArgument
 from cutbench.harness.model.scenario import Arm
-from cutbench.harness.model.trial import TrialResult
+from cutbench.harness.model.trial import Finding, TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.registry import CHECKPOINTERS, backend_capabilities
 
 
@@ -127,11 +129,31 @@ def stage_columns() -> tuple[str, ...]:
 
 
 def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:
-    """The content of ``trials/<id>.json``: spec (for replay), record and verdict."""
+    """The content of ``trials/<id>.json``: spec (for replay), record and verdict, and the trial's timeline
+    rows and receiver rows (what ``cutbench run --resume`` keeps of a trial the harness did not live to
+    tabulate: :func:`result_from_file`)."""
     return {
         "run_id": run_id,
         "store": store if store == "sqlite" or store.startswith("sqlite:") else "postgresql",
         "spec": result.spec.to_dict(),
         "record": result.record.to_dict(),
         "verdict": result.verdict.to_dict(),
+        "timeline": result.timeline,
+        # Through pandas' JSON writer: NaN becomes null, numpy scalars plain numbers.
+        "effects": json.loads(result.effects.to_json(orient="records")) if not result.effects.empty else [],
+        "effects_columns": list(result.effects.columns),
     }
+
+
+def result_from_file(data: dict[str, Any]) -> TrialResult:
+    """The :class:`TrialResult` a ``trials/<id>.json`` of :func:`trial_file` holds; :class:`InvalidArgument`
+    when the file predates the timeline and effects it needs (a run made before ``--resume`` existed)."""
+    missing = [k for k in ("spec", "record", "verdict", "timeline", "effects") if k not in data]
+    if missing:
+        raise InvalidArgument(f"trial file lacks {', '.join(missing)} (made by a cutbench before `run --resume`)")
+    v = data["verdict"]
+    verdict = Verdict(v["outcome"], tuple(Finding(f["kind"], f.get("op"), f["detail"]) for f in v.get("findings", ())),
+                      v.get("reason", ""))
+    effects = pd.DataFrame(data["effects"], columns=data.get("effects_columns") or None)
+    return TrialResult(TrialSpec.from_dict(data["spec"]), TrialRecord.from_dict(data["record"]), list(data["timeline"]),
+                       effects, verdict)

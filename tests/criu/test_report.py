@@ -89,6 +89,50 @@ def test_report_renders_every_plot_and_table_in_chromium(mixed_run: Path):
     assert r > 0.5 and g < 0.3 and b < 0.3, (r, g, b)
 
 
+# Counts each timeline's marks once the page has loaded, with the drawn size of its first stage bar and
+# delivery tick (a mark that does not render has no box), and whether every trial link has its target.
+MARKS_JS = """<script>window.addEventListener("load", function () {
+  var out = {};
+  document.querySelectorAll("svg.timeline").forEach(function (s) {
+    var bar = s.querySelector("rect.stage"), tick = s.querySelector("line.effect");
+    out[s.id.slice(3)] = {effects: s.querySelectorAll("line.effect").length, again: s.querySelectorAll("line.effect.again").length,
+      joins: s.querySelectorAll("path.dup-join").length, lanes: s.querySelectorAll("text.lane").length,
+      cuts: s.querySelectorAll("line.cut").length, missing: s.querySelectorAll("circle.missing").length,
+      bar_w: bar ? bar.getBoundingClientRect().width : 0, tick_h: tick ? tick.getBoundingClientRect().height : -1};
+  });
+  var links = Array.prototype.map.call(document.querySelectorAll('a[href^="#trial-"]'), function (a) {
+    return document.getElementById(a.getAttribute("href").slice(1)) ? 1 : 0; });
+  document.body.setAttribute("data-marks", JSON.stringify({svgs: out, links: links}));
+});</script>"""
+
+
+def test_each_timeline_draws_what_the_effects_table_holds(mixed_run: Path, tmp_path: Path):
+    """In Chromium: one tick per delivery of the trial, a lane per incarnation, a red join per op applied again,
+    a cut line per cut; every trial link (failing list, all-trials table) leads to a timeline on the page."""
+    run = RunDir.open(mixed_run)
+    trials, effects, timeline = run.table("trials"), run.table("effects"), run.table("timeline")
+    probe = tmp_path / "marks.html"
+    probe.write_text((mixed_run / "report.html").read_text().replace("</body>", MARKS_JS + "</body>"))
+    proc = run_chromium(probe, "--dump-dom")
+    match = re.search(r'data-marks="([^"]*)"', proc.stdout)
+    assert match, f"the marks probe did not run (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    drawn = json.loads(htmllib.unescape(match.group(1)))
+    assert drawn["svgs"] and drawn["links"] and all(drawn["links"]), drawn["links"]
+    for tid, m in drawn["svgs"].items():
+        fx = effects[effects["trial_id"] == tid]
+        applied = fx[fx["decision"].isin(["applied", "committed"])]
+        again = len(applied) - applied["op_id"].nunique()
+        assert m["effects"] == len(fx) and m["again"] == again == m["joins"], (tid, m)
+        assert m["lanes"] == max(1, fx["epoch"].nunique()), (tid, m)
+        cuts = timeline[(timeline["trial_id"] == tid) & (timeline["stage"] == "reach_cut")]
+        assert m["cuts"] == len(cuts), (tid, m)
+        assert m["bar_w"] > 0 and (m["tick_h"] > 0 or fx.empty), (tid, m)
+        missing = json.loads(trials.set_index("trial_id").loc[tid, "findings"])
+        assert m["missing"] == len({f["op"] for f in missing if f["kind"] == "missing"}), (tid, m)
+    dup_trials = [t for t, m in drawn["svgs"].items() if m["joins"]]
+    assert dup_trials, "the mixed run has at_least_once trials with duplicates: some timeline joins them"
+
+
 # Measures the page once it has loaded: its width against the viewport's, the all-trials table's box, and
 # whether the table's first column stays in view when the box is scrolled to its far right.
 LAYOUT_JS = """<script>window.addEventListener("load", function () {
@@ -217,7 +261,7 @@ def test_every_delivery_is_placed_inside_its_arrival_window(mixed_run: Path):
     for tid, stages in timeline.groupby("trial_id"):
         fx = effects[effects["trial_id"] == tid]
         points = sorted([(t, h) for t, h in zip(stages["t_start"], stages["hwm_before"])] + list(zip(stages["t_end"], stages["hwm_after"])))
-        for seq, t in zip(fx["arrival_seq"], report.effect_times(stages, fx)):
+        for seq, t in zip(fx["arrival_seq"], plots.effect_times(stages, fx)):
             lo = max((pt for pt, h in points if h < seq), default=points[0][0])
             hi = min((pt for pt, h in points if h >= seq), default=points[-1][0])
             assert t is not None and lo - 1e-6 <= t <= hi + 1e-6, (tid, seq, lo, t, hi)
@@ -261,3 +305,17 @@ def test_the_support_matrix_page_renders_in_chromium_with_a_cell_per_measured_po
     listed = table[(table["cell"] != "identical") & (table["trial_id"] != "")]
     assert dom.count('<li id="cell-') == len(listed)
     assert "cutbench replay results/reference/matrix/trials/" in dom
+
+
+def test_summary_explains_and_pictures_each_invalid_trial(mixed_run: Path):
+    """summary.md: under each listed invalid trial, its story in plain words and a small picture of its timeline."""
+    text = (mixed_run / "summary.md").read_text()
+    trials = RunDir.open(mixed_run).table("trials")
+    invalid = sorted(trials.loc[trials["outcome"] == "invalid", "trial_id"])[:20]
+    assert invalid
+    for tid in invalid:
+        entry = text.split(f"- `{tid}`", 1)[1].split("\n- ", 1)[0]
+        assert "The criu checkpoint was taken at op" in entry and "twice or more" in entry, entry
+        assert f"![timeline of {tid}](plots/trial-{tid}.png)" in entry, entry
+        pixels = mpimg.imread(mixed_run / "plots" / f"trial-{tid}.png")
+        assert pixels.shape[1] > 600 and pixels[..., :3].std() > 0.05

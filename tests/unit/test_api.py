@@ -62,6 +62,14 @@ def test_one_trial_its_effects_and_its_timeline(run):
     assert (tl["trial_id"] == tid).all() and tl["t_start"].is_monotonic_increasing
 
 
+def test_a_trial_explained_in_plain_words(run):
+    tid = run.failing()["trial_id"].iloc[0]
+    words = run.explain(tid)
+    assert "checkpoint was taken at op" in words and "twice or more" in words and "at_least_once" in words
+    valid = run.trials.loc[run.trials["outcome"] == "valid", "trial_id"].iloc[0]
+    assert run.explain(valid) == ""
+
+
 def test_an_unknown_trial_is_an_error_naming_what_the_run_has(run):
     with pytest.raises(InvalidArgument, match=r"no trial 't9999'; it has 84 \(t0001"):
         run.trial("t9999")

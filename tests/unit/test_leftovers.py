@@ -56,12 +56,18 @@ def test_the_sweep_removes_what_a_dead_harness_left_and_says_so(runs: Path, tmp_
     for d in (images / "cutbench-R2-t0001-c0", images / "cutbench-R2-t0002-c1", images / "cutbench-OTHER-t0001-c0", work):
         d.mkdir(parents=True)
     receiver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (work / "t0003").mkdir()  # a workload parked at its cut, working in its trial's directory
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=work / "t0003")
+    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path)
     runs.mkdir(parents=True)
     (runs / "R2.json").write_text(json.dumps({"run_id": "R2", "harness": dead_identity(), "images_dirs": [str(images)],
                                               "workdir": str(work), "receiver": identity(receiver.pid)}))
     (runs / "broken.json").write_text("{not json")
     said = leftovers.sweep()
     receiver.wait(timeout=10)
+    assert workload.wait(timeout=10) == -9 and elsewhere.poll() is None  # only what works in the run's directory
+    elsewhere.kill()
+    assert f"workload process {workload.pid} of run R2" in said
     assert not (images / "cutbench-R2-t0001-c0").exists() and not (images / "cutbench-R2-t0002-c1").exists()
     assert (images / "cutbench-OTHER-t0001-c0").is_dir()  # another run's: not this claim's to remove
     assert not work.exists() and not (runs / "R2.json").exists() and not (runs / "broken.json").exists()

@@ -7,6 +7,7 @@ The page's layout in a real browser is checked in ``tests/criu/test_report.py``.
 
 from __future__ import annotations
 
+import io
 import xml.etree.ElementTree as ET
 
 import matplotlib.pyplot as plt
@@ -203,3 +204,45 @@ def test_restore_plot_with_several_sizes_is_a_scatter_by_size(figure):
     assert sorted(x for x, _y in points(ax)) == pytest.approx([4.0, 20.0, 400.0])
     assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] > 400.0
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["criu", "cuda_criu"]
+
+
+def deliveries(*rows: tuple[int, int, str]) -> pd.DataFrame:
+    """Receiver rows ``(op, epoch, decision)`` in arrival order, numbered to fall inside LEAVE_RUNNING's marks."""
+    return pd.DataFrame([{"trial_id": "t0001", "arrival_seq": i + 1, "op_id": op, "attempt": 1, "epoch": ep, "kind": "publish",
+                          "decision": d} for i, (op, ep, d) in enumerate(rows)])
+
+
+def test_the_timeline_has_a_lane_per_incarnation_and_joins_an_op_applied_twice():
+    fx = deliveries((1, 0, "applied"), (2, 0, "applied"), (2, 1, "applied"), (3, 1, "applied"), (3, 1, "suppressed"))
+    root = parse(report.trial_timeline_svg("t0001", LEAVE_RUNNING, fx))
+    lanes = [t for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
+    assert [t.text for t in lanes] == ["original (epoch 0)", "restored #1 (epoch 1)"]
+    lane_y = {t.get("data-epoch"): float(t.get("y")) for t in lanes}
+    ticks = [l for l in root.iter(f"{SVG}line") if "effect" in l.get("class", "").split()]
+    assert [(t.get("data-op"), t.get("class").split()[1]) for t in ticks] == [
+        ("1", "first"), ("2", "first"), ("2", "again"), ("3", "first"), ("3", "suppressed")]
+    # Each tick sits in its sender's lane.
+    assert [float(t.get("y1")) + 13 for t in ticks] == [lane_y["0"], lane_y["0"], lane_y["1"], lane_y["1"], lane_y["1"]]
+    [join] = [p for p in root.iter(f"{SVG}path") if p.get("class") == "dup-join"]
+    assert join.get("data-op") == "2"
+    [cut] = [l for l in root.iter(f"{SVG}line") if l.get("class") == "cut"]
+    reach = LEAVE_RUNNING[LEAVE_RUNNING["stage"] == "reach_cut"].iloc[0]
+    assert float(cut.get("x1")) == pytest.approx(130 + reach["t_end"] * (1060 - 150) / LEAVE_RUNNING["t_end"].max(), abs=0.1)
+
+
+def test_a_missing_op_is_a_ring_after_the_op_before_it():
+    fx = deliveries((1, 0, "applied"), (2, 0, "applied"), (4, 1, "applied"))
+    found = [{"kind": "missing", "op": 3, "detail": "committed by the workload, never applied"}]
+    root = parse(report.trial_timeline_svg("t0001", LEAVE_RUNNING, fx, findings=found))
+    [ring] = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "missing"]
+    op2 = [l for l in root.iter(f"{SVG}line") if l.get("data-op") == "2"][0]
+    assert ring.get("data-op") == "3" and float(ring.get("cx")) == pytest.approx(float(op2.get("x1")) + 6)
+    assert "missing (never applied)" in [t.text for t in root.iter(f"{SVG}text")]
+
+
+def test_the_static_picture_of_a_trial_is_a_png_with_a_row_per_incarnation():
+    fx = deliveries((1, 0, "applied"), (2, 0, "applied"), (2, 1, "applied"))
+    png = plots.trial_timeline_png(LEAVE_RUNNING, fx, title="t0001")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    image = plt.imread(io.BytesIO(png))
+    assert image.shape[1] > 600 and image[..., :3].std() > 0.05

@@ -1,0 +1,120 @@
+"""SIGKILL the harness at N random moments of a CPU run, resume each, and compare verdicts plan by plan.
+
+One uninterrupted run of the scenario is the reference. Then, N times: the same run is started, killed
+with SIGKILL at a moment drawn uniformly over the reference run's duration (from its start: the sweep,
+the session, a trial mid-cut, the tables), resumed with ``cutbench run --resume``, and checked: every
+plan's verdict class (outcome and finding kinds) equals the reference's, the trial ids are the same,
+``cutbench analyze`` re-judges the stored data as stored, and nothing of the killed harness (image
+directories, workloads in its work directory) is left once the resume has started. Prints one line
+per kill and a summary; exits 1 when any kill's resumed run differs.
+
+    python benchmarks/resume_after_sigkill.py [--kills 20] [--seed 0] [--scenario scenarios/quick.toml]
+        [--set pipeline.backends='["criu"]' ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+
+from cutbench.harness.store.analysis import verdicts_by_plan  # noqa: E402
+from cutbench.procs import processes_in  # noqa: E402
+
+
+def cutbench(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cutbench", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scenario", default=str(REPO / "scenarios" / "quick.toml"))
+    ap.add_argument("--set", dest="overrides", action="append", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    overrides = a.overrides if a.overrides is not None else ['pipeline.backends=["criu"]']
+    sets = [x for o in overrides for x in ("--set", o)]
+    out = Path(a.out or tempfile.mkdtemp(prefix="cutbench-resume-bench-"))
+    rng = random.Random(a.seed)
+
+    t0 = time.monotonic()
+    ref = cutbench("run", a.scenario, *sets, "--out", str(out / "reference"))
+    ref_s = time.monotonic() - t0
+    if ref.returncode not in (0, 1):
+        print(ref.stderr[-3000:])
+        return 2
+    ref_trials = pd.read_parquet((out / "reference" / "latest").resolve() / "trials.parquet")
+    want = verdicts_by_plan(ref_trials)
+    print(f"reference: {len(ref_trials)} trials in {ref_s:.1f} s ({out / 'reference'})")
+
+    failures = 0
+    rows = []
+    for k in range(a.kills):
+        moment = rng.uniform(0.0, ref_s)
+        root = out / f"kill-{k:02d}"
+        proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", a.scenario, *sets, "--out", str(root)], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(moment)
+        ended_first = proc.poll() is not None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        runs = [p for p in root.glob("2*") if p.is_dir()]
+        if not runs:  # killed before its run directory existed: nothing to resume, the next run starts anew
+            rows.append((k, moment, 0, 0, "no run directory yet (killed during start-up)", True))
+            continue
+        run = runs[0]
+        kept = len(list((run / "trials").glob("*.json")))
+        t1 = time.monotonic()
+        res = cutbench("run", "--resume", str(run), "--json")
+        resume_s = time.monotonic() - t1
+        problems = []
+        if ended_first:
+            problems.append("(the run had ended before the kill)")
+        if res.returncode == 254 and "the run is complete" in res.stderr:
+            ok_trials = pd.read_parquet(run / "trials.parquet")
+        elif res.returncode not in (0, 1):
+            problems.append(f"resume exit {res.returncode}: {res.stderr[-500:]}")
+            ok_trials = None
+        else:
+            ok_trials = pd.read_parquet(run / "trials.parquet")
+        if ok_trials is not None:
+            if list(ok_trials["trial_id"]) != list(ref_trials["trial_id"]):
+                problems.append("trial ids differ")
+            got = verdicts_by_plan(ok_trials)
+            differ = [p for p in want if got.get(p) != want[p]]
+            if differ:
+                problems.append(f"{len(differ)} plans differ, first {differ[0]}: {got.get(differ[0])} vs {want[differ[0]]}")
+            if cutbench("analyze", str(run)).returncode != 0:
+                problems.append("analyze: stored verdicts differ")
+        left = list(Path("/dev/shm").glob(f"cutbench-{run.name}-*")) + [
+            p for p in Path("/tmp").glob(f"cutbench-{run.name}-*") if processes_in(p)]
+        if left:
+            problems.append(f"left behind: {left}")
+        real = [p for p in problems if not p.startswith("(")]
+        failures += bool(real)
+        rows.append((k, moment, kept, resume_s, "; ".join(problems) or "same verdicts", not real))
+
+    print(f"{'kill':>4} {'at_s':>6} {'kept':>5} {'resume_s':>8}  result")
+    for k, moment, kept, resume_s, what, ok in rows:
+        print(f"{k:>4} {moment:6.2f} {kept:>5} {resume_s:8.1f}  {'ok  ' if ok else 'FAIL'} {what}")
+    print(json.dumps({"kills": a.kills, "reference_trials": len(ref_trials), "reference_s": round(ref_s, 1),
+                      "failed": failures, "out": str(out)}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

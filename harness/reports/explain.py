@@ -1,0 +1,114 @@
+"""A failing trial in plain words, from its stored row, findings and receiver rows.
+
+``report.html`` puts the explanation beside each trial's timeline and
+``summary.md`` under each failing trial, so a reader does not rebuild the
+story from "duplicate op 3 (applied 2 times (epochs [0, 1]))". Pure: data in,
+text out, the same for a stored run as for a fresh one.
+
+Incarnation ``e`` is the process of epoch ``e``: 0 the original, 1 the
+first restored (or restarted) one, and so on, as the receiver's ``epoch``
+column records who sent a delivery.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+FAULT_WORDS = {
+    "kill": "the original was killed after the checkpoint",
+    "leave_running": "the original ran on after the checkpoint and then crashed",
+    "none": "the original was resumed in place",
+}
+MODE_WORDS = {
+    "at_least_once": "the receiver in at_least_once mode applies every delivery it gets",
+    "idempotent": "the receiver in idempotent mode applies each op once",
+    "fenced": "the receiver in fenced mode applies only what a committed fence covers",
+}
+
+
+def op_ranges(ops: list[int]) -> str:
+    """``[3, 4, 5, 7]`` as ``"ops 3–5 and 7"`` (``"op 3"`` for one)."""
+    ops = sorted(set(ops))
+    if not ops:
+        return "no op"
+    runs: list[list[int]] = [[ops[0], ops[0]]]
+    for op in ops[1:]:
+        if op == runs[-1][1] + 1:
+            runs[-1][1] = op
+        else:
+            runs.append([op, op])
+    parts = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs]
+    words = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return ("op " if len(ops) == 1 else "ops ") + words
+
+
+def _epochs_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
+    """Per op, the epochs (incarnations) whose deliveries the receiver applied, in arrival order."""
+    if effects.empty or "epoch" not in effects:
+        return {}
+    applied = effects[effects["decision"].isin(["applied", "committed"]) & effects["op_id"].isin(ops)]
+    applied = applied.sort_values("arrival_seq") if "arrival_seq" in applied else applied
+    return {int(op): [int(e) for e in g["epoch"]] for op, g in applied.groupby("op_id")}
+
+
+def _incarnations(epochs: list[int]) -> str:
+    """``[0, 1]`` as ``"the original (incarnation 0) and the restored process (incarnation 1)"``."""
+    said = [("the original" if e == 0 else "the restored process" if e == 1 else "a later restored process")
+            + f" (incarnation {e})" for e in dict.fromkeys(epochs)]
+    return " and ".join(said)
+
+
+def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
+    """Plain words for one trial row of ``trials.parquet`` and the receiver's rows (the trial's, or the run's whole
+    ``effects`` table): what the cut did and why the verdict is what it is. Empty for a valid trial without findings."""
+    effects = effects if effects is not None else pd.DataFrame()
+    if "trial_id" in effects and trial.get("trial_id") is not None:  # a run's whole table: this trial's rows
+        effects = effects[effects["trial_id"] == trial["trial_id"]]
+    try:
+        findings = json.loads(trial.get("findings") or "[]")
+    except (TypeError, ValueError):
+        findings = []
+    outcome = str(trial.get("outcome") or "")
+    if outcome == "valid" and not findings:
+        return ""
+    fault, mode = str(trial.get("fault") or ""), str(trial.get("receiver_mode") or "")
+    where = f"{trial.get('cut_op')}/{trial.get('cut_phase')}" if trial.get("cut_op") is not None else "its cut point"
+    tool, error = trial.get("backend", "tool"), str(trial.get("error") or "no reason given").rstrip(". ")
+    if outcome == "refused":
+        return f"The {tool} checkpoint asked for at op {where} was refused, and the workload ran on uncut: {error}."
+    if outcome == "unknown":
+        return f"The harness could not judge the trial (cut at op {where}), so it says nothing of {tool}: {error}."
+    opening = f"The {tool} checkpoint was taken at op {where}"
+    if fault in FAULT_WORDS:
+        opening += f"; {FAULT_WORDS[fault]}"
+    sentences = [opening + "."]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        by_kind.setdefault(f["kind"], []).append(f)
+    dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if f.get("op") is not None]
+    if dup:
+        epochs = _epochs_of(effects, dup)
+        who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
+        sentences.append(f"The receiver applied {op_ranges(dup)} twice or more, from {who}: "
+                         + ("the restored process resumed from the image and sent again what the original had already "
+                            "delivered" if fault != "none" else "the resumed process sent again what it had delivered")
+                         + (f", and {MODE_WORDS[mode]}." if mode in MODE_WORDS else "."))
+    missing = [int(f["op"]) for f in by_kind.pop("missing", []) if f.get("op") is not None]
+    if missing:
+        sentences.append(f"The workload committed {op_ranges(missing)}, but the receiver never applied "
+                         f"{'it' if len(missing) == 1 else 'them'}: no incarnation delivered "
+                         f"{'it' if len(missing) == 1 else 'them'} after the restore.")
+    for f in by_kind.pop("mixed_epoch", []):
+        sentences.append(f"State of two moments at op {f.get('op')}: {str(f['detail']).rstrip('. ')}.")
+    for f in by_kind.pop("restarted", []):
+        sentences.append(f"The restore did not continue the run: {str(f['detail']).rstrip('. ')}.")
+    for f in by_kind.pop("process_lost", []):
+        sentences.append(f"The workload did not survive the tool: {str(f['detail']).rstrip('. ')}.")
+    for kind, found in by_kind.items():
+        for f in found:
+            sentences.append(f"{kind.replace('_', ' ').capitalize()}"
+                             + (f" at op {f['op']}" if f.get("op") is not None else "") + f": {str(f['detail']).rstrip('. ')}.")
+    return " ".join(sentences)

@@ -1,0 +1,61 @@
+"""A failing trial in plain words (``harness/reports/explain.py``): pure, from a trial row and receiver rows."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from cutbench.harness.reports.explain import explain, op_ranges
+
+
+def row(**kw):
+    base = {"trial_id": "t0001", "backend": "criu", "fault": "leave_running", "receiver_mode": "at_least_once",
+            "cut_op": 3, "cut_phase": "admit", "outcome": "invalid", "error": "", "findings": "[]"}
+    return {**base, **kw}
+
+
+def deliveries(*rows):
+    return pd.DataFrame([{"trial_id": "t0001", "arrival_seq": i, "op_id": op, "epoch": ep, "decision": d}
+                         for i, (op, ep, d) in enumerate(rows)])
+
+
+def test_op_ranges_reads_as_words():
+    assert op_ranges([3]) == "op 3"
+    assert op_ranges([6, 3, 4, 5]) == "ops 3–6"
+    assert op_ranges([1, 2, 5, 7, 8]) == "ops 1–2, 5 and 7–8"
+
+
+def test_a_duplicate_names_both_incarnations_and_the_receiver_s_rule():
+    found = [{"kind": "duplicate", "op": op, "detail": "applied 2 times (epochs [0, 1])"} for op in (3, 4)]
+    fx = deliveries((3, 0, "applied"), (4, 0, "applied"), (3, 1, "applied"), (4, 1, "applied"))
+    words = explain(row(findings=json.dumps(found)), fx)
+    assert words.startswith("The criu checkpoint was taken at op 3/admit; the original ran on after the checkpoint")
+    assert "applied ops 3–4 twice or more, from the original (incarnation 0) and the restored process (incarnation 1)" in words
+    assert "at_least_once mode applies every delivery it gets" in words
+
+
+def test_rows_of_another_trial_are_not_read():
+    found = [{"kind": "duplicate", "op": 3, "detail": "applied 2 times"}]
+    fx = pd.concat([deliveries((3, 0, "applied")), deliveries((3, 5, "applied")).assign(trial_id="t0002")])
+    assert "incarnation 5" not in explain(row(findings=json.dumps(found)), fx)
+
+
+def test_missing_mixed_and_other_kinds_each_get_a_sentence():
+    found = [{"kind": "missing", "op": 5, "detail": "committed by the workload, never applied"},
+             {"kind": "mixed_epoch", "op": 4, "detail": "final state checksum ≠ reference after host op 4"},
+             {"kind": "pointer_changed", "op": None, "detail": "state: 0x1000 → 0x2000"}]
+    words = explain(row(findings=json.dumps(found), fault="kill"), deliveries())
+    assert "the original was killed after the checkpoint" in words
+    assert "committed op 5, but the receiver never applied it" in words
+    assert "State of two moments at op 4: final state checksum ≠ reference after host op 4." in words
+    assert "Pointer changed: state: 0x1000 → 0x2000." in words
+
+
+def test_a_refusal_and_an_unknown_say_what_was_not_done():
+    refused = explain(row(outcome="refused", error="criu dump exit 1: Dumping FAILED."))
+    assert refused == ("The criu checkpoint asked for at op 3/admit was refused, and the workload ran on uncut: "
+                       "criu dump exit 1: Dumping FAILED.")
+    unknown = explain(row(outcome="unknown", error="receiver down"))
+    assert "could not judge" in unknown and "says nothing of criu" in unknown
+    assert explain(row(outcome="valid")) == ""
