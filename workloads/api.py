@@ -37,6 +37,8 @@ BUILTIN: dict[str, str] = {
     "allocator_churn": "cutbench.workloads.allocator_churn:AllocatorChurn",
     "stream_callbacks": "cutbench.workloads.stream_callbacks:StreamCallbacks",
     "ranks": "cutbench.workloads.ranks:Ranks",
+    # Real applications in miniature (floating point: recorded ground truth).
+    "md_simulation": "cutbench.workloads.md_simulation:MDSimulation",
     # Sensitivity suite (workloads/variants.py): known-bad variants and their correct twins.
     "outbox": "cutbench.workloads.variants:Outbox",
     "outbox_mark_before_send": "cutbench.workloads.variants:OutboxMarkBeforeSend",

@@ -125,16 +125,25 @@ class ReplayReference:
 # -- the `app` baseline's state files -----------------------------------------
 
 
+def state_bytes(header: dict[str, Any], arrays: dict[str, Any]) -> bytes:
+    """``header`` (JSON-able) and ``arrays`` (NumPy, CuPy or torch) in the format :func:`load_state_file` reads."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+             **{k: to_host(v) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
 def save_state_file(path: str, header: dict[str, Any], arrays: dict[str, Any]) -> None:
-    """Write ``header`` (JSON-able) and ``arrays`` (NumPy, CuPy or torch) to ``path`` atomically.
+    """Write ``header`` and ``arrays`` (:func:`state_bytes`) to ``path`` atomically.
 
     The file is opened and closed here: no file stays open across a cut.
     """
-    import numpy as np
-
     with atomic_open(path) as fh:
-        np.savez(fh, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-                 **{k: to_host(v) for k, v in arrays.items()})
+        fh.write(state_bytes(header, arrays))
 
 
 def load_state_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -314,3 +323,18 @@ class BaseWorkload:
             out["domain_ops"] = domain_ops
             out["self_check"] = {"ok": len(set(domain_ops.values())) == 1, "what": what}
         return out
+
+
+class RecordedWorkload(BaseWorkload):
+    """A :class:`BaseWorkload` with no model: its ground truth is recorded from two uninterrupted runs on the
+    machine (``ground_truth = "recorded"``; floating point, CUDA libraries, anything NumPy does not replay)."""
+
+    ground_truth: ClassVar[str] = "recorded"
+
+    @classmethod
+    def reference(cls, params: dict[str, Any]) -> Any:
+        """None to compute: the runner records the reference before the trials."""
+        from cutbench.workloads.api import WorkloadError
+
+        raise WorkloadError(f"workload {cls.name!r} has no model reference: its ground truth is recorded from "
+                            "uninterrupted runs on this machine (the runner records it before the trials)")

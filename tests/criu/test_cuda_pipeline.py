@@ -27,11 +27,12 @@ from tests.fixtures.cuda_fixtures import SimDriver, run_trials, stages
 pytestmark = pytest.mark.criu
 
 
-def scenario(backend: str, fault: str, *, phase: str = "record", split: float = 0.0, **extra) -> dict:
+def scenario(backend: str, fault: str, *, phase: str = "record", split: float = 0.0, interval_ms: float = 40.0,
+             **extra) -> dict:
     return {
         "name": "cudacpu",
         "workload": {"name": extra.pop("workload", "counter"), "array": "numpy",
-                     "params": {"ops": 6, "state_size": 256, "seed": 5, "op_interval_ms": 40.0}},
+                     "params": {"ops": 6, "state_size": 256, "seed": 5, "op_interval_ms": interval_ms}},
         "receiver": {"modes": [extra.pop("mode", "at_least_once")]},
         "pipeline": {"backends": [backend], "faults": [fault], "crash_after_ms": [80], "split_window_ms": [split]},
         "plan": {"source": "exhaustive", "ops": [2, 2], "phases": [phase]},
@@ -50,7 +51,9 @@ def no_leftovers(run_id_prefix: str = "cutbench-t") -> None:
 
 def test_kill_with_split_window_runs_host_code_between_cuda_and_cpu_cut(criu, tmp_path):
     sim = SimDriver()
-    [r] = run_trials(scenario("cuda+criu", "kill", split=60), tmp_path,
+    # A window of 250 ms for a publish that follows the release at once, and 400 ms between ops, so that a
+    # loaded machine still delivers op 2's effect inside it and the workload cannot finish before the dump.
+    [r] = run_trials(scenario("cuda+criu", "kill", split=250, interval_ms=400.0), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
     assert r.verdict.outcome == "valid", (r.record.error, r.verdict)
     order = ["cuda_discover", "cuda_lock", "cuda_checkpoint", "split_window", "criu_dump", "fault_kill",

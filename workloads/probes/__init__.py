@@ -35,7 +35,7 @@ import hashlib
 from typing import Any, ClassVar
 
 from cutbench.workloads.api import MatrixRow, WorkloadError
-from cutbench.workloads.common import BaseWorkload, check_range
+from cutbench.workloads.common import RecordedWorkload, check_range
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import backend_name, synchronize
 
@@ -138,10 +138,9 @@ def backend_name_of(arr: Any) -> str:
     raise WorkloadError(f"probe buffer of type {type(arr).__name__} is no NumPy, CuPy or torch array")
 
 
-class Probe(BaseWorkload):
+class Probe(RecordedWorkload):
     """The frame of every probe (see the module docstring)."""
 
-    ground_truth: ClassVar[str] = "recorded"
     phases: ClassVar[tuple[str, ...]] = PHASES
     arrays: ClassVar[tuple[str, ...]] = ("cupy",)
     domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
@@ -150,18 +149,12 @@ class Probe(BaseWorkload):
     # Rows a machine of one GPU cannot measure say so instead of running.
     min_gpus: ClassVar[int] = 1
     exclusive_gpu: ClassVar[bool] = False
-    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "ops": 4}
+    defaults: ClassVar[dict[str, Any]] = {**RecordedWorkload.COMMON_DEFAULTS, "ops": 4}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
         """Probes need at least one op after a cut at op 2: ``ops`` from 3."""
         check_range("ops", p["ops"], 3, 10_000)
-
-    @classmethod
-    def reference(cls, params: dict[str, Any]) -> Any:
-        """A probe has no model: its ground truth is recorded on the machine (``ground_truth = "recorded"``)."""
-        raise WorkloadError(f"workload {cls.name!r} has no model reference: its ground truth is recorded from "
-                            "uninterrupted runs on this machine (the runner records it before the trials)")
 
     # -- what a probe implements -------------------------------------------------
     def open(self) -> None:

@@ -1,0 +1,58 @@
+"""``md_simulation`` through real CRIU on NumPy: its recorded ground truth, and what each tool makes of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.run_fixtures import cli
+
+pytestmark = pytest.mark.criu
+
+SCENARIO = """
+name = "md"
+[workload]
+name = "md_simulation"
+array = "numpy"
+params = { ops = 8, particles = 216, CPT }
+[receiver]
+modes = ["idempotent"]
+[pipeline]
+backends = ["criu", "app", "restart"]
+faults = ["kill", "leave_running"]
+[plan]
+source = "exhaustive"
+ops = [4, 4]
+phases = ["launch", "commit"]
+"""
+
+
+def run(tmp_path: Path, cpt: int):
+    import pandas as pd
+
+    scenario = tmp_path / "md.toml"
+    scenario.write_text(SCENARIO.replace("CPT", f"cpt_every_ops = {cpt}"))
+    out = cli("run", str(scenario), "--out", str(tmp_path / "r"), "--json", timeout=900)
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    run_dir = (tmp_path / "r" / "latest").resolve()
+    return pd.read_parquet(run_dir / "trials.parquet"), run_dir
+
+
+def test_a_system_level_restore_continues_the_simulation_bit_for_bit(criu, tmp_path: Path):
+    trials, run_dir = run(tmp_path, 0)
+    [ref] = list((run_dir / "references").glob("md_simulation-numpy-*.json"))
+    recorded = json.loads(ref.read_text())
+    assert recorded["runs"] == 2 and len(recorded["payloads"]) == 8  # two clean runs agreed on every step
+    by = trials.groupby("backend")["outcome"].apply(set).to_dict()
+    assert by["criu"] == {"valid"} and by["app"] == {"valid"}, trials[["arm", "plan", "outcome", "findings", "error"]]
+    restart = trials[trials["backend"] == "restart"]
+    assert (restart["outcome"] == "invalid").all() and (restart["restarted"] > 0).all()
+
+
+def test_its_own_checkpoint_on_disk_is_state_no_process_image_holds(criu, tmp_path: Path):
+    trials, _ = run(tmp_path, 2)
+    criu_trials = trials[trials["backend"] == "criu"]
+    assert (criu_trials["unsafe_acceptance"] > 0).all(), criu_trials[["plan", "outcome", "findings"]]
+    assert (trials[trials["backend"] == "app"]["outcome"] == "valid").all()

@@ -1,0 +1,256 @@
+"""``md_simulation``: a Lennard-Jones fluid integrated by velocity Verlet, with Verlet neighbour lists.
+
+A real simulation code in miniature, the kind that checkpoints itself:
+``particles`` atoms in a periodic cube at reduced density ``density``, the
+12-6 potential cut at ``cutoff`` σ, velocity Verlet with step ``dt``, and a
+neighbour list of every pair within ``cutoff + skin`` rebuilt when some atom
+has moved more than half the skin since the last build (the usual
+displacement rule, so when it rebuilds depends on the trajectory). Positions,
+velocities, forces and the list live on the device (``rt.xp``); the list is
+built on the host from a copy of the positions, as many codes do, and copied
+back. Each op is one MD step; its effect carries the step's potential and
+kinetic energy (their IEEE-754 bits) and a digest of the positions and
+velocities after it.
+
+Like GROMACS with ``-cpt``, it writes its own checkpoint (positions,
+velocities, neighbour list and step) every ``cpt_every_ops`` steps to
+``md.cpt`` in its trial directory (state on disk, domain ``disk``, outside
+any process image), one record of fixed size rewritten in place; the ``app``
+baseline saves and loads the same state (``save_state``/``load_state``).
+
+Floating-point sums differ between NumPy, CuPy and PyTorch, so the ground
+truth is recorded (``ground_truth = "recorded"``): two uninterrupted runs on
+the machine and array backend, which must agree bit for bit. Every reduction
+runs in a fixed order on one device (no atomics): the forces of an atom are
+one sum over its neighbour slots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from types import ModuleType
+from typing import Any, ClassVar
+
+from cutbench.workloads.common import (BaseWorkload, RecordedWorkload, check_range, load_state_into,
+                                      save_state_file, state_bytes)
+from cutbench.workloads.control import PHASES
+from cutbench.workloads.xp import backend_name, pointer, synchronize, to_host
+
+CPT_NAME = "md.cpt"
+
+
+def lattice(n: int, box: float) -> Any:
+    """``n`` positions on the sites of the smallest simple cubic lattice that holds them (NumPy, float64)."""
+    import numpy as np
+
+    side = int(round(n ** (1.0 / 3.0)))
+    while side ** 3 < n:
+        side += 1
+    grid = np.stack(np.meshgrid(*(np.arange(side),) * 3, indexing="ij"), axis=-1).reshape(-1, 3)[:n]
+    return (grid + 0.5) * (box / side)
+
+
+class LJSystem:
+    """The state of the fluid and one velocity Verlet step (see module docstring)."""
+
+    def __init__(self, xp: ModuleType, p: dict[str, Any]):
+        import numpy as np
+
+        self.xp, self.n = xp, p["particles"]
+        self.box = (self.n / p["density"]) ** (1.0 / 3.0)
+        self.dt, self.rc2 = p["dt"], p["cutoff"] ** 2
+        self.u_rc = 4.0 * (p["cutoff"] ** -12 - p["cutoff"] ** -6)
+        self.rl2 = (p["cutoff"] + p["skin"]) ** 2
+        self.half_skin2 = (p["skin"] / 2.0) ** 2
+        self.max_nb = p["max_neighbours"]
+        rng = np.random.default_rng(p["seed"])
+        v = rng.standard_normal((self.n, 3))
+        v -= v.mean(axis=0)
+        v *= np.sqrt(3.0 * self.n * p["temperature"] / np.sum(v * v))
+        self.x = xp.asarray(lattice(self.n, self.box))
+        self.v = xp.asarray(v)
+        self.nb = xp.asarray(np.zeros((self.n, self.max_nb), dtype=np.int64))
+        self.nb_mask = xp.asarray(np.zeros((self.n, self.max_nb), dtype=np.float64))
+        self.x_built = xp.asarray(lattice(self.n, self.box))
+        self.builds = 0
+        self.build_list()
+        self.f, self.pe = self.forces()
+        self.ke = 0.0
+
+    # -- the neighbour list ------------------------------------------------------
+    def build_list(self) -> None:
+        """Every pair within cutoff + skin, per atom in ascending index order, padded to ``max_neighbours``."""
+        import numpy as np
+
+        x = to_host(self.x)
+        idx = np.zeros((self.n, self.max_nb), dtype=np.int64)
+        mask = np.zeros((self.n, self.max_nb), dtype=np.float64)
+        for start in range(0, self.n, 512):
+            d = x[start:start + 512, None, :] - x[None, :, :]
+            d -= self.box * np.round(d / self.box)
+            r2 = np.sum(d * d, axis=-1)
+            near = r2 < self.rl2
+            near[np.arange(near.shape[0]), np.arange(start, start + near.shape[0])] = False
+            counts = near.sum(axis=1)
+            if counts.max(initial=0) > self.max_nb:
+                raise ValueError(f"md_simulation: an atom has {int(counts.max())} neighbours within cutoff + skin, more "
+                                 f"than max_neighbours = {self.max_nb}; raise max_neighbours or lower density")
+            for row in range(near.shape[0]):
+                js = np.flatnonzero(near[row])
+                idx[start + row, :len(js)] = js
+                idx[start + row, len(js):] = start + row  # padding: the atom itself, masked out
+                mask[start + row, :len(js)] = 1.0
+        xp = self.xp
+        self.nb[...] = xp.asarray(idx)
+        self.nb_mask[...] = xp.asarray(mask)
+        self.x_built[...] = self.x
+        self.builds += 1
+
+    def list_stale(self) -> bool:
+        """Whether some atom moved more than half the skin since the last build (the list may miss a pair)."""
+        xp = self.xp
+        d = self.x - self.x_built
+        d = d - self.box * xp.round(d / self.box)
+        return bool(float(xp.max(xp.sum(d * d, axis=1))) > self.half_skin2)
+
+    # -- forces and one step -----------------------------------------------------
+    def forces(self) -> tuple[Any, Any]:
+        """Forces on every atom and the potential energy (a device scalar), from the neighbour list."""
+        xp = self.xp
+        flat = xp.reshape(self.nb, (-1,))
+        xj = xp.reshape(xp.take(self.x, flat, axis=0), (self.n, self.max_nb, 3))
+        d = self.x[:, None, :] - xj
+        d = d - self.box * xp.round(d / self.box)
+        r2 = xp.sum(d * d, axis=2)
+        inside = (r2 < self.rc2) & (self.nb_mask > 0.5)
+        safe = xp.where(inside, r2, xp.ones_like(r2))
+        inv6 = (1.0 / safe) ** 3
+        # F_ij = 24 (2 r^-12 - r^-6) / r^2 · d ; U = 4 (r^-12 - r^-6) - U(rc), shifted so that a pair crossing
+        # the cut-off changes no energy; each pair counted from both ends.
+        scale = xp.where(inside, 24.0 * (2.0 * inv6 * inv6 - inv6) / safe, xp.zeros_like(r2))
+        f = xp.sum(scale[:, :, None] * d, axis=1)
+        pe = 0.5 * xp.sum(xp.where(inside, 4.0 * (inv6 * inv6 - inv6) - self.u_rc, xp.zeros_like(r2)))
+        return f, pe
+
+    def launch(self) -> None:
+        """Enqueue one velocity Verlet step (rebuilding the list first where it went stale)."""
+        xp, dt = self.xp, self.dt
+        self.v = self.v + 0.5 * dt * self.f
+        self.x = self.x + dt * self.v
+        self.x = self.x - self.box * xp.floor(self.x / self.box)
+        if self.list_stale():
+            self.build_list()
+        self.f, self.pe = self.forces()
+        self.v = self.v + 0.5 * dt * self.f
+        self.ke = 0.5 * xp.sum(self.v * self.v)
+
+    def state_digest(self) -> str:
+        """Digest of the positions and velocities, bit for bit."""
+        h = hashlib.blake2b(digest_size=16)
+        for a in (self.x, self.v):
+            h.update(to_host(a).tobytes())
+        return h.hexdigest()
+
+    def effect(self, step: int) -> str:
+        """Step ``step``'s effect: its energies' bits and the state digest (reads the device back)."""
+        bits = struct.unpack("<QQ", struct.pack("<dd", float(self.pe), float(self.ke)))
+        return json.dumps({"step": step, "pe": f"{bits[0]:016x}", "ke": f"{bits[1]:016x}", "state": self.state_digest()})
+
+    def arrays(self) -> dict[str, Any]:
+        """The buffers a checkpoint of the simulation holds."""
+        return {"x": self.x, "v": self.v, "f": self.f, "nb": self.nb, "nb_mask": self.nb_mask, "x_built": self.x_built}
+
+
+class MDSimulation(RecordedWorkload):
+    """The ``md_simulation`` workload (see module docstring)."""
+
+    name: ClassVar[str] = "md_simulation"
+    phases: ClassVar[tuple[str, ...]] = PHASES
+    arrays: ClassVar[tuple[str, ...]] = ("numpy", "cupy", "torch")
+    features: ClassVar[frozenset[str]] = frozenset({"device_memory"})
+    defaults: ClassVar[dict[str, Any]] = {
+        **BaseWorkload.COMMON_DEFAULTS, "ops": 40, "particles": 512, "density": 0.8, "temperature": 1.0, "dt": 0.004,
+        "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0,
+    }
+
+    @classmethod
+    def check_params(cls, p: dict[str, Any]) -> None:
+        """System size, density, time step, cut-off, skin, list width, checkpoint interval."""
+        check_range("particles", p["particles"], 2, 1 << 20)
+        for name, lo, hi in (("density", 0.01, 1.2), ("temperature", 0.01, 10.0), ("dt", 1e-5, 0.02),
+                             ("cutoff", 1.0, 5.0), ("skin", 0.0, 1.0)):
+            if not isinstance(p[name], (int, float)) or not lo <= float(p[name]) <= hi:
+                raise ValueError(f"{name} = {p[name]!r}: expected a number in [{lo}, {hi}]")
+        check_range("max_neighbours", p["max_neighbours"], 8, 4096)
+        check_range("cpt_every_ops", p["cpt_every_ops"], 0, 1 << 30)
+        box = (p["particles"] / p["density"]) ** (1.0 / 3.0)
+        if box < 2 * (p["cutoff"] + p["skin"]):
+            raise ValueError(f"particles = {p['particles']} at density {p['density']}: the box ({box:.2f} σ) is narrower "
+                             f"than twice cutoff + skin ({2 * (p['cutoff'] + p['skin']):.2f} σ); use more particles")
+
+    @classmethod
+    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
+        """Its own checkpoint file is state on disk."""
+        return frozenset({"disk"}) if int(params.get("cpt_every_ops") or 0) > 0 else frozenset()
+
+    def setup(self) -> None:
+        """Build the fluid on the device and its first neighbour list."""
+        self.sim = LJSystem(self.xp, self.p)
+        synchronize(self.xp)
+        self.pointers_initial = {"neighbours": pointer(self.sim.nb), "list_origin": pointer(self.sim.x_built)}
+
+    def run_op(self, op: int) -> None:
+        """One MD step through all seven phases; every ``cpt_every_ops`` steps, its own checkpoint."""
+        rt, sim = self.rt, self.sim
+        rt.point(op, "admit")
+        sim.launch()
+        rt.point(op, "launch")
+        self.simulate_work()
+        synchronize(self.xp)
+        rt.point(op, "device_done")
+        effect = sim.effect(op)
+        rt.point(op, "record")
+        self.deliver(op, op, effect)
+        every = self.p["cpt_every_ops"]
+        if every and op % every == 0:
+            self.write_cpt(str(rt.workdir / CPT_NAME))
+
+    def write_cpt(self, path: str) -> None:
+        """The simulation's own checkpoint: one fixed-size record written over the last in place, then fsync
+        (never a second path: a cut inside the write leaves no renamed-away file for a restore to miss)."""
+        data = state_bytes({"committed": self.committed, "builds": self.sim.builds}, self.sim.arrays())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def report(self) -> dict[str, Any]:
+        """Committed step, the state digest, energies of the last step, list builds and buffer addresses."""
+        sim = self.sim
+        return {
+            **self.report_frame(sim.state_digest()),
+            "builds": sim.builds,
+            "backend": backend_name(self.xp),
+            "pointers_initial": self.pointers_initial,
+            "pointers_final": {"neighbours": pointer(sim.nb), "list_origin": pointer(sim.x_built)},
+        }
+
+    def save_state(self, path: str) -> None:
+        """Application-level checkpoint at a step boundary (the ``app`` baseline): the arrays and the step."""
+        save_state_file(path, {"committed": self.committed, "builds": self.sim.builds}, self.sim.arrays())
+
+    def load_state(self, path: str) -> int:
+        """Load :meth:`save_state`'s file into the buffers :meth:`setup` made; return the step to resume after."""
+        sim = self.sim
+        targets = sim.arrays()
+        header = load_state_into(path, self.xp, targets)
+        sim.builds = int(header["builds"])
+        self.committed = int(header["committed"])
+        return self.committed
+
