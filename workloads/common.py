@@ -293,6 +293,21 @@ class BaseWorkload:
         if self.p["work_ms"]:
             time.sleep(self.p["work_ms"] / 1000.0)
 
+    def step_through(self, op: int, launch: Callable[[], None], read: Callable[[], str], key: int | None = None) -> None:
+        """The seven phases of op ``op``: ``admit``; ``launch`` once ``launch()`` has enqueued the device work;
+        ``device_done`` after the simulated work and a synchronise; ``record`` once ``read()`` has given the
+        effect; then :meth:`deliver` under ``key`` (default ``op``)."""
+        rt = self.rt
+        rt.point(op, "admit")
+        launch()
+        rt.point(op, "launch")
+        self.simulate_work()
+        synchronize(self.xp)
+        rt.point(op, "device_done")
+        effect = read()
+        rt.point(op, "record")
+        self.deliver(op, op if key is None else key, effect)
+
     def deliver(self, op: int, key: int, effect: str) -> None:
         """Phases ``publish``, ``ack``, ``commit`` of op ``op``: send ``effect`` under
         ``key``, wait for the receiver's ack, commit ``key`` durably, then idle."""

@@ -204,19 +204,10 @@ class MDSimulation(RecordedWorkload):
 
     def run_op(self, op: int) -> None:
         """One MD step through all seven phases; every ``cpt_every_ops`` steps, its own checkpoint."""
-        rt, sim = self.rt, self.sim
-        rt.point(op, "admit")
-        sim.launch()
-        rt.point(op, "launch")
-        self.simulate_work()
-        synchronize(self.xp)
-        rt.point(op, "device_done")
-        effect = sim.effect(op)
-        rt.point(op, "record")
-        self.deliver(op, op, effect)
+        self.step_through(op, self.sim.launch, lambda: self.sim.effect(op))
         every = self.p["cpt_every_ops"]
         if every and op % every == 0:
-            self.write_cpt(str(rt.workdir / CPT_NAME))
+            self.write_cpt(str(self.rt.workdir / CPT_NAME))
 
     def write_cpt(self, path: str) -> None:
         """The simulation's own checkpoint: one fixed-size record written over the last in place, then fsync

@@ -126,19 +126,16 @@ class RequestService(BaseWorkload):
 
     def run_op(self, op: int) -> None:
         """Serve the next request through all seven phases."""
-        rt, model = self.rt, self.model
+        model = self.model
         rid = self.queue.take()
         key = model.key(rid)
-        rt.point(op, "admit")
-        model.apply(rid, key)
-        rt.point(op, "launch")
-        self.simulate_work()
-        synchronize(self.xp)
-        rt.point(op, "device_done")
-        answer = model.reply(rid, key)
-        self.op_done = op
-        rt.point(op, "record")
-        self.deliver(op, rid, answer)
+
+        def read() -> str:
+            answer = model.reply(rid, key)
+            self.op_done = op
+            return answer
+
+        self.step_through(op, lambda: model.apply(rid, key), read, key=rid)
 
     def report(self) -> dict[str, Any]:
         """Committed request, state checksum, per-domain progress and the table's address."""

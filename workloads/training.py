@@ -118,17 +118,9 @@ class Training(BaseWorkload):
 
     def run_op(self, op: int) -> None:
         """One training step through all seven phases."""
-        rt, model = self.rt, self.model
+        model = self.model
         batch = model.batch(self.cursor.take())
-        rt.point(op, "admit")
-        model.update(batch)
-        rt.point(op, "launch")
-        self.simulate_work()
-        synchronize(self.xp)
-        rt.point(op, "device_done")
-        metrics = model.published(op)
-        rt.point(op, "record")
-        self.deliver(op, op, metrics)
+        self.step_through(op, lambda: model.update(batch), lambda: model.published(op))
 
     def report(self) -> dict[str, Any]:
         """Committed step, state checksum, cursor against device step, buffer addresses."""
