@@ -36,6 +36,9 @@ QUICK = str(REPO / "scenarios" / "quick.toml")
     (["sweep", QUICK, "--axis", "workload.params.seed=1,2", "--jobs", "0", "--dry-run"], "--jobs = 0: expected a whole"),
     (["sweep", QUICK, "--axis", "workload.params.seed=1,2", "--ray-address", "x", "--dry-run"], "run.ray_address"),
     (["compare", ".", "."], "not a cutbench run directory"),
+    (["run"], "give a SCENARIO to run, or --resume RUN_DIR"),
+    (["run", "--resume", "."], "not a cutbench run directory"),
+    (["run", "--resume", ".", "--variant", "x"], "--variant with --resume"),
     (["list", "things"], "'things' is not one of"),
     (["frobnicate"], "No such command"),
 ])
