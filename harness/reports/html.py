@@ -30,7 +30,7 @@ from cutbench.harness.reports.explain import explain
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
 
-MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm
+MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm, then the rest
 MAX_TRIAL_ROWS = 2000  # rows of the all-trials table
 MAX_SKIPPED_LINES = 40  # skipped arms listed (a matrix on a CPU machine skips hundreds)
 
@@ -361,13 +361,16 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
 
 
 def _pick_timelines(trials: pd.DataFrame) -> list[str]:
+    """The trials whose timelines the page draws: failing ones first, then the first of each arm, then the
+    rest in trial order, up to :data:`MAX_TIMELINES` (a run that size or smaller has every trial drawn)."""
     picked = list(summary.failing_trials(trials, MAX_TIMELINES)["trial_id"])
-    for _arm, g in trials.sort_values("trial_id").groupby("arm", sort=True):
+    ordered = trials.sort_values("trial_id")
+    firsts = [g["trial_id"].iloc[0] for _arm, g in ordered.groupby("arm", sort=True)]
+    for tid in [*firsts, *ordered["trial_id"]]:
         if len(picked) >= MAX_TIMELINES:
             break
-        first = g["trial_id"].iloc[0]
-        if first not in picked:
-            picked.append(first)
+        if tid not in picked:
+            picked.append(tid)
     return picked
 
 
@@ -497,7 +500,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         out.append('<p class="muted">Stages as bars, each stage in its own colour (the legend under each timeline names them; '
                    "a red outline: the stage failed or refused), and receiver deliveries (green: first application of an op, "
                    "red: the same op applied again, grey: suppressed), placed by the receiver's arrival order. Hover a bar or "
-                   "tick for details. Failing trials first, then the first trial of each arm.</p>")
+                   "tick for details. Failing trials first, then the first trial of each arm, then the others "
+                   f"(up to {MAX_TIMELINES}).</p>")
         colours = plots.timeline_colours(timeline)  # one colour per stage, as in the stage-time plot
         ids = _pick_timelines(trials)
         by_id = trials.set_index("trial_id")

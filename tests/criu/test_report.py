@@ -67,9 +67,8 @@ def test_report_renders_every_plot_and_table_in_chromium(mixed_run: Path):
     n_images, n_tables = text.count("<img "), text.count("<table ")
     n_timelines = text.count('<svg class="timeline"')
     trials = RunDir.open(mixed_run).table("trials")
-    # Failing trials first, then the first trial of each arm not already shown.
-    expected = set(trials.loc[trials["outcome"] != "valid", "trial_id"]) | set(trials.groupby("arm")["trial_id"].min())
-    assert n_images == len(plots.PLOTS) and n_tables >= 5 and n_timelines == len(expected) >= 3
+    # Every trial of a run this small has its timeline (failing ones first).
+    assert n_images == len(plots.PLOTS) and n_tables >= 5 and n_timelines == len(trials) >= 3
 
     body = rendered_body(html)
     assert body.get("data-render-check") == "ok", body.get("data-problems")
