@@ -84,7 +84,13 @@ def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     root = str(cutbench.IMPORT_ROOT)
     out["PYTHONPATH"] = os.pathsep.join([*[p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != root], root])
+    out[CHILD_MARK] = "1"  # what the leftovers sweep asks of a process before it kills it
     return out
+
+
+# Set in the environment of every process the harness starts (package_env): a user's shell or pager that
+# happens to work in a run's directory is not the harness's, and the sweep leaves it alone.
+CHILD_MARK = "CUTBENCH_HARNESS_CHILD"
 
 
 def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False) -> "Child":
@@ -291,24 +297,30 @@ def kill_namespace_inits(timeout: float = 2.0, *, cwd: str | Path | None = None)
     return found
 
 
-def processes_in(directory: str | Path) -> list[int]:
-    """The pids of every process but this one whose working directory is ``directory`` or below it.
+def processes_in(directory: str | Path, *, started_by_harness: bool = True) -> list[int]:
+    """The pids of every process but this one whose working directory is ``directory`` or below it, and
+    (``started_by_harness``) whose environment carries :data:`CHILD_MARK`.
 
     A trial's workload works in its trial directory, a restored one too (CRIU
-    gives the working directory back), inside a PID namespace or a container
-    alike: what a harness killed outright left running is found by where it works.
+    gives the working directory and the environment back), inside a PID
+    namespace alike: what a harness killed outright left running is found by
+    where it works and by the mark :func:`package_env` gave it.
     """
     root = str(Path(directory).resolve())
+    mark = f"{CHILD_MARK}=1".encode()
     me, found = os.getpid(), []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == me:
             continue
         try:
             where = os.readlink(proc / "cwd")
+            if not (where == root or where.startswith(root + "/")):
+                continue
+            if started_by_harness and mark not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
-        if where == root or where.startswith(root + "/"):
-            found.append(int(proc.name))
+        found.append(int(proc.name))
     return found
 
 

@@ -106,8 +106,11 @@ def _sweep() -> list[str]:
         if workdir.name.startswith(f"cutbench-{run_id}") and workdir.is_dir():
             # Its workloads first (parked at a cut, or running on): each works in its trial's directory.
             for pid in processes_in(workdir):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
+                try:
                     os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError) as exc:
+                    removed.append(f"workload process {pid} of run {run_id} could not be killed ({exc.strerror})")
+                    continue
                 removed.append(f"workload process {pid} of run {run_id}")
             removed.append(_remove_tree(workdir, f"work directory of run {run_id}"))
         receiver = str(data.get("receiver") or "")

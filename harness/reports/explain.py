@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+
 FAULT_WORDS = {
     "kill": "the original was killed after the checkpoint",
     "leave_running": "the original ran on after the checkpoint and then crashed",
@@ -27,6 +28,25 @@ MODE_WORDS = {
     "idempotent": "the receiver in idempotent mode applies each op once",
     "fenced": "the receiver in fenced mode applies only what a committed fence covers",
 }
+
+
+def parse_findings(text: Any) -> list[dict[str, Any]]:
+    """A trial row's ``findings`` JSON as a list of findings (each a dict with ``kind``); [] for anything else."""
+    try:
+        found = json.loads(text or "[]")
+    except (TypeError, ValueError):
+        return []
+    return [f for f in found if isinstance(f, dict) and "kind" in f] if isinstance(found, list) else []
+
+
+def incarnation(epoch: Any) -> int | None:
+    """A receiver row's ``epoch`` as the incarnation that sent it; None for none (a NaN, or a negative epoch:
+    a row the receiver made itself, such as a refused commit)."""
+    try:
+        value = float(epoch)
+    except (TypeError, ValueError):
+        return None
+    return int(value) if value == value and value >= 0 else None
 
 
 def op_ranges(ops: list[int]) -> str:
@@ -47,11 +67,11 @@ def op_ranges(ops: list[int]) -> str:
 
 def _epochs_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
     """Per op, the epochs (incarnations) whose deliveries the receiver applied, in arrival order."""
-    if effects.empty or "epoch" not in effects:
+    if effects.empty or not {"epoch", "decision", "op_id"} <= set(effects.columns):
         return {}
     applied = effects[effects["decision"].isin(["applied", "committed"]) & effects["op_id"].isin(ops)]
     applied = applied.sort_values("arrival_seq") if "arrival_seq" in applied else applied
-    return {int(op): [int(e) for e in g["epoch"]] for op, g in applied.groupby("op_id")}
+    return {int(op): [e for e in map(incarnation, g["epoch"]) if e is not None] for op, g in applied.groupby("op_id")}
 
 
 def _incarnations(epochs: list[int]) -> str:
@@ -61,34 +81,41 @@ def _incarnations(epochs: list[int]) -> str:
     return " and ".join(said)
 
 
+def _cut_point(trial: dict[str, Any]) -> str:
+    """``op 3/admit`` for the trial's (first) cut, ``its cut point`` when the row names none."""
+    try:
+        op = int(float(trial.get("cut_op")))
+    except (TypeError, ValueError, OverflowError):
+        return "its cut point"
+    phase = trial.get("cut_phase")
+    return f"op {op}/{phase}" if isinstance(phase, str) and phase else f"op {op}"
+
+
 def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
     """Plain words for one trial row of ``trials.parquet`` and the receiver's rows (the trial's, or the run's whole
     ``effects`` table): what the cut did and why the verdict is what it is. Empty for a valid trial without findings."""
     effects = effects if effects is not None else pd.DataFrame()
     if "trial_id" in effects and trial.get("trial_id") is not None:  # a run's whole table: this trial's rows
         effects = effects[effects["trial_id"] == trial["trial_id"]]
-    try:
-        findings = json.loads(trial.get("findings") or "[]")
-    except (TypeError, ValueError):
-        findings = []
+    findings = parse_findings(trial.get("findings"))
     outcome = str(trial.get("outcome") or "")
     if outcome == "valid" and not findings:
         return ""
     fault, mode = str(trial.get("fault") or ""), str(trial.get("receiver_mode") or "")
-    where = f"{trial.get('cut_op')}/{trial.get('cut_phase')}" if trial.get("cut_op") is not None else "its cut point"
+    where = _cut_point(trial)
     tool, error = trial.get("backend", "tool"), str(trial.get("error") or "no reason given").rstrip(". ")
     if outcome == "refused":
-        return f"The {tool} checkpoint asked for at op {where} was refused, and the workload ran on uncut: {error}."
+        return f"The {tool} checkpoint asked for at {where} was refused, and the workload ran on uncut: {error}."
     if outcome == "unknown":
-        return f"The harness could not judge the trial (cut at op {where}), so it says nothing of {tool}: {error}."
-    opening = f"The {tool} checkpoint was taken at op {where}"
+        return f"The harness could not judge the trial (cut at {where}), so it says nothing of {tool}: {error}."
+    opening = f"The {tool} checkpoint was taken at {where}"
     if fault in FAULT_WORDS:
         opening += f"; {FAULT_WORDS[fault]}"
     sentences = [opening + "."]
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         by_kind.setdefault(f["kind"], []).append(f)
-    dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if f.get("op") is not None]
+    dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if isinstance(f.get("op"), int)]
     if dup:
         epochs = _epochs_of(effects, dup)
         who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
@@ -96,19 +123,19 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
                          + ("the restored process resumed from the image and sent again what the original had already "
                             "delivered" if fault != "none" else "the resumed process sent again what it had delivered")
                          + (f", and {MODE_WORDS[mode]}." if mode in MODE_WORDS else "."))
-    missing = [int(f["op"]) for f in by_kind.pop("missing", []) if f.get("op") is not None]
+    missing = [int(f["op"]) for f in by_kind.pop("missing", []) if isinstance(f.get("op"), int)]
     if missing:
         sentences.append(f"The workload committed {op_ranges(missing)}, but the receiver never applied "
                          f"{'it' if len(missing) == 1 else 'them'}: no incarnation delivered "
                          f"{'it' if len(missing) == 1 else 'them'} after the restore.")
     for f in by_kind.pop("mixed_epoch", []):
-        sentences.append(f"State of two moments at op {f.get('op')}: {str(f['detail']).rstrip('. ')}.")
+        sentences.append(f"State of two moments at op {f.get('op')}: {str(f.get('detail', '')).rstrip('. ')}.")
     for f in by_kind.pop("restarted", []):
-        sentences.append(f"The restore did not continue the run: {str(f['detail']).rstrip('. ')}.")
+        sentences.append(f"The restore did not continue the run: {str(f.get('detail', '')).rstrip('. ')}.")
     for f in by_kind.pop("process_lost", []):
-        sentences.append(f"The workload did not survive the tool: {str(f['detail']).rstrip('. ')}.")
+        sentences.append(f"The workload did not survive the tool: {str(f.get('detail', '')).rstrip('. ')}.")
     for kind, found in by_kind.items():
         for f in found:
-            sentences.append(f"{kind.replace('_', ' ').capitalize()}"
-                             + (f" at op {f['op']}" if f.get("op") is not None else "") + f": {str(f['detail']).rstrip('. ')}.")
+            sentences.append(f"{str(kind).replace('_', ' ').capitalize()}"
+                             + (f" at op {f['op']}" if f.get("op") is not None else "") + f": {str(f.get('detail', '')).rstrip('. ')}.")
     return " ".join(sentences)

@@ -26,7 +26,7 @@ from matplotlib.colors import to_rgb
 
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
-from cutbench.harness.reports.explain import explain
+from cutbench.harness.reports.explain import explain, incarnation, parse_findings
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
 
@@ -135,7 +135,7 @@ def _trial_pictures(trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.Da
         st = timeline[timeline["trial_id"] == tid]
         fx = effects[effects["trial_id"] == tid] if not effects.empty and "trial_id" in effects else pd.DataFrame()
         if not st.empty:
-            out[tid] = plots.trial_timeline_png(st, fx, json.loads(rec.get("findings") or "[]"), colours,
+            out[tid] = plots.trial_timeline_png(st, fx, parse_findings(rec.get("findings")), colours,
                                                 f"{tid} {rec['arm']} {rec['plan']}: {rec['outcome']}")
     return out
 
@@ -277,7 +277,7 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
     end = max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3)
     scale = (width - left - right) / end
     y_stage, bar_h, lane_h = 24, 18, 26
-    epochs = sorted({int(e) for e in effects["epoch"]}) if not effects.empty and "epoch" in effects else [0]
+    epochs = plots.lanes(effects)
     lane_y = {e: 62 + i * lane_h for i, e in enumerate(epochs)}
     y_axis = 62 + len(epochs) * lane_h - lane_h + bar_h
     marks = [f'<text x="4" y="{y_stage + 13}">stages</text>']
@@ -313,7 +313,7 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
             if t is None:
                 continue
             op, x = int(fx.op_id), left + t * scale
-            y = lane_y.get(int(fx.epoch), lane_y[epochs[-1]])
+            y = lane_y.get(incarnation(getattr(fx, "epoch", None)), lane_y[epochs[-1]])
             if fx.decision in ("applied", "committed"):
                 kind = "again" if op in first_at else "first"
                 if kind == "again":  # the op's two applications, joined over the lanes between them
@@ -328,10 +328,11 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
                 kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
             kinds += [kind] if kind not in kinds else []
             placed.append((x, op))
-            tip = f"op {op} attempt {fx.attempt} epoch {fx.epoch} {fx.kind}: {fx.decision} (arrival {fx.arrival_seq})"
+            tip = (f"op {op} attempt {getattr(fx, 'attempt', '')} epoch {getattr(fx, 'epoch', '')} {getattr(fx, 'kind', '')}: "
+                   f"{fx.decision} (arrival {fx.arrival_seq})")
             marks.append(f'<line class="effect {kind}" data-op="{op}" x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + bar_h}" '
                          f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
-    missing = sorted({int(f["op"]) for f in findings or () if f.get("kind") == "missing" and f.get("op") is not None})
+    missing = sorted({int(f["op"]) for f in findings or () if f.get("kind") == "missing" and isinstance(f.get("op"), int)})
     for op in missing:
         x = max((px for px, pop in placed if pop < op), default=left) + 6
         y = lane_y[epochs[-1]] + bar_h / 2
@@ -516,7 +517,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
             words = f'<p class="explain">{_e(words)}</p>' if words else ""
             out.append(f'<details id="trial-{_e(tid)}"{opened}><summary><b>{_e(tid)}</b> {_e(row["arm"])} — {_e(row["plan"])} → '
                        f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"
-                       f"{words}{trial_timeline_svg(tid, st, fx, colours, json.loads(row.get('findings') or '[]'))}</details>")
+                       f"{words}{trial_timeline_svg(tid, st, fx, colours, parse_findings(row.get('findings')))}</details>")
 
         out.append('<h2 id="trials">All trials</h2>')
         cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cutbench.harness.reports.explain import incarnation  # noqa: E402
 from cutbench.harness.reports.summary import rates  # noqa: E402
 from cutbench.workloads.control import PHASES  # noqa: E402
 
@@ -120,6 +121,13 @@ def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | No
     return [(lo + hi) / 2 for lo, hi in windows]
 
 
+def lanes(effects: pd.DataFrame) -> list[int]:
+    """The incarnations a trial's receiver rows name, in order ([0] when none does)."""
+    if effects.empty or "epoch" not in effects:
+        return [0]
+    return sorted({e for e in map(incarnation, effects["epoch"]) if e is not None}) or [0]
+
+
 def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: list[dict] | None = None,
                        colours: dict[str, str] | None = None, title: str = "") -> bytes:
     """A small static picture of one trial for ``summary.md`` readers: the report's SVG timeline in brief.
@@ -131,7 +139,7 @@ def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: li
     """
     stages = stages.sort_values("t_start")
     colours = stage_colours([*(colours or {}), *stages["stage"]])
-    epochs = sorted({int(e) for e in effects["epoch"]}) if not effects.empty and "epoch" in effects else [0]
+    epochs = lanes(effects)
     fig, ax = plt.subplots(figsize=(8, 1.1 + 0.35 * (len(epochs) + 1)))
     rows = {"stages": len(epochs)} | {f"epoch {e}": len(epochs) - 1 - i for i, e in enumerate(epochs)}
     for r in stages.itertuples():
@@ -151,8 +159,8 @@ def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: li
             colour = ("#d62728" if op in seen else "#2e9d4a") if applied else "#9e9e9e"
             seen |= {op} if applied else set()
             placed.append((t, op))
-            ax.plot([t, t], [rows[f"epoch {int(fx.epoch)}"] - 0.3, rows[f"epoch {int(fx.epoch)}"] + 0.3], color=colour,
-                    linewidth=2)
+            row = rows[f"epoch {incarnation(getattr(fx, 'epoch', None)) if incarnation(getattr(fx, 'epoch', None)) in epochs else epochs[-1]}"]
+            ax.plot([t, t], [row - 0.3, row + 0.3], color=colour, linewidth=2)
     for f in findings or ():
         if f.get("kind") == "missing" and f.get("op") is not None:
             x = max((t for t, op in placed if op < int(f["op"])), default=0.0)

@@ -7,7 +7,6 @@ numbers from these functions so that they never disagree.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
-from cutbench.harness.reports.explain import explain
+from cutbench.harness.reports.explain import explain, parse_findings
 from cutbench.workloads.api import DOMAINS
 
 
@@ -141,11 +140,8 @@ def failing_trials(trials: pd.DataFrame, limit: int | None = None) -> pd.DataFra
 
 def findings_text(row: dict[str, Any], limit: int = 5) -> str:
     """One line naming a trial row's findings (``duplicate op 3 (applied 2 times); …``), else its error."""
-    try:
-        found = json.loads(row.get("findings") or "[]")
-    except (TypeError, ValueError):
-        found = []
-    text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f" ({f['detail']})" for f in found[:limit])
+    found = parse_findings(row.get("findings"))
+    text = "; ".join(f"{f['kind']}" + (f" op {f['op']}" if f.get("op") is not None else "") + f" ({f.get('detail', '')})" for f in found[:limit])
     if len(found) > limit:
         text += f"; … {len(found) - limit} more"
     return text or (row.get("error") or "no finding recorded")

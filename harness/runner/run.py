@@ -261,7 +261,8 @@ def execute(
                 "run_dir": str(run.path),
                 "resumes": [*resume.meta.get("resumes", []), {"at": time.time(), "kept": len(resume.done),
                                                                "to_run": len(specs), **({"swept": swept} if swept else {})}]}
-        meta.pop("n_trials", None)
+        for stale in ("n_trials", "finished", "duration_s", "report_error"):  # the end this run has not reached again
+            meta.pop(stale, None)
     run.write_meta(meta)
     results: list[TrialResult] = list(resume.done) if resume is not None else []
     complete = False
@@ -290,8 +291,11 @@ def execute(
 
             def run_one(spec: TrialSpec) -> TrialResult:
                 result = session.run_trial(spec)
-                results.append(result)
-                run.write_trial(spec.trial_id, trial_file(result, run.run_id, scenario.store))
+                try:
+                    run.write_trial(spec.trial_id, trial_file(result, run.run_id, scenario.store))
+                finally:  # even on a Ctrl-C here: the tables count a trial exactly when its file is there
+                    if run.trial_path(spec.trial_id).exists():
+                        results.append(result)
                 if progress:
                     progress(result, len(results), max(total, len(results)))
                 return result
@@ -359,12 +363,25 @@ def resume_refusal(meta: dict[str, Any], *, code_digest: str, fingerprint: dict[
     if then != fingerprint:
         changed = sorted(k for k in set(then) | set(fingerprint) if then.get(k) != fingerprint.get(k))
         return "the machine differs: " + ", ".join(f"{k} was {then.get(k)!r}, is {fingerprint.get(k)!r}" for k in changed)
+    if stored.get("store", "sqlite") != "sqlite":
+        return (f"its receiver store ({stored.get('store')!r}) outlives the run and still holds the killed attempt's "
+                "deliveries, which the trials run again would be judged with: resume needs receiver.store = 'sqlite'")
+    if meta.get("matrix"):
+        return "it is a support-matrix run (`cutbench matrix`): run the matrix again"
     if scenario is not None:
-        now = as_stored(scenario.to_dict())
-        for key in sorted(set(now) | set(stored)):
-            if key not in NOT_TRIAL_FIELDS and now.get(key) != stored.get(key):
-                return f"the scenario differs from the run's: {key} was {stored.get(key)!r}, is {now.get(key)!r}"
+        now, then = _trial_fields(as_stored(scenario.to_dict())), _trial_fields(stored)
+        for key in sorted(set(now) | set(then)):
+            if now.get(key) != then.get(key):
+                return f"the scenario differs from the run's: {key} was {then.get(key)!r}, is {now.get(key)!r}"
     return None
+
+
+def _trial_fields(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A stored scenario without the fields that change no trial, in its variants too."""
+    out = {k: v for k, v in scenario.items() if k not in NOT_TRIAL_FIELDS}
+    if out.get("variants"):
+        out["variants"] = [_trial_fields(v) for v in out["variants"]]
+    return out
 
 
 def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: ProgressFn | None = None,
@@ -387,9 +404,17 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
     if why:
         raise InvalidArgument(f"{run.path}: cannot resume: {why}")
     stored = Scenario.from_dict(meta["scenario"])
+    if scenario is not None:  # how the trials run is the user's to choose now; what they are is the run's
+        stored = replace(stored, **{k: getattr(scenario, k) for k in ("jobs", "executor", "ray_address")})
     if jobs is not None:  # how many at once does not change a trial (a parallel run stores what a serial one does)
         stored = replace(stored, jobs=jobs)
+    run.references()  # a damaged recorded reference is named now, before anything runs or is rewritten
     specs, skipped = variant_specs([(v.variant, v) for v in stored.variants] or [("", stored)])
+    judged_here = {s["arm"] for s in meta.get("skipped_arms", []) if "cannot be judged here" not in s.get("reason", "")}
+    if {s["arm"] for s in skipped} != judged_here:
+        raise InvalidArgument(f"{run.path}: cannot resume: the arms this machine skips now "
+                              f"({', '.join(sorted(s['arm'] for s in skipped)) or 'none'}) are not those the run skipped "
+                              f"({', '.join(sorted(judged_here)) or 'none'}): a backend or array became (un)available")
     planned = {s.trial_id: s for s in specs}
     done: list[TrialResult] = []
     for data in run.trial_records():

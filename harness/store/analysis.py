@@ -90,6 +90,10 @@ def check_run(run: RunDir) -> list[dict[str, Any]]:
     for name in ("trials", "timeline", "effects", "certificates"):
         run.check_table(name)
     records = run.trial_records()
+    if records and not (run.path / "trials.parquet").exists() and run.meta().get("status") == "running":
+        raise InvalidArgument(f"{run.path}: the run never finished (status 'running', no tables: its harness was "
+                              f"killed?); its {len(records)} finished trials are kept: `cutbench run --resume "
+                              f"{run.path}` runs the rest and writes the tables")
     table = run.table("trials")
     listed = set(table["trial_id"]) if not table.empty else set()
     recorded = {r["spec"]["trial_id"] for r in records}

@@ -139,9 +139,10 @@ def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:
         "record": result.record.to_dict(),
         "verdict": result.verdict.to_dict(),
         "timeline": result.timeline,
-        # Through pandas' JSON writer: NaN becomes null, numpy scalars plain numbers.
-        "effects": json.loads(result.effects.to_json(orient="records")) if not result.effects.empty else [],
-        "effects_columns": list(result.effects.columns),
+        # Columns and rows through pandas' JSON writer (NaN becomes null, numpy scalars plain numbers, floats
+        # to the last digit): a trial's receiver rows, compact.
+        "effects": (json.loads(result.effects.to_json(orient="split", index=False, double_precision=15))
+                    if not result.effects.empty else {"columns": list(result.effects.columns), "data": []}),
     }
 
 
@@ -154,6 +155,9 @@ def result_from_file(data: dict[str, Any]) -> TrialResult:
     v = data["verdict"]
     verdict = Verdict(v["outcome"], tuple(Finding(f["kind"], f.get("op"), f["detail"]) for f in v.get("findings", ())),
                       v.get("reason", ""))
-    effects = pd.DataFrame(data["effects"], columns=data.get("effects_columns") or None)
+    fx = data["effects"]
+    if not isinstance(fx, dict) or not isinstance(fx.get("data"), list):
+        raise InvalidArgument("trial file's effects: expected {'columns': [...], 'data': [[...], ...]}")
+    effects = pd.DataFrame(fx["data"], columns=fx.get("columns") or None)
     return TrialResult(TrialSpec.from_dict(data["spec"]), TrialRecord.from_dict(data["record"]), list(data["timeline"]),
                        effects, verdict)

@@ -59,3 +59,13 @@ def test_a_refusal_and_an_unknown_say_what_was_not_done():
     unknown = explain(row(outcome="unknown", error="receiver down"))
     assert "could not judge" in unknown and "says nothing of criu" in unknown
     assert explain(row(outcome="valid")) == ""
+
+
+def test_rows_the_receiver_made_and_malformed_findings_do_not_break_the_words():
+    """A refused commit's row (epoch -1), a NaN epoch, a float cut op, findings that are not a list of findings."""
+    found = [{"kind": "duplicate", "op": 3, "detail": "applied 2 times"}]
+    fx = deliveries((3, 0, "applied"), (3, 1, "applied"), (4, -1, "refused"), (5, float("nan"), "applied"))
+    words = explain(row(findings=json.dumps(found), cut_op=3.0), fx)
+    assert "op 3/admit" in words and "incarnation -1" not in words and "3.0" not in words
+    assert explain(row(findings="{not json", outcome="invalid", cut_op=None)).startswith("The criu checkpoint was taken at its cut point")
+    assert explain(row(findings=json.dumps({"kind": "x"}), outcome="invalid")).endswith("crashed.")

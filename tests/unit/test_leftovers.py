@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cutbench.harness.environment import engines, leftovers
-from cutbench.procs import identity, identity_alive
+from cutbench.procs import identity, identity_alive, package_env
 
 
 @pytest.fixture
@@ -57,8 +57,10 @@ def test_the_sweep_removes_what_a_dead_harness_left_and_says_so(runs: Path, tmp_
         d.mkdir(parents=True)
     receiver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     (work / "t0003").mkdir()  # a workload parked at its cut, working in its trial's directory
-    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=work / "t0003")
-    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=work / "t0003", env=package_env())
+    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path, env=package_env())
+    # A person's shell looking into the dead run's directory: not the harness's, left alone.
+    onlooker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=work / "t0003")
     runs.mkdir(parents=True)
     (runs / "R2.json").write_text(json.dumps({"run_id": "R2", "harness": dead_identity(), "images_dirs": [str(images)],
                                               "workdir": str(work), "receiver": identity(receiver.pid)}))
@@ -66,7 +68,9 @@ def test_the_sweep_removes_what_a_dead_harness_left_and_says_so(runs: Path, tmp_
     said = leftovers.sweep()
     receiver.wait(timeout=10)
     assert workload.wait(timeout=10) == -9 and elsewhere.poll() is None  # only what works in the run's directory
+    assert onlooker.poll() is None
     elsewhere.kill()
+    onlooker.kill()
     assert f"workload process {workload.pid} of run R2" in said
     assert not (images / "cutbench-R2-t0001-c0").exists() and not (images / "cutbench-R2-t0002-c1").exists()
     assert (images / "cutbench-OTHER-t0001-c0").is_dir()  # another run's: not this claim's to remove

@@ -246,3 +246,13 @@ def test_the_static_picture_of_a_trial_is_a_png_with_a_row_per_incarnation():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     image = plt.imread(io.BytesIO(png))
     assert image.shape[1] > 600 and image[..., :3].std() > 0.05
+
+
+def test_a_row_of_the_receiver_s_own_and_a_nan_epoch_get_no_lane_of_their_own():
+    fx = deliveries((1, 0, "applied"), (2, -1, "refused"), (3, 1, "applied"))
+    fx.loc[len(fx)] = {"trial_id": "t0001", "arrival_seq": 4, "op_id": 4, "attempt": 1, "epoch": float("nan"),
+                       "kind": "publish", "decision": "applied"}
+    root = parse(report.trial_timeline_svg("t0001", LEAVE_RUNNING, fx, findings=[{"kind": "nonsense"}]))
+    assert [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"] == ["original (epoch 0)", "restored #1 (epoch 1)"]
+    assert len([l for l in root.iter(f"{SVG}line") if "effect" in l.get("class", "").split()]) == 4
+    assert plots.trial_timeline_png(LEAVE_RUNNING, fx)[:4] == b"\x89PNG"

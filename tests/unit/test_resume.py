@@ -51,6 +51,23 @@ def test_another_machine_is_named_field_by_field():
     assert said == "the machine differs: kernel was '6.1.0', is '6.12.0'"
 
 
+def test_a_store_that_outlives_the_run_and_a_matrix_run_cannot_resume():
+    m = meta()
+    m["scenario"]["store"] = "postgresql://localhost/cutbench"
+    assert "still holds the killed attempt's deliveries" in refusal(m)
+    assert "support-matrix run" in refusal(meta(matrix={"rows": []}))
+
+
+def test_how_the_trials_run_may_differ_in_every_variant_too():
+    scenario = load_scenario(REPO / "scenarios" / "all-workloads.toml")
+    m = meta(scenario=as_stored(scenario.to_dict()))
+    moved = replace(scenario, jobs=3, source_path="x.toml",
+                    variants=tuple(replace(v, jobs=3, source_path="x.toml") for v in scenario.variants))
+    assert scenario.variants and refusal(m, scenario=moved) is None
+    seeded = replace(scenario, variants=tuple(replace(v, seed=9) for v in scenario.variants))
+    assert refusal(m, scenario=seeded).startswith("the scenario differs from the run's: variants was")
+
+
 def test_a_hypothesis_search_cannot_resume():
     m = meta()
     m["scenario"]["plan_source"] = "hypothesis"

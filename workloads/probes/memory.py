@@ -3,7 +3,7 @@ globals of a module, and a texture and a surface object over CUDA arrays."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 

@@ -231,9 +231,9 @@ class DockerCheckpointer:
         inventory = self._checkpoint_dir(cid, name) / "inventory.img"
         try:
             st = inventory.stat()
+            os.utime(inventory, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
         except OSError:
             return None
-        os.utime(inventory, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
         return (f"docker_restore: the engine refused ({refusal}: its content store still held the checkpoint's own "
                 "tarball, moby/moby#42900); inventory.img's mtime moved 1 s on and the restore asked again")
 
