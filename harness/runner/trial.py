@@ -398,7 +398,8 @@ class TrialRunner:
             finally:
                 if child is not None:
                     child.kill_groups()  # also what an interrupted restore left behind
-                if child.pid_namespace:
+                # (No child: a stop, SIGTERM or Ctrl-C, came while the workload was being launched.)
+                if child is not None and child.pid_namespace:
                     # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
                     kill_namespace_inits(cwd=self.tdir)
             for companion in [*companions, *self.cut_targets]:

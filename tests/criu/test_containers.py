@@ -189,7 +189,9 @@ def start_and_wait_for_container(engine: str, tmp_path: Path) -> tuple[subproces
 def test_a_run_stopped_by_sigterm_removes_its_container(criu, docker_engine, podman_engine, tmp_path, engine):
     proc, run_id = start_and_wait_for_container(engine, tmp_path)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    code = proc.wait(timeout=120)
+    said = proc.stderr.read().decode()
+    assert code == 128 + signal.SIGTERM, (code, said[-6000:])
     assert left_behind(run_id) == []
     assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*"))
 
