@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "ranks": "cutbench.workloads.ranks:Ranks",
     # Real applications in miniature (floating point: recorded ground truth).
     "md_simulation": "cutbench.workloads.md_simulation:MDSimulation",
+    "inference_worker": "cutbench.workloads.inference_worker:InferenceWorker",
     # Sensitivity suite (workloads/variants.py): known-bad variants and their correct twins.
     "outbox": "cutbench.workloads.variants:Outbox",
     "outbox_mark_before_send": "cutbench.workloads.variants:OutboxMarkBeforeSend",
