@@ -2,7 +2,12 @@
 
 The service must answer every intact frame with exactly one reply and keep the
 connection usable, close a connection whose framing broke, never crash or hang,
-and keep acking a well-behaved client on another connection throughout.
+and keep serving well-behaved clients on other connections throughout: while
+each malformed connection is still open (a frame cut short, an oversized length,
+garbage), a request on another connection is answered, and a publisher on a
+third connection gets acks within every tenth of the fuzzer's examples. These
+are orderings and counts of examples, not durations: a loaded machine
+stretches every step alike.
 """
 
 from __future__ import annotations
@@ -125,9 +130,10 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
     good = Publisher(receiver.address, "good")
     good.start()
     fuzz = _Conn(receiver.address)
-    counts = {"intact": 0, "frames": 0, "oversize": 0, "truncated": 0, "garbage": 0, "error_replies": 0}
-    progress: list[int] = []  # the well-behaved client's acks so far, at each fuzz example
-    t0 = time.monotonic()
+    counts = {"intact": 0, "frames": 0, "oversize": 0, "truncated": 0, "garbage": 0, "error_replies": 0,
+              "answered_while_open": 0}
+    progress: list[int] = []  # the well-behaved publisher's acks so far, at each fuzz example
+    t0 = time.monotonic()  # for the figure printed at the end, never for an assertion
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
@@ -146,6 +152,10 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
         conn = _Conn(receiver.address)
         try:
             conn.sock.sendall(payload)
+            # The malformed connection is still open on this side (a frame cut short, an oversized length the
+            # server is rejecting, garbage it may still be waiting on): another connection is served meanwhile.
+            assert ctl.health()["status"] == "ok"
+            counts["answered_while_open"] += 1
             if kind == "oversize":
                 got = conn.drain_until_eof()  # the server closes it; a hang fails on timeout
                 assert got and got[-1]["code"] == "frame_too_large", got
@@ -156,20 +166,22 @@ def test_fuzzed_frames_never_hurt_the_service(receiver) -> None:
             conn.sock.close()
 
     check()
+    progress.append(len(good.ack_times))  # after the last example
     elapsed = time.monotonic() - t0
-    acked_during = [t for t in good.ack_times if t >= t0]
     good.stop()
     assert good.error is None, repr(good.error)
     total = sum(counts[k] for k in ("intact", "oversize", "truncated", "garbage"))
-    gaps = [b - a for a, b in zip([t0, *acked_during], acked_during)]
-    print(f"\nfuzz: {total} examples ({counts}) in {elapsed:.1f}s; well-behaved client got "
-          f"{len(acked_during)} acks meanwhile, longest gap {max(gaps):.3f}s")
+    broken = sum(counts[k] for k in ("oversize", "truncated", "garbage"))
+    moved = sum(1 for a, b in zip(progress, progress[1:]) if b > a)
+    print(f"\nfuzz: {total} examples ({counts}) in {elapsed:.1f}s (a figure, not a bound); the publisher got "
+          f"{progress[-1] - progress[0]} acks meanwhile, and some during {moved} of {len(progress) - 1} examples")
     assert total >= EXAMPLES
-    # The good client's acks keep flowing while the fuzzer runs: counted in fuzz examples, not seconds (a
-    # loaded machine stretches both alike), its ack count moves on in all but a few windows of 100 examples.
-    windows = progress[::100]
-    stalled = sum(1 for a, b in zip(windows, windows[1:]) if b == a)
-    assert len(acked_during) > 100 and stalled <= len(windows) // 20, (stalled, len(windows))
+    # Every malformed connection had another connection's request answered while it was open.
+    assert broken > 0 and counts["answered_while_open"] == broken, counts
+    # The publisher was served throughout, not only before the fuzzer started or after it stopped: its ack
+    # count moved on within every tenth of the fuzz examples (a count of examples, not of seconds).
+    tenths = progress[:: max(1, (len(progress) - 1) // 10)]
+    assert all(b > a for a, b in zip(tenths, tenths[1:])), tenths
     # The service is still alive, still the same process, and still answers.
     assert receiver.running
     assert ctl.health()["status"] == "ok"

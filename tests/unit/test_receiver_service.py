@@ -168,8 +168,8 @@ def test_unreachable_receiver_raises_after_the_timeout() -> None:
     c.send_effect("t", 1, 0, "d")  # does not raise: the effect stays pending
     t0 = time.monotonic()
     with pytest.raises(ReceiverUnavailable):
-        c.wait_ack(1, timeout=0.5)
-    assert 0.4 < time.monotonic() - t0 < 3
+        c.wait_ack(1, timeout=0.5)  # it raises (a hang would be caught by the test's timeout) ...
+    assert time.monotonic() - t0 > 0.4  # ... and not before its timeout: a bound a loaded machine cannot break
     assert c.pending == [("t", 1)]
 
 
