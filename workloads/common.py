@@ -288,6 +288,15 @@ class BaseWorkload:
         self.p = params
         self.committed = 0  # the last effect id whose commit marker is durable
 
+    def start_device(self) -> None:
+        """Create the CUDA context now, with a one-element allocation, and mark ``cuda_init`` on the start-up
+        clock (``rt.mark_startup``), so a cold start tells CUDA's initialisation from the model build; on
+        NumPy only the mark. Call it first in ``setup``."""
+        if is_device(self.xp):
+            self.xp.zeros(1)
+            synchronize(self.xp)
+        self.rt.mark_startup("cuda_init")
+
     def simulate_work(self) -> None:
         """Stand in for ``work_ms`` of device work."""
         if self.p["work_ms"]:

@@ -266,10 +266,12 @@ class InferenceWorker(RecordedWorkload):
             import torch
 
             torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls stay float32 (the default, made sure)
+        self.start_device()
         self.model = TinyDecoder(self.xp, self.p)
         self.engine = Engine(self.p)
         self.queue = make_cursor(self.p["queue"], self.rt.workdir / "requests.offset")
         synchronize(self.xp)
+        self.rt.mark_startup("model_build")
         self.pointers_initial = self.pointers()
 
     def pointers(self) -> dict[str, int]:

@@ -11,12 +11,14 @@ import sys
 
 from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
-from cutbench.workloads.runtime import Runtime, TrackedReceiver, WorkloadConfig, format_exception, write_log
+from cutbench.workloads.runtime import (Runtime, TrackedReceiver, WorkloadConfig, format_exception, since_exec,
+                                        write_log)
 from cutbench.workloads.xp import ArrayBackendUnavailable, get_xp, is_device
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the workload described by the config file; return the exit code."""
+    imported = since_exec()  # interpreter start and the imports above
     args = sys.argv[1:] if argv is None else argv
     resume = None
     if len(args) == 3 and args[1] == "--resume":
@@ -38,21 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         write_log(config.log_path, control.get("incarnation"), f"failed: {exc}")
         return 1
     rt = Runtime(config=config, control=control, xp=xp, phases=tuple(cls.phases))
+    rt.startup["imports"] = round(imported, 6)
+    rt.mark_startup("array_library")
     control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:
             rt.receiver = TrackedReceiver(config.receiver, control, token=config.receiver_token)
         workload = cls(rt, config.params)
         workload.setup()
+        rt.mark_startup("setup")
         first = 1
         if resume is not None:
             first = int(workload.load_state(resume)) + 1
+            rt.mark_startup("load_state")
             control.set("load_count", control.get("load_count") + 1)
         else:
             control.set("fresh_starts", control.get("fresh_starts") + 1)
         rt.log(f"start {cls.name} ops={config.params.get('ops')} first={first}")
         for op in range(first, int(config.params["ops"]) + 1):
             workload.run_op(op)
+            if op == first:
+                rt.mark_startup("first_op")  # the first op done: warm-up (lazy loading, compiles) included
             rt.boundary(op, workload)
         finish = getattr(workload, "finish", None)
         if callable(finish):  # stop background device work before the report

@@ -198,8 +198,10 @@ class MDSimulation(RecordedWorkload):
 
     def setup(self) -> None:
         """Build the fluid on the device and its first neighbour list."""
+        self.start_device()
         self.sim = LJSystem(self.xp, self.p)
         synchronize(self.xp)
+        self.rt.mark_startup("model_build")
         self.pointers_initial = {"neighbours": pointer(self.sim.nb), "list_origin": pointer(self.sim.x_built)}
 
     def run_op(self, op: int) -> None:

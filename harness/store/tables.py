@@ -75,6 +75,9 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "harness_action": rec.facts.get("harness_action", ""),
         # Figures a workload reports beside its state (a probe's bandwidth, sizes), as JSON.
         "measures": json.dumps((rec.report or {}).get("measures") or {}, sort_keys=True) if (rec.report or {}).get("measures") else "",
+        # The cold start of the process that wrote the report, seconds since its exec by step (JSON; see
+        # workloads/runtime.py ``mark_startup``): a restart's or an app restore's own start, a CRIU restore's original.
+        "startup": json.dumps((rec.report or {}).get("startup") or {}, sort_keys=True) if (rec.report or {}).get("startup") else "",
     }
     for kind, n in verdict.counts().items():
         row[kind] = n

@@ -104,10 +104,13 @@ def test_sessions_finish_at_different_steps_and_new_ones_are_admitted_mid_genera
 
 
 class _Rt:
-    """Just what save_state/load_state read of the runtime: the array module and the trial directory."""
+    """Just what setup, save_state and load_state use of the runtime: the array module, the trial directory, the start-up clock."""
 
     def __init__(self, workdir):
-        self.xp, self.workdir = np, workdir
+        self.xp, self.workdir, self.startup = np, workdir, {}
+
+    def mark_startup(self, step):
+        self.startup[step] = 0.0
 
 
 def _worker(tmp_path, **kw):
