@@ -55,3 +55,9 @@ def test_only_a_system_level_restore_or_a_whole_engine_save_continues_the_sessio
     assert outcome[("weights", "app")] == "invalid", show
     restart = trials[trials["backend"] == "restart"]
     assert (restart["outcome"] == "invalid").all() and (restart["restarted"] > 0).all(), show
+    # Every process's cold start is on one clock, its steps in order; an app restore's includes loading its state.
+    for t in trials.itertuples():
+        clock = json.loads(t.startup)
+        steps = ["imports", "array_library", "cuda_init", "model_build", "setup"]
+        steps += ["load_state"] * (t.backend == "app") + ["first_op"]
+        assert [clock[s] for s in steps] == sorted(clock[s] for s in steps) and clock["imports"] > 0, (t.backend, clock)
