@@ -39,6 +39,7 @@ BUILTIN: dict[str, str] = {
     "ranks": "cutbench.workloads.ranks:Ranks",
     # Real applications in miniature (floating point: recorded ground truth).
     "md_simulation": "cutbench.workloads.md_simulation:MDSimulation",
+    "torch_training": "cutbench.workloads.torch_training:TorchTraining",
     "inference_worker": "cutbench.workloads.inference_worker:InferenceWorker",
     # Sensitivity suite (workloads/variants.py): known-bad variants and their correct twins.
     "outbox": "cutbench.workloads.variants:Outbox",
@@ -150,7 +151,7 @@ class WorkloadError(ValueError):
 GROUND_TRUTHS: tuple[str, ...] = ("model", "recorded")
 
 
-def records_reference(cls: type) -> bool:
+def records_reference(cls: type[Workload]) -> bool:
     """Whether ``cls``'s ground truth is recorded from uninterrupted runs (``ground_truth = "recorded"``)
     rather than computed by its ``reference`` classmethod."""
     return getattr(cls, "ground_truth", "model") == "recorded"
@@ -310,7 +311,7 @@ def available() -> dict[str, str]:
     return WORKLOADS.available()
 
 
-def load(name: str) -> type:
+def load(name: str) -> type[Workload]:
     """The workload class for a registered ``name`` or an import path ``"mod:Class"``.
 
     Raises :class:`WorkloadError` naming the allowed workloads when not found.
@@ -343,7 +344,7 @@ def load(name: str) -> type:
     return cls
 
 
-def resolve_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+def resolve_params(cls: type[Workload], params: dict[str, Any]) -> dict[str, Any]:
     """``cls.defaults`` updated with ``params``, type-checked; unknown keys are errors."""
     out = dict(cls.defaults)
     for key, value in params.items():
@@ -370,13 +371,13 @@ def resolve_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def declared_domains(cls: type, params: dict[str, Any]) -> frozenset[str]:
+def declared_domains(cls: type[Workload], params: dict[str, Any]) -> frozenset[str]:
     """The state domains ``cls`` uses with ``params``: ``cls.domains`` plus what ``domains_for`` adds."""
     extra = getattr(cls, "domains_for", None)
     return frozenset(cls.domains) | (frozenset(extra(params)) if callable(extra) else frozenset())
 
 
-def declared_features(cls: type, params: dict[str, Any] | None = None, array: str | None = None) -> frozenset[str]:
+def declared_features(cls: type[Workload], params: dict[str, Any] | None = None, array: str | None = None) -> frozenset[str]:
     """The features ``cls`` uses with ``params`` on array backend ``array``: ``features_for(params, array)``
     where the class has it (a probe whose buffer is device or host memory by array), else ``features``."""
     pick = getattr(cls, "features_for", None)
@@ -385,12 +386,12 @@ def declared_features(cls: type, params: dict[str, Any] | None = None, array: st
     return frozenset(getattr(cls, "features", frozenset()))
 
 
-def declared_arrays(cls: type) -> tuple[str, ...]:
+def declared_arrays(cls: type[Workload]) -> tuple[str, ...]:
     """The array backends ``cls`` runs on: its ``arrays``, or :data:`ARRAYS` when it declares none."""
     return tuple(getattr(cls, "arrays", ARRAYS))
 
 
-def resolve_array(cls: type, array: str) -> str:
+def resolve_array(cls: type[Workload], array: str) -> str:
     """The backend ``cls`` runs on when the scenario asks for ``array``.
 
     Any name but "auto" is returned as it is. "auto" never loads PyTorch for a
@@ -418,7 +419,7 @@ _INSTALL = {
 }
 
 
-def unavailable_reason(cls: type, array: str) -> str | None:
+def unavailable_reason(cls: type[Workload], array: str) -> str | None:
     """Why ``cls`` cannot run here on array backend ``array`` (with the fix), or None when it can.
 
     ``array`` is a scenario's ``workload.array`` ("auto" is resolved by
