@@ -37,6 +37,23 @@ mean and its ratio to the fewest jobs. Writes ``cuts_per_hour.csv`` (every
 trial), ``cuts_per_hour.json`` (every configuration), ``stages.csv`` (jobs,
 cuts_per_trial, stage, mean_s, …) and the run directories under ``--out/runs/``.
 
+Where the CPU goes (``docs/cpu-accounting.md``): every stage row of the
+run's timeline carries the CPU-seconds of each process role (workload, CUDA
+driver threads, CRIU, other tools, receiver, harness), page faults and bytes
+written, read at the stage's start and end. Per configuration it prints
+CPU-seconds per cut by stage and by role — over every cut of the finished
+trials, with the host's busy CPU-seconds per cut beside them, so the share
+the accounting explains shows — and faults and bytes per cut; ``cpu.csv``
+holds the per-stage figures. ``--bandwidth FILE`` (the JSON of
+``benchmarks/bandwidth_reference.py``) adds the cut's cost against what its
+bytes need on this host: per cut, the image bytes (each dump stage's
+``bytes``: ``criu_dump``, a container checkpoint, ``app_save``) written to
+tmpfs and, where the cut was restored, read back; the device bytes
+(``cuda_discover``'s ``bytes``) copied to the host and, where CUDA restored
+them, back. The tool stages' CPU-seconds and wall seconds per cut are
+divided by the CPU-seconds and seconds those copies take at the reference's
+rates (tmpfs write/read, D2H/H2D pageable).
+
 ``--trials-per-job T`` sizes each run at T × N trials (each worker runs
 about T; ``--min-trials M`` gives the fewest jobs at least M);
 ``--max-seconds S`` stops a configuration S seconds in, as Ctrl-C does (the
@@ -47,6 +64,7 @@ N trials of the ballast and a CUDA context must fit in its memory.
 
     python benchmarks/cuts_per_hour.py --out results/cuts-per-hour --jobs 1 4 8 16 --cuts-per-trial 1 4 --trials-per-job 2 --min-trials 6
     python benchmarks/cuts_per_hour.py --out /tmp/cph --backend criu --array numpy --ballast-mib 0 --jobs 1 2 --cuts-per-trial 1 3 --trials-per-job 2
+    python benchmarks/bandwidth_reference.py --out /tmp/bw.json && python benchmarks/cuts_per_hour.py --out /tmp/cph --jobs 1 16 --bandwidth /tmp/bw.json
 """
 
 from __future__ import annotations
@@ -66,6 +84,7 @@ import pandas as pd  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
 from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
+from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES  # noqa: E402
 from cutbench.harness.reports.plots import HARNESS_STAGES  # noqa: E402
 
 TOOL_PREFIXES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "split_window", "criu_", "fault_",
@@ -76,6 +95,15 @@ UNTIMED = "(untimed)"
 CONTEXT_MIB = 512
 SOURCES = ("random", "periodic")
 OPS = 4  # the counter's ops (more when a periodic plan needs them)
+# Per-cut figures of the stage table beside CPU-seconds: faults and bytes (docs/cpu-accounting.md).
+COUNTS = ("minflt", "majflt", "write_bytes", "wchar_bytes")
+# Stages whose ``bytes`` is the cut's image, and those that read it back; ``cuda_discover``'s is the device state.
+DUMP_STAGES = ("criu_dump", "docker_checkpoint", "podman_checkpoint", "app_save")
+RESTORE_STAGES = ("criu_restore", "docker_restore", "podman_restore", "app_restore")
+GPU_BYTES_STAGE, GPU_RESTORE_STAGE = "cuda_discover", "cuda_restore"
+# What each kind of byte costs, as benchmarks/bandwidth_reference.py names its measurements.
+TRANSFERS = {"image_bytes": "tmpfs_write", "restored_bytes": "tmpfs_read", "gpu_bytes": "d2h_pageable",
+             "gpu_restored_bytes": "h2d_pageable"}
 
 
 def classify(stage: str) -> str:
@@ -256,15 +284,15 @@ def host_cpu() -> tuple[int, int] | None:
 
 
 def host_load(before: tuple[int, int] | None, after: tuple[int, int] | None, cuts: int) -> dict[str, Any]:
-    """The host's CPU between two :func:`host_cpu` readings: ``cpu_busy_fraction`` of all its CPUs, the busy
-    ``cpu_s_per_cut`` per valid cut, and ``cpu_bound_cuts_per_hour``, what every CPU kept busy at that cost would
+    """The host's CPU between two :func:`host_cpu` readings: ``cpu_busy_fraction`` of all its CPUs, its busy
+    seconds ``cpu_busy_s``, the busy ``cpu_s_per_cut`` per valid cut, and ``cpu_bound_cuts_per_hour``, what every CPU kept busy at that cost would
     give (the host's ceiling for this configuration's work); empty when either reading is missing."""
     if before is None or after is None or after[1] <= before[1]:
         return {}
     busy, total = after[0] - before[0], after[1] - before[1]
     cpus = os.cpu_count() or 1
     busy_s = busy / os.sysconf("SC_CLK_TCK")
-    out: dict[str, Any] = {"cpus": cpus, "cpu_busy_fraction": busy / total}
+    out: dict[str, Any] = {"cpus": cpus, "cpu_busy_fraction": busy / total, "cpu_busy_s": busy_s}
     if cuts:
         out["cpu_s_per_cut"] = busy_s / cuts
         out["cpu_bound_cuts_per_hour"] = 3600.0 * cpus / out["cpu_s_per_cut"]
@@ -281,6 +309,103 @@ def steady_rate(finishes: list[tuple[int, str, float]], cuts_of: dict[str, int],
     t0, rest = ordered[jobs - 1][2], ordered[jobs:]
     span = rest[-1][2] - t0
     return 3600.0 * sum(cuts_of.get(tid, 0) for _, tid, _ in rest) / span if span > 0 else None
+
+
+def cpu_by_stage(timeline: pd.DataFrame, per_trial: pd.DataFrame) -> pd.DataFrame:
+    """Per stage of the trials in ``per_trial`` (``trial_id``, ``n_cuts``), per cut of those trials: ``wall_s``,
+    every CPU column (``cpu_s``, ``cpu_<role>_s``, …) and the faults and bytes; NaN where the timeline has no
+    such column (a run stored before CPU accounting). Events are left out."""
+    tl = timeline[timeline["trial_id"].isin(per_trial["trial_id"])]
+    if "result" in tl:
+        tl = tl[tl["result"] != "event"]
+    tl = tl.reindex(columns=["stage", "duration_s", *CPU_COLUMNS])
+    numbers = tl.columns.drop("stage")
+    tl[numbers] = tl[numbers].apply(pd.to_numeric, errors="coerce")  # a column no stage filled is all None
+    cuts = max(int(per_trial["n_cuts"].sum()), 1) if "n_cuts" in per_trial else max(len(per_trial), 1)
+    sums = tl.groupby("stage", sort=False).sum(min_count=1).rename(columns={"duration_s": "wall_s"})
+    return (sums / cuts).reset_index()
+
+
+def cpu_by_role(stages: pd.DataFrame) -> dict[str, float]:
+    """CPU-seconds per cut of each role (``workload``, ``cuda_threads``, …) and ``total``, summed over the stages of
+    :func:`cpu_by_stage`; with the faults and bytes per cut under their own names."""
+    out = {role: float(stages[f"cpu_{role}_s"].sum(min_count=1)) for role in CPU_ROLES}
+    out["total"] = float(stages["cpu_s"].sum(min_count=1))
+    out.update({k: float(stages[k].sum(min_count=1)) for k in COUNTS})
+    return out
+
+
+def cut_bytes(timeline: pd.DataFrame, per_trial: pd.DataFrame) -> dict[str, float]:
+    """Bytes per cut of the trials in ``per_trial``, by kind (the keys of :data:`TRANSFERS`).
+
+    ``image_bytes``: the ``bytes`` of every dump stage (:data:`DUMP_STAGES`)
+    that ended ok; ``restored_bytes``: those of the cuts whose image a restore
+    stage (:data:`RESTORE_STAGES`) read back; ``gpu_bytes``: ``cuda_discover``'s
+    (the device state the checkpoint copies to the host); ``gpu_restored_bytes``:
+    those of the cuts with a ``cuda_restore`` that ended ok.
+    """
+    tl = timeline[timeline["trial_id"].isin(per_trial["trial_id"])]
+    ok = tl[tl["result"] == "ok"] if "result" in tl else tl
+    cuts = max(int(per_trial["n_cuts"].sum()), 1) if "n_cuts" in per_trial else max(len(per_trial), 1)
+
+    def per_cut(stage_names: tuple[str, ...]) -> pd.Series:
+        rows = ok[ok["stage"].isin(stage_names)]
+        return pd.to_numeric(rows["bytes"], errors="coerce").groupby([rows["trial_id"], rows["cut_index"]]).sum()
+
+    def restored(sizes: pd.Series, stage_names: tuple[str, ...]) -> float:
+        back = ok[ok["stage"].isin(stage_names)].set_index(["trial_id", "cut_index"]).index.unique()
+        return float(sizes[sizes.index.isin(back)].sum())
+
+    image, gpu = per_cut(DUMP_STAGES), per_cut((GPU_BYTES_STAGE,))
+    totals = {"image_bytes": float(image.sum()), "restored_bytes": restored(image, RESTORE_STAGES),
+              "gpu_bytes": float(gpu.sum()), "gpu_restored_bytes": restored(gpu, (GPU_RESTORE_STAGE,))}
+    return {k: v / cuts for k, v in totals.items()}
+
+
+def load_bandwidth(path: str | Path) -> dict[str, Any]:
+    """The JSON ``benchmarks/bandwidth_reference.py --out`` wrote; :class:`InvalidArgument` naming the file when
+    it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"--bandwidth {path}: not a readable bandwidth reference ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        raise InvalidArgument(f"--bandwidth {path}: not a bandwidth reference (no 'results'; write one with "
+                              "benchmarks/bandwidth_reference.py --out FILE)")
+    return data
+
+
+def bytes_need(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str, Any]:
+    """What the bytes of one cut (:func:`cut_bytes`) need at the reference's rates: ``cpu_s`` and ``wall_s`` (NaN
+    when bytes of some kind have no measurement to price them: a reference made without a GPU), and ``missing``,
+    the measurements that were wanted and absent."""
+    results = bandwidth["results"]
+    cpu = wall = 0.0
+    missing = []
+    for kind, name in TRANSFERS.items():
+        n = per_cut.get(kind) or 0.0
+        if n <= 0:
+            continue
+        r = results.get(name)
+        if not r or not r.get("gb_s"):
+            missing.append(name)
+            continue
+        cpu += n / (1 << 30) * r["cpu_s_per_gib"]
+        wall += n / (r["gb_s"] * 1e9)
+    nan = float("nan")
+    return {"cpu_s": nan if missing else cpu, "wall_s": nan if missing else wall, "missing": missing}
+
+
+def cost_ratio(stages: pd.DataFrame, per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str, Any]:
+    """The cut's cost against what its bytes need: the tool stages' (:func:`classify`) CPU-seconds and wall seconds
+    per cut, what the bytes need (:func:`bytes_need`), and their ratios ``cpu_ratio`` and ``wall_ratio``."""
+    tool = stages[stages["stage"].map(classify) == "tool"]
+    need = bytes_need(per_cut, bandwidth)
+    cpu, wall = float(tool["cpu_s"].sum(min_count=1)), float(tool["wall_s"].sum(min_count=1))
+    return {"tool_cpu_s": cpu, "tool_wall_s": wall, "need_cpu_s": need["cpu_s"], "need_wall_s": need["wall_s"],
+            "cpu_ratio": cpu / need["cpu_s"] if need["cpu_s"] > 0 else float("nan"),
+            "wall_ratio": wall / need["wall_s"] if need["wall_s"] > 0 else float("nan"),
+            "missing": need["missing"], **per_cut}
 
 
 def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | None) -> dict[str, Any]:
@@ -304,8 +429,9 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
     outcome = run_scenario(parse_scenario(data), out / "runs", progress=progress)
     run_wall = time.monotonic() - t_start
     if not finishes:
-        return {"summary": None, "per_trial": pd.DataFrame(), "stages": pd.DataFrame(), "run": outcome.run.path,
-                "interrupted": not outcome.complete and not state["budget_hit"], "budget_hit": state["budget_hit"]}
+        return {"summary": None, "per_trial": pd.DataFrame(), "stages": pd.DataFrame(), "cpu": pd.DataFrame(),
+                "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
+                "budget_hit": state["budget_hit"]}
     timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
     per_trial = breakdown(trial_walls(finishes, jobs, t_start), timeline)
     span = max(t for _, _, t in finishes) - t_start
@@ -320,7 +446,11 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
         **host_load(cpu_start, state["cpu_end"], summary["valid_cuts"]))
     valid = outcome.trials[outcome.trials["outcome"] == "valid"]
     summary["steady_cuts_per_hour"] = steady_rate(finishes, dict(zip(valid["trial_id"], valid["n_cuts"])), jobs)
-    return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial),
+    cpu = cpu_by_stage(timeline, per_trial)
+    cuts = int(per_trial["n_cuts"].sum())
+    summary.update(cuts=cuts, cpu_per_cut=cpu_by_role(cpu), bytes_per_cut=cut_bytes(timeline, per_trial),
+                   host_busy_s_per_cut=summary["cpu_busy_s"] / cuts if cuts and "cpu_busy_s" in summary else None)
+    return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial), "cpu": cpu,
             "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
             "budget_hit": state["budget_hit"]}
 
@@ -360,6 +490,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="cuda+criu")
     ap.add_argument("--array", default="cupy")
     ap.add_argument("--ballast-mib", type=int, default=1024)
+    ap.add_argument("--bandwidth", default=None, metavar="FILE",
+                    help="a benchmarks/bandwidth_reference.py JSON: print each cut's cost against what its bytes need")
     args = ap.parse_args(argv)
     for j in args.jobs:
         check_jobs("--jobs", j)
@@ -377,6 +509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise InvalidArgument(f"--ballast-mib {args.ballast_mib}: expected 0 or more")
     args.jobs = list(dict.fromkeys(args.jobs))
     args.cuts_per_trial = list(dict.fromkeys(args.cuts_per_trial))
+    args.bandwidth_reference = load_bandwidth(args.bandwidth) if args.bandwidth else None
     return args
 
 
@@ -389,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_ARGUMENTS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    configs, trial_frames, stage_frames = [], [], []
+    configs, trial_frames, stage_frames, cpu_frames = [], [], [], []
     stopped = False
     for k in args.cuts_per_trial:
         for jobs in args.jobs:
@@ -402,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append({"jobs": jobs, "cuts_per_trial": k, **res["summary"]})
                 trial_frames.append(res["per_trial"].assign(jobs=jobs, cuts_per_trial=k))
                 stage_frames.append(res["stages"].assign(jobs=jobs, cuts_per_trial=k))
+                cpu_frames.append(res["cpu"].assign(jobs=jobs, cuts_per_trial=k))
+                if args.bandwidth_reference is not None:
+                    configs[-1]["bandwidth_ratio"] = cost_ratio(res["cpu"], res["summary"]["bytes_per_cut"],
+                                                                args.bandwidth_reference)
             if res["interrupted"]:  # Ctrl-C, not the budget: keep what ran and stop
                 stopped = True
                 break
@@ -418,15 +555,19 @@ def main(argv: list[str] | None = None) -> int:
     lead = ["jobs", "cuts_per_trial"]
     per_trial[lead + [c for c in per_trial.columns if c not in lead]].to_csv(out / "cuts_per_hour.csv", index=False)
     stages[lead + ["stage", "mean_s", "n", "per_trial_s", "ratio", "added_s"]].to_csv(out / "stages.csv", index=False)
+    cpu = pd.concat(cpu_frames, ignore_index=True)
+    cpu[lead + [c for c in cpu.columns if c not in lead]].to_csv(out / "cpu.csv", index=False)
     command = " ".join(["python benchmarks/cuts_per_hour.py", "--out", args.out, "--jobs", *map(str, args.jobs),
                         "--cuts-per-trial", *map(str, args.cuts_per_trial), "--source", args.source,
                         *(["--trials-per-job", str(args.trials_per_job)] if args.trials_per_job
                           else ["--trials", str(args.trials)]),
                         *(["--min-trials", str(args.min_trials)] if args.min_trials > 1 else []),
                         *(["--max-seconds", f"{args.max_seconds:g}"] if args.max_seconds else []),
-                        "--backend", args.backend, "--array", args.array, "--ballast-mib", str(args.ballast_mib)])
+                        "--backend", args.backend, "--array", args.array, "--ballast-mib", str(args.ballast_mib),
+                        *(["--bandwidth", args.bandwidth] if args.bandwidth else [])])
     (out / "cuts_per_hour.json").write_text(json.dumps({"configs": configs, "command": command}, indent=2, default=str))
     print_tables(configs, stages)
+    print_cpu_tables(configs, cpu, args.bandwidth)
     print(command)
     return 0
 
@@ -459,6 +600,60 @@ def print_tables(configs: list[dict[str, Any]], stages: pd.DataFrame) -> None:
                 cols[f"j{j} ×j{base}"] = wide[("ratio", j)]
         print(f"\nstages at {k} cut(s) per trial (mean of one occurrence; ×: ratio to {base} job(s))")
         print(pd.DataFrame(cols).sort_values(f"j{base} mean s", ascending=False).to_markdown(floatfmt=".3f"))
+
+
+def print_cpu_tables(configs: list[dict[str, Any]], cpu: pd.DataFrame, bandwidth: str | None = None) -> None:
+    """Per cuts-per-trial value: CPU-seconds per cut by stage (all roles) beside wall seconds, at every job count;
+    by process role, with the host's busy CPU-seconds per cut and the share the accounting explains; faults and
+    bytes per cut. With a bandwidth reference (``bandwidth``: its path), each configuration's cost against what
+    its bytes need."""
+    by_config = {(c["jobs"], c["cuts_per_trial"]): c for c in configs}
+    for k, group in cpu.groupby("cuts_per_trial", sort=False):
+        jobs = sorted(group["jobs"].unique())
+        cols = {}
+        for j in jobs:
+            mine = group[group["jobs"] == j].set_index("stage")
+            cols[f"j{j} CPU s"] = mine["cpu_s"]
+            cols[f"j{j} wall s"] = mine["wall_s"]
+        table = pd.DataFrame(cols)
+        print(f"\nCPU-seconds per cut at {k} cut(s) per trial, by stage (every process the stage involves; wall "
+              "seconds beside)")
+        print(table.sort_values(f"j{jobs[0]} CPU s", ascending=False).to_markdown(floatfmt=".3f"))
+        rows = []
+        for name in [*CPU_ROLES, "total"]:
+            rows.append({"role": name, **{f"j{j}": by_config[(j, k)]["cpu_per_cut"].get(name) for j in jobs}})
+        rows.append({"role": "host busy (every process)", **{f"j{j}": by_config[(j, k)].get("host_busy_s_per_cut")
+                                                             for j in jobs}})
+        rows.append({"role": "accounted % of host busy", **{f"j{j}": _share(by_config[(j, k)]) for j in jobs}})
+        print(f"\nCPU-seconds per cut at {k} cut(s) per trial, by process role")
+        print(pd.DataFrame(rows).set_index("role").to_markdown(floatfmt=".3f"))
+        rows = [{"per cut": name, **{f"j{j}": by_config[(j, k)]["cpu_per_cut"].get(name) for j in jobs}}
+                for name in COUNTS]
+        rows += [{"per cut": name, **{f"j{j}": by_config[(j, k)]["bytes_per_cut"].get(name) for j in jobs}}
+                 for name in TRANSFERS]
+        print(f"\npage faults and bytes per cut at {k} cut(s) per trial (write_bytes: reached storage; wchar_bytes: "
+              "handed to write(2), tmpfs included; image/gpu bytes: from the stage records)")
+        print(pd.DataFrame(rows).set_index("per cut").to_markdown(floatfmt=",.0f"))
+    ratios = [(c, c["bandwidth_ratio"]) for c in configs if "bandwidth_ratio" in c]
+    if ratios:
+        print(f"\nthe cut's cost against what its bytes need ({bandwidth}): tool stages per cut over the reference's "
+              "tmpfs write/read and D2H/H2D (pageable) of the same bytes")
+        print(pd.DataFrame([{
+            "jobs": c["jobs"], "cuts/trial": c["cuts_per_trial"], "image MB/cut": r["image_bytes"] / 1e6,
+            "GPU MB/cut": r["gpu_bytes"] / 1e6, "tool CPU s/cut": r["tool_cpu_s"], "bytes' CPU s/cut": r["need_cpu_s"],
+            "CPU ×": r["cpu_ratio"], "tool wall s/cut": r["tool_wall_s"], "bytes' wall s/cut": r["need_wall_s"],
+            "wall ×": r["wall_ratio"],
+        } for c, r in ratios]).to_markdown(index=False, floatfmt=[".0f", ".0f", *[".3f"] * 8]))
+        for c, r in ratios:
+            if r["missing"]:
+                print(f"jobs {c['jobs']}, cuts/trial {c['cuts_per_trial']}: the reference lacks {', '.join(r['missing'])} "
+                      "(made without a GPU?): no ratio")
+
+
+def _share(config: dict[str, Any]) -> float | None:
+    """The accounted CPU-seconds per cut as a percentage of the host's busy ones (None where either is missing)."""
+    busy, total = config.get("host_busy_s_per_cut"), config["cpu_per_cut"].get("total")
+    return 100.0 * total / busy if busy and total == total else None
 
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ class Run:
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
-        """One row per stage or event of every trial, seconds since the trial's start (``timeline.parquet``)."""
+        """One row per stage or event of every trial, seconds since the trial's start, with each stage's
+        CPU-seconds by process role, faults and bytes written (``timeline.parquet``; docs/cpu-accounting.md: NaN
+        in a run stored before them)."""
         return self._store.table("timeline")
 
     @cached_property

@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -176,6 +177,9 @@ class Child:
     history: list[int] = field(default_factory=list)  # earlier pids (before restores)
     # The process is the init of a PID namespace of its own (spawn(pid_namespace=True), or its restored copy).
     pid_namespace: bool = False
+    # What ``wait4`` said of the process when this handle reaped it (CPU times and faults, its own reaped
+    # children's included): its last figures, which /proc no longer has. None until then.
+    rusage: Any = field(default=None, repr=False, compare=False)
 
     def output_tail(self) -> str:
         """What the process wrote to stdout and stderr, where something kept it ("": a spawned process's stdio
@@ -187,7 +191,7 @@ class Child:
         if self.returncode is not None:
             return self.returncode
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
             # Not our child (or already reaped elsewhere): alive iff signalable.
             if _alive(self.pid):
@@ -196,7 +200,7 @@ class Child:
             return self.returncode
         if pid == 0:
             return None
-        self.returncode = os.waitstatus_to_exitcode(status)
+        self.returncode, self.rusage = os.waitstatus_to_exitcode(status), usage
         _reaped(self.pid, self.returncode)
         return self.returncode
 
@@ -262,7 +266,7 @@ class Child:
         """Point this handle at a restored process ``pid``."""
         self.history.append(self.pid)
         self.pid = pid
-        self.returncode = None
+        self.returncode = self.rusage = None
 
 
 def kill_namespace_inits(timeout: float = 2.0, *, cwd: str | Path | None = None) -> list[int]:

@@ -293,7 +293,10 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
         bad = r.result in ("failed", "refused")
         failed = failed or bad
         outline = f'stroke="{_FAILED_COLOUR}" stroke-width="2.5"' if bad else 'stroke="#fff"'
-        tip = f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms {r.result} {r.detail or ''} {r.error or ''}".strip()
+        cpu = getattr(r, "cpu_s", None)  # absent from runs stored before CPU accounting, None on an unsampled stage
+        cpu_words = f", {float(cpu) * 1000:.1f} ms CPU" if cpu is not None and cpu == cpu else ""
+        tip = (f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms{cpu_words} {r.result} {r.detail or ''} "
+               f"{r.error or ''}").strip()
         marks.append(f'<rect class="stage{" failed" if bad else ""}" data-stage="{_e(r.stage)}" x="{x:.1f}" y="{y_stage}" '
                      f'width="{w:.1f}" height="{bar_h}" fill="{colour}" {outline}><title>{_e(tip)}</title></rect>')
         if w > _CHAR_PX * len(str(r.stage)) + 6:

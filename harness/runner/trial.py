@@ -29,6 +29,7 @@ import pandas as pd
 from cutbench.errors import HarnessFault
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.checker import oracle
+from cutbench.harness.environment.cpu_account import StageSampler
 from cutbench.harness.environment.engines import RUN_LABEL
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
@@ -333,11 +334,24 @@ class TrialRunner:
         self.phases = tuple(self.cls.phases)
         self.receiver_trial = f"{session.run_id}/{spec.trial_id}"
         self.tdir = session.workdir / spec.trial_id
-        self.timeline = Timeline(spec.trial_id, hwm=self._hwm)
+        self.timeline = Timeline(spec.trial_id, hwm=self._hwm, cpu=StageSampler(self._cpu_processes))
         self.cut_targets: list[Child] = []  # single processes cut instead of the tree (killed at the end)
+        self.child: Child | None = None  # the workload's root, re-pointed at each restored copy
 
     def _hwm(self) -> int | None:
         return self.s.control_client.high_water_mark()
+
+    def _cpu_processes(self) -> dict[str, list[Any]]:
+        """The trial's processes by CPU-accounting role, now: its workload (the root and any process a cut
+        targets, as handles that know when they were reaped) and the run's receiver (docs/cpu-accounting.md)."""
+        out: dict[str, list[Any]] = {"workload": [c for c in (self.child, *self.cut_targets) if c is not None]}
+        try:
+            receiver = getattr(self.s.receiver, "pid", None)  # a worker session's receiver is the driver's, elsewhere
+        except Exception:  # stopped (Unavailable): nothing to read
+            receiver = None
+        if isinstance(receiver, int):
+            out["receiver"] = [receiver]
+        return out
 
     def run(self) -> TrialResult:
         """Spawn, cut, restore, watch, judge. Always returns a :class:`TrialResult`."""
@@ -379,7 +393,8 @@ class TrialRunner:
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):
-                child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)], cwd=str(self.tdir))
+                child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
+                                            cwd=str(self.tdir))
             self._cuts(control, child, backend, seq, state)
             if state.status not in ("unknown", "deadlock") and not state.down:
                 self._run_to_end(control, child, state)

@@ -4,7 +4,8 @@ Layout of ``results/<run-id>/``::
 
     run.toml            resolved scenario, environment, status (complete|partial)
     trials.parquet      one row per trial: arm, plan, status, outcome, finding counts, timings
-    timeline.parquet    one row per stage or event
+    timeline.parquet    one row per stage or event, with its CPU-seconds by process role, faults and bytes
+                        written (docs/cpu-accounting.md; NaN in a run stored before them)
     effects.parquet     every delivery the receiver recorded, with trial_id
     certificates.parquet one row per recovery-cut certificate (pipeline.certify audit/enforce)
     matrix.parquet      the CUDA support matrix (``cutbench matrix``): one row per probe row, tool and fault
@@ -30,6 +31,7 @@ import tomli_w
 
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
+from cutbench.harness.model.timeline import CPU_COLUMNS
 
 TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
@@ -38,6 +40,10 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "trials": ("trial_id", "arm", "outcome", "status", "receiver_mode", "fault"),
     "timeline": ("trial_id", "stage", "t_start", "t_end"),
     "effects": ("trial_id", "op_id", "decision"),
+}
+# Columns added since runs were first stored: a table of an older run reads with them, as NaN.
+LATER_COLUMNS: dict[str, tuple[str, ...]] = {
+    "timeline": CPU_COLUMNS,
 }
 
 
@@ -161,6 +167,9 @@ class RunDir:
         except Exception as exc:  # pyarrow raises several types for a truncated or foreign file
             raise _unreadable(path, exc) from None
         _check_columns(path, name, frame.columns, len(frame))
+        missing = [c for c in LATER_COLUMNS.get(name, ()) if c not in frame.columns]
+        if missing and len(frame):
+            frame = frame.assign(**dict.fromkeys(missing, float("nan")))
         return frame
 
     def check_table(self, name: str) -> None:

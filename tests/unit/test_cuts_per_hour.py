@@ -4,6 +4,7 @@ breakdown, stage stretch and the figures of one configuration (no CRIU)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import replace
 
 import pandas as pd
@@ -178,3 +179,95 @@ def test_host_cpu_reads_this_hosts_counters():
     busy, total = cph.host_cpu()
     later = cph.host_cpu()
     assert 0 <= busy <= total and later[1] >= total
+
+
+def cpu_timeline():
+    """Two trials of one cut each (the second's restore failed) with the stage rows' CPU columns."""
+    cols = ["trial_id", "cut_index", "stage", "result", "duration_s", "bytes", "cpu_s", "cpu_workload_s",
+            "cpu_criu_s", "minflt"]
+    rows = [
+        ("a", 0, "reach_cut", "ok", 1.0, None, 0.8, 0.8, 0.0, 100),
+        ("a", 0, "cuda_discover", "ok", 0.1, 1 << 30, 0.05, 0.0, 0.0, 0),
+        ("a", 0, "criu_dump", "ok", 2.0, 2e9, 1.5, 0.5, 1.0, 4000),
+        ("a", 0, "criu_restore", "ok", 1.0, None, 1.0, 0.5, 0.5, 3000),
+        ("a", 0, "cuda_restore", "ok", 0.5, None, 0.4, 0.4, 0.0, 10),
+        ("a", 0, "note", "event", 0.0, None, None, None, None, None),
+        ("b", 0, "reach_cut", "ok", 1.0, None, 0.8, 0.8, 0.0, 100),
+        ("b", 0, "cuda_discover", "ok", 0.1, 1 << 30, 0.05, 0.0, 0.0, 0),
+        ("b", 0, "criu_dump", "ok", 2.0, 2e9, 1.5, 0.5, 1.0, 4000),
+        ("b", 0, "criu_restore", "failed", 1.0, None, 0.2, 0.0, 0.2, 10),
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
+PER_TRIAL = pd.DataFrame({"trial_id": ["a", "b"], "n_cuts": [1, 1]})
+
+
+def test_cpu_per_cut_is_summed_by_stage_and_by_role_and_absent_columns_are_nan():
+    stages = cph.cpu_by_stage(cpu_timeline(), PER_TRIAL).set_index("stage")
+    assert stages.loc["criu_dump", ["wall_s", "cpu_s", "cpu_criu_s", "minflt"]].tolist() == [2.0, 1.5, 1.0, 4000]
+    assert stages.loc["criu_restore", "cpu_s"] == pytest.approx(0.6)
+    assert "note" not in stages.index  # events are no stage
+    assert stages["cpu_cuda_threads_s"].isna().all()  # not in this table: NaN, not 0
+    roles = cph.cpu_by_role(stages.reset_index())
+    assert roles["total"] == pytest.approx((1.6 + 0.1 + 3.0 + 1.2 + 0.4) / 2)
+    assert (roles["criu"], roles["workload"]) == (pytest.approx(1.35), pytest.approx(1.75))
+    assert roles["minflt"] == pytest.approx(5610)
+    assert pd.isna(roles["cuda_threads"]) and pd.isna(roles["write_bytes"])
+
+
+def test_a_cuts_bytes_are_its_image_and_device_state_read_back_only_where_restored():
+    per_cut = cph.cut_bytes(cpu_timeline(), PER_TRIAL)
+    assert per_cut == {"image_bytes": 2e9, "restored_bytes": 1e9, "gpu_bytes": float(1 << 30),
+                       "gpu_restored_bytes": float(1 << 29)}
+
+
+BANDWIDTH = {"results": {
+    "tmpfs_write": {"gb_s": 2.0, "cpu_s_per_gib": 0.5}, "tmpfs_read": {"gb_s": 4.0, "cpu_s_per_gib": 0.25},
+    "d2h_pageable": {"gb_s": 10.0, "cpu_s_per_gib": 0.1}, "h2d_pageable": {"gb_s": 10.0, "cpu_s_per_gib": 0.1},
+}}
+
+
+def test_the_cost_of_a_cut_is_a_ratio_to_what_its_bytes_need_at_the_reference_rates():
+    per_cut = {"image_bytes": 2e9, "restored_bytes": 1e9, "gpu_bytes": float(1 << 30), "gpu_restored_bytes": 0.0}
+    need = cph.bytes_need(per_cut, BANDWIDTH)
+    gib = 1 << 30
+    assert need["cpu_s"] == pytest.approx(2e9 / gib * 0.5 + 1e9 / gib * 0.25 + 0.1)
+    assert need["wall_s"] == pytest.approx(1.0 + 0.25 + gib / 10e9) and need["missing"] == []
+    stages = cph.cpu_by_stage(cpu_timeline(), PER_TRIAL)
+    ratio = cph.cost_ratio(stages, per_cut, BANDWIDTH)
+    tool = stages[stages["stage"].isin(["criu_dump", "criu_restore", "cuda_restore"])]
+    assert ratio["tool_cpu_s"] == pytest.approx(tool["cpu_s"].sum())
+    assert ratio["cpu_ratio"] == pytest.approx(ratio["tool_cpu_s"] / need["cpu_s"])
+    assert ratio["wall_ratio"] == pytest.approx(tool["wall_s"].sum() / need["wall_s"])
+    # A reference made on a host without a GPU cannot price device bytes: no ratio, and it says which is missing.
+    cpu_only = {"results": {k: v for k, v in BANDWIDTH["results"].items() if k.startswith("tmpfs")}}
+    priced = cph.bytes_need(per_cut, cpu_only)
+    assert pd.isna(priced["cpu_s"]) and priced["missing"] == ["d2h_pageable"]
+    assert pd.isna(cph.cost_ratio(stages, per_cut, cpu_only)["cpu_ratio"])
+
+
+def test_a_bandwidth_file_that_is_not_one_is_named(tmp_path):
+    bad = tmp_path / "bw.json"
+    bad.write_text('{"size_bytes": 1}')
+    with pytest.raises(InvalidArgument, match="no 'results'"):
+        cph.parse_args(["--out", "x", "--bandwidth", str(bad)])
+    with pytest.raises(InvalidArgument, match="not a readable bandwidth reference"):
+        cph.parse_args(["--out", "x", "--bandwidth", str(tmp_path / "absent.json")])
+    bad.write_text(json.dumps(BANDWIDTH))
+    assert cph.parse_args(["--out", "x", "--bandwidth", str(bad)]).bandwidth_reference == BANDWIDTH
+
+
+def test_the_cpu_tables_print_per_stage_role_and_count_and_the_ratio(capsys):
+    stages = cph.cpu_by_stage(cpu_timeline(), PER_TRIAL)
+    per_cut = cph.cut_bytes(cpu_timeline(), PER_TRIAL)
+    configs = [{"jobs": j, "cuts_per_trial": 1, "cpu_per_cut": cph.cpu_by_role(stages), "bytes_per_cut": per_cut,
+                "host_busy_s_per_cut": 8.0, "bandwidth_ratio": cph.cost_ratio(stages, per_cut, BANDWIDTH)}
+               for j in (1, 16)]
+    cpu = pd.concat([stages.assign(jobs=j, cuts_per_trial=1) for j in (1, 16)], ignore_index=True)
+    cph.print_cpu_tables(configs, cpu, "bw.json")
+    out = capsys.readouterr().out
+    assert "by stage" in out and "| criu_dump " in out and "j16 CPU s" in out
+    assert "| criu " in out and "| accounted % of host busy " in out and "39.375" in out  # 3.15 of 8 CPU-s
+    assert "| minflt " in out and "| image_bytes " in out and "2,000,000,000" in out
+    assert "CPU ×" in out and "bw.json" in out

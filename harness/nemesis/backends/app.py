@@ -107,8 +107,9 @@ def start_until(ctx: CutContext, stage: str, argv: list[str], cwd: str, slot: st
     control = ctx.control
     before = control.get(slot)
     deadline = time.monotonic() + ctx.stage_timeout_s
-    with ctx.timeline.stage(stage, ctx.cut_index):
+    with ctx.timeline.stage(stage, ctx.cut_index) as extra:
         child = spawn(argv, cwd=cwd)
+        extra["pid"] = child.pid  # the new workload process: its start-up is this stage's workload CPU
         while control.get(slot) <= before:
             if not child.alive():
                 raise StageFailed(stage, f"the started workload exited ({child.returncode}) before {doing}")

@@ -49,10 +49,16 @@ def criu_error_tail(log: Path, limit: int = 6) -> str:
 
 
 def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run CRIU with ``args``; a timeout becomes a CompletedProcess with returncode -9."""
+    """Run CRIU with ``args``; a timeout becomes a CompletedProcess with returncode -9.
+
+    CRIU's CPU-seconds, faults and bytes written (its helpers' included) are
+    credited to the calling trial's stage as role ``criu`` (``cpu_account.run_measured``).
+    """
+    from cutbench.harness.environment.cpu_account import run_measured
+
     argv = list(_criu_argv()) + args
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return run_measured(argv, role="criu", timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(argv, -9, exc.stdout or "", hung_reason(f"criu {args[0] if args else ''}".strip(), timeout))
 
@@ -125,15 +131,19 @@ class CriuCheckpointer:
                 tcp, "--network-lock", NETWORK_LOCK, *self.extra_args]
         if ctx.facts.get("shell_job"):
             args.append("--shell-job")
-        with ctx.timeline.stage("criu_restore", ctx.cut_index):
+        with ctx.timeline.stage("criu_restore", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
             if proc.returncode != 0:
                 raise restore_failure("criu_restore", f"criu restore exit {proc.returncode}: "
                                                       f"{_words(proc, images / 'restore.log')}", ctx)
             try:
-                return int(pidfile.read_text().strip())
+                pid = int(pidfile.read_text().strip())
             except (OSError, ValueError) as exc:
                 raise StageFailed("criu_restore", f"no pid file after restore: {exc}") from exc
+            # The restored tree is a new process (a new host pid in a PID namespace of its own): what it spent
+            # being restored (CRIU's restorer runs in it) counts in this stage, as the workload's.
+            extra["pid"] = pid
+            return pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
         """Nothing to undo: ``dump --leave-running`` already resumed the tree."""

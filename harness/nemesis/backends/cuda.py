@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cutbench.harness.environment import gpu_mem, gpu_probe
+from cutbench.harness.environment.cpu_account import helper_thread
 from cutbench.harness.nemesis import quiesce
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.errors import HarnessFault, StageFailed, StageRefused, hung_reason
@@ -634,10 +635,13 @@ def _bounded(fn: Callable[[], Any], timeout_s: float) -> Any:
     trial, and the run, for good; the thread is left to the driver (a daemon: it ends with the process).
     """
     box: dict[str, Any] = {}
+    owner = threading.get_ident()
 
     def call() -> None:
         try:
-            box["value"] = fn()
+            # The call's CPU (and any tool it runs) is the calling trial's: credited to its thread's stage.
+            with helper_thread(owner):
+                box["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread as it is
             box["error"] = exc
 

@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 
 from cutbench.errors import hung_reason
+from cutbench.harness.environment.cpu_account import run_measured
 from cutbench.harness.nemesis.backends.cuda import RESULTS, STATES, CudaCallError, CudaCheckpointer, DriverApi
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 
@@ -34,7 +35,9 @@ class UtilityDriver:
     def _run(self, call: str, pid: int, *args: str) -> str:
         argv = [self.exe, *args, "--pid", str(pid)]
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            # Its CPU is credited to the trial's stage as role ``tool`` (the driver's work it asks for runs in the
+            # workload's CUDA threads).
+            p = run_measured(argv, role="tool", timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
             raise CudaCallError(call, pid, -1, "", hung_reason(f"{TOOL} --{call}", CALL_TIMEOUT_S)) from exc
         except OSError as exc:

@@ -72,7 +72,8 @@ class RestartCheckpointer:
         deadline = time.monotonic() + ctx.stage_timeout_s
         # The slots still hold where the crashed process got to: only progress since is the new one's.
         stale = control.get("progress_count")
-        with ctx.timeline.stage("restart_catch_up", ctx.cut_index):
+        with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
+            extra["pid"] = child.pid  # not yet the trial's workload: its recomputation is this stage's CPU
             while target is not None:
                 moved = control.get("progress_count") != stale
                 if moved and control.position(len(phases)) >= target:
