@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres chromium containers demo test clean
+.PHONY: venv criu postgres chromium containers demo lint test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,12 @@ demo: criu
 	@echo "demo done: the invalid recoveries above are what it is meant to show (a restore that repeats effects an"
 	@echo "at_least_once receiver already applied). Open results/latest/report.html; cutbench replay reruns any trial."
 
-test: criu postgres chromium containers
+# ruff and mypy, configured in pyproject.toml; first in `make test`, so a lint error fails before the suite runs.
+lint: venv
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy
+
+test: lint criu postgres chromium containers
 	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 $(BIN)/pytest -q -ra
 
 clean:

@@ -199,7 +199,7 @@ class Ledger:
         for o in ops:
             keep = []
             for p_seq, p_epoch in st.prepared.get(o, ()):
-                if op is not None or p_epoch >= from_epoch:
+                if op is not None or p_epoch >= from_epoch:  # type: ignore[operator]  # validate(): one of the two is set
                     aborted.append(p_seq)
                     ch.decisions.append(("aborted", seq, p_seq))
                 else:

@@ -90,7 +90,7 @@ class ReceiverHandle:
 
     def _signal(self, sig: int) -> None:
         try:
-            os.killpg(self._proc.pid, sig)  # the server leads its own session and group
+            os.killpg(self.pid, sig)  # the server leads its own session and group
         except ProcessLookupError:
             pass
 

@@ -98,7 +98,8 @@ class _Connection(asyncio.Protocol):
         if self.decoder.broken is not None:
             err = self.decoder.broken
             self.send(P.error_reply(err.code, err.message + "; closing connection"))
-            self.transport.close()  # flushes the error reply first
+            if self.transport is not None:  # set by connection_made, before any data
+                self.transport.close()  # flushes the error reply first
 
     def pause_writing(self) -> None:
         # The peer does not read its replies: stop reading its requests until it does.

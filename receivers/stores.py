@@ -216,7 +216,8 @@ class SqlStore:
             cur.close()
 
     def export_rows(self, trial: str | None = None, after_seq: int = 0, limit: int | None = None) -> list[tuple]:
-        sql, params = _SELECT_ROWS, [after_seq]
+        sql = _SELECT_ROWS
+        params: list[Any] = [after_seq]
         if trial is not None:
             sql += " AND d.trial = ?"
             params.append(trial)
@@ -298,7 +299,7 @@ class PostgresStore(SqlStore):
                 time.sleep(0.1)
         with conn.cursor() as cur:
             cur.execute("SHOW synchronous_commit")
-            (sync,) = cur.fetchone()
+            (sync,) = cur.fetchone()  # type: ignore[misc]  # SHOW always returns its one row
         conn.commit()
         if sync == "off":
             raise Unavailable("PostgreSQL store: synchronous_commit=off would ack before fsync")

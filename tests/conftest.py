@@ -2,8 +2,11 @@
 
 - Tests live by tier: ``tests/unit`` (no CRIU, no GPU), ``tests/criu`` (real
   CRIU dumps and restores), ``tests/gpu`` (an NVIDIA GPU), with shared
-  fixtures in ``tests/fixtures``. The tier folder adds its marker to every
-  test in it, so ``-m criu`` and ``-m gpu`` select the same tests as the folders.
+  fixtures and helpers in ``tests/fixtures``. The fixtures come from the
+  modules named in ``pytest_plugins`` below; plain helpers and constants are
+  imported from ``tests/fixtures``; a test module never imports another test
+  module. The tier folder adds its marker to every test in it, so ``-m criu``
+  and ``-m gpu`` select the same tests as the folders.
 - ``gpu`` tests skip, with the reason, where no usable GPU and driver
   checkpoint API exist (CI has none).
 - ``criu`` tests never skip: the ``criu`` fixture raises when CRIU cannot be
@@ -20,8 +23,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The plugin tests (unit and criu tiers) drive pytest itself.
-pytest_plugins = ["pytester"]
+# The shared fixtures reach every tier through pytest itself, never through an
+# import into a test module: an imported fixture is registered again in each
+# module that imports it, so a session fixture (a CRIU run, a PostgreSQL
+# cluster, a dockerd) would be made once per module. `pytester`: the plugin
+# tests (unit and criu tiers) drive pytest itself.
+pytest_plugins = [
+    "pytester",
+    "tests.fixtures.container_fixtures",
+    "tests.fixtures.doc_examples",
+    "tests.fixtures.receiver_fixtures",
+    "tests.fixtures.run_fixtures",
+    "tests.fixtures.workload_cases",
+]
 
 
 @functools.lru_cache(maxsize=1)

@@ -338,7 +338,7 @@ def load(name: str) -> type[Workload]:
     truth = getattr(cls, "ground_truth", "model")
     if truth not in GROUND_TRUTHS:
         raise WorkloadError(f"workload {target!r}: ground_truth = {truth!r}; allowed {', '.join(GROUND_TRUTHS)}")
-    features = getattr(cls, "features", frozenset())
+    features: frozenset[str] = getattr(cls, "features", frozenset())
     if isinstance(features, str) or not all(isinstance(f, str) and f for f in features):
         raise WorkloadError(f"workload {target!r}: features = {features!r}; must be a set of feature names")
     return cls

@@ -251,6 +251,7 @@ class BaseWorkload:
     ``param_domains``, and implements ``setup``, ``run_op``, ``reference``.
     """
 
+    name: ClassVar[str]  # set by each subclass
     domains: ClassVar[frozenset[str]] = frozenset({"cpu", "receiver"})
     COMMON_DEFAULTS: ClassVar[dict[str, Any]] = {
         "ops": 8,

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         rt.mark_startup("setup")
         first = 1
         if resume is not None:
-            first = int(workload.load_state(resume)) + 1
+            # An optional member of the protocol: the app backend resumes only workloads that have it.
+            first = int(workload.load_state(resume)) + 1  # type: ignore[attr-defined]
             rt.mark_startup("load_state")
             control.set("load_count", control.get("load_count") + 1)
         else:

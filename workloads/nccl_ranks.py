@@ -42,7 +42,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from cutbench.workloads.common import MASK, BaseWorkload
 from cutbench.workloads.counter import apply_op, initial_state
@@ -135,7 +135,7 @@ def op_digest(op: int, reduced_host: list[int]) -> str:
     return hashlib.blake2b(f"{op}:{reduced_host}".encode(), digest_size=16).hexdigest()
 
 
-def final_digest(rank_sums: list[tuple[int, int]]) -> str:
+def final_digest(rank_sums: Sequence[tuple[int, ...]]) -> str:
     """The checksum of the job: a hash of every rank's final state sums."""
     return hashlib.blake2b(f"final:{rank_sums}".encode(), digest_size=16).hexdigest()
 

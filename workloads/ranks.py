@@ -254,14 +254,16 @@ class Ring:
             self._drop_right()
 
     def _drop_left(self) -> None:
-        self.left = _closed(self.left)
+        _closed(self.left)
+        self.left = None
 
     def _drop_right(self) -> None:
-        self.right, self.right_ready = _closed(self.right), False
+        _closed(self.right)
+        self.right, self.right_ready = None, False
 
 
 def _closed(sock: socket.socket | None) -> None:
-    """Close ``sock`` if there is one; return None (the link's new value)."""
+    """Close ``sock`` if there is one."""
     if sock is not None:
         sock.close()
 
@@ -438,6 +440,7 @@ class Ranks(BaseWorkload):
         rt, xp = self.rt, self.xp
         if self.ring is None:
             self._start_ranks()
+        assert self.ring is not None  # _start_ranks made it
         g = contribution(xp, self.x, self.p["seed"], 0, op)
         rt.point(op, "admit")
         total = allreduce(xp, self.ring, op, g)

@@ -407,7 +407,7 @@ def resolve_packages(apt_cache_output: str) -> list[str]:
 @contextmanager
 def _apt_session(
     suite: str, mirror: str | None, keyring: str | None, etc_apt: Path, *, sources: bool = False
-) -> Iterator[list[str]]:
+) -> Iterator[tuple[list[str], str]]:
     """Yield (apt options, "MIRROR SUITE") of a private apt state listing ``suite`` of the mirror, already updated.
 
     With ``sources`` the state also lists the suite's source packages
@@ -520,7 +520,7 @@ def _unpack_deb_python(deb: Path, dest: Path) -> None:
         raise Unavailable(f"{deb}: {name} needs dpkg-deb (install dpkg) to unpack")
     import io
 
-    with tarfile.open(fileobj=io.BytesIO(data), mode=mode) as tar:
+    with tarfile.open(fileobj=io.BytesIO(data), mode=mode) as tar:  # type: ignore[call-overload]  # a read mode above
         # The "tar" filter keeps symlinks but refuses paths that escape dest.
         tar.extractall(dest, filter="tar") if hasattr(tarfile, "tar_filter") else tar.extractall(dest)
 
@@ -604,8 +604,8 @@ def _install_criu(prefix: Path, *, from_dir: Path | None, suite: str, force: boo
 
 def _install_locked(prefix: Path, *, from_dir: Path | None, suite: str, mirror: str | None) -> CriuInstall:
     """The unpack-check-replace part of :func:`install`, run under the prefix lock."""
-    with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp_name:
+        tmp = Path(tmp_name)
         if from_dir is not None:
             debs = sorted(Path(from_dir).glob("*.deb"))
             if not any(d.name.startswith(PACKAGE + "_") for d in debs):
@@ -730,6 +730,7 @@ def plugin_unavailable_reason(prefix: Path | None = None) -> str | None:
     if missing:
         return f"{missing[0]}. Fix: {missing[1]}"
     found = plugin_dir(prefix)
+    assert found is not None  # plugin_missing found it
     if shutil.which("cuda-checkpoint") is None:
         return f"the CRIU CUDA plugin ({found / PLUGIN}) needs NVIDIA's cuda-checkpoint utility on PATH"
     return None
@@ -946,8 +947,8 @@ def install_cuda_plugin(
         if not force and _plugin_current(dest, criu):  # another process may have built it while we waited
             return dest / PLUGIN
         t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp:
-            tmp = Path(tmp)
+        with tempfile.TemporaryDirectory(prefix=".staging-", dir=prefix) as tmp_name:
+            tmp = Path(tmp_name)
             if from_dir is not None:
                 tarball = plugin_source_in(from_dir, criu.version)
                 build_debs, origin = Path(from_dir) / BUILD_DEBS_DIR, str(from_dir)

@@ -169,6 +169,7 @@ def check_criu_cuda_plugin(prefix: Path | None = None, install: criu_tool.CriuIn
         return Check(name, MISSING, problem, f"{fix} (only for the `criu-cuda-plugin` backend; needs gcc, make, libc6-dev)")
     env = os.environ.get(criu_tool.PLUGIN_ENV)
     found = criu_tool.plugin_dir(prefix)
+    assert found is not None  # plugin_missing found it
     record = criu_tool.plugin_record(found)
     detail = f"found at {found / criu_tool.PLUGIN}" + (f" (from ${criu_tool.PLUGIN_ENV})" if env else "")
     if record:

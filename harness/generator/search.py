@@ -55,8 +55,8 @@ from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
 
 # Trials cost seconds: no deadline, no health check about slow data, and no
 # `explain` phase (it re-runs variations of the failing example: more trials).
-_COMMON = dict(deadline=None, verbosity=Verbosity.quiet, print_blob=False,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+_COMMON: dict[str, Any] = dict(deadline=None, verbosity=Verbosity.quiet, print_blob=False,
+                                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
 @dataclass(frozen=True)

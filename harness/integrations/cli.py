@@ -59,11 +59,11 @@ def _progress_printer(as_json: bool):
             return
         if console.is_terminal:
             if state["progress"] is None:
-                state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
-                                             TextColumn("invalid trials {task.fields[invalid]}"), TextColumn("ETA"),
-                                             TimeRemainingColumn(), console=console, transient=True)
-                state["progress"].start()
-                state["task"] = state["progress"].add_task("run", total=total, invalid=0)
+                bar = state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+                                                   TextColumn("invalid trials {task.fields[invalid]}"), TextColumn("ETA"),
+                                                   TimeRemainingColumn(), console=console, transient=True)
+                bar.start()
+                state["task"] = bar.add_task("run", total=total, invalid=0)
             state["progress"].update(state["task"], completed=done, invalid=state["invalid"])
             if done == total:
                 state["progress"].stop()
@@ -182,6 +182,7 @@ def run(scenario: str | None, out: str, overrides: tuple[str, ...], as_json: boo
             outcome = resume_run(resume, scenario=scen, progress=progress,
                                  jobs=parse_jobs("--jobs", jobs) if jobs is not None else None)
         else:
+            assert scen is not None  # checked above: no --resume means a SCENARIO
             outcome = run_scenario(scen, out, progress=progress)
     finally:
         progress.stop()
@@ -259,10 +260,10 @@ def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, 
     if dry_run:
         from cutbench.harness.generator.scheduler import build_specs
 
-        points = []
-        for p in sw.expand(scenario, parsed, list(overrides)):
-            subs = p.scenario.variants or (p.scenario,)  # a scenario's own [[variants]] run at every point
-            points.append({"variant": p.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
+        points: list[dict[str, Any]] = []
+        for point in sw.expand(scenario, parsed, list(overrides)):
+            subs = point.scenario.variants or (point.scenario,)  # a scenario's own [[variants]] run at every point
+            points.append({"variant": point.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
                            "trials": sum(len(build_specs(s, s.arms())) for s in subs)})
         if as_json:
             click.echo(json.dumps({"points": points, "trials": sum(p["trials"] for p in points)}))
@@ -567,7 +568,8 @@ def list_(what: str, as_json: bool) -> None:
         import cutbench
 
         # ./scenarios first (a project's own), then those of the cutbench checkout in use.
-        roots = [Path("scenarios")] + ([cutbench.source_checkout() / "scenarios"] if cutbench.source_checkout() else [])
+        checkout = cutbench.source_checkout()
+        roots = [Path("scenarios")] + ([checkout / "scenarios"] if checkout else [])
         seen: set[Path] = set()
         for root in roots:
             for path in sorted(root.glob("*.toml")):

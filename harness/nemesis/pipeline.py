@@ -116,6 +116,8 @@ def execute_cut(
             discard(ctx.images_dir)
 
 
-def _failed(exc: StageFailed) -> CutOutcome:
-    """The outcome of a failed stage: the tool's (``failed``) or the harness's own (``error``)."""
+def _failed(exc: StageFailed | StageRefused) -> CutOutcome:
+    """The outcome of a failed stage: the tool's (``failed``) or the harness's own (``error``).
+
+    A resume the tool refuses after its checkpoint counts as failed: the workload was stopped for the checkpoint."""
     return CutOutcome("error" if isinstance(exc, HarnessFault) else "failed", exc.stage, exc.reason)

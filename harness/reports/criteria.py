@@ -286,7 +286,7 @@ def _restore_vs_bytes(backend: str, restored: pd.DataFrame, rs: pd.DataFrame) ->
         gib = g["image_bytes"].to_numpy(float) / 2**30
         # Sizes within 5% of the largest are one size (a few kilobytes of difference is no trend), and
         # a line is drawn only across a real range of sizes: at least 4x, up to at least FIT_MIN_GIB.
-        sizes = np.unique(np.round(gib / (0.05 * gib.max()))) if gib.max() > 0 else []
+        sizes = np.unique(np.round(gib / (0.05 * gib.max()))) if gib.max() > 0 else np.array([])
         if len(sizes) < 3 or gib.max() < FIT_MIN_GIB or gib.max() < 4 * gib.min():
             continue
         secs = g["seconds"].to_numpy(float)

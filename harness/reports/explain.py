@@ -84,7 +84,7 @@ def _incarnations(epochs: list[int]) -> str:
 def _cut_point(trial: dict[str, Any]) -> str:
     """``op 3/admit`` for the trial's (first) cut, ``its cut point`` when the row names none."""
     try:
-        op = int(float(trial.get("cut_op")))
+        op = int(float(trial.get("cut_op")))  # type: ignore[arg-type]  # None: a TypeError, caught below
     except (TypeError, ValueError, OverflowError):
         return "its cut point"
     phase = trial.get("cut_phase")

@@ -40,8 +40,9 @@ def _stage_palette() -> list[str]:
     """Matplotlib's qualitative colours, strong before pale, without greys (harness stages) and reds
     (a failed stage, a duplicate delivery), so a pipeline stage never looks like either."""
     cmaps = matplotlib.colormaps
-    candidates = list(cmaps["tab20"].colors[0::2]) + list(cmaps["tab20"].colors[1::2])
-    candidates += list(cmaps["tab20b"].colors) + list(cmaps["tab20c"].colors)
+    # The qualitative maps are ListedColormaps: they have their colours as a list.
+    candidates = list(cmaps["tab20"].colors[0::2]) + list(cmaps["tab20"].colors[1::2])  # type: ignore[attr-defined]
+    candidates += list(cmaps["tab20b"].colors) + list(cmaps["tab20c"].colors)  # type: ignore[attr-defined]
     palette: list[str] = []
     for rgb in candidates:
         hue, sat, _val = matplotlib.colors.rgb_to_hsv(rgb)
@@ -72,7 +73,7 @@ def stage_colours(stages: Iterable[str]) -> dict[str, str]:
         # More stages than the palette holds: hues a golden-ratio step apart (reds still skipped), one colour per stage.
         hue = (0.07 + k * 0.618034) % 1.0
         k += 1
-        hexed = matplotlib.colors.to_hex(matplotlib.colors.hsv_to_rgb((hue, 0.55, 0.85)))
+        hexed = matplotlib.colors.to_hex(matplotlib.colors.hsv_to_rgb((hue, 0.55, 0.85)))  # type: ignore[arg-type]  # an RGB array
         if 0.03 < hue < 0.97 and hexed not in free and hexed not in taken.values():
             free.append(hexed)
     colours = dict(taken)
@@ -358,7 +359,7 @@ def restore_time_figure(trials: pd.DataFrame, timeline: pd.DataFrame) -> plt.Fig
             # Spread side by side (deterministically) so equal times do not hide one another.
             x = i + (np.linspace(-0.18, 0.18, len(y)) if len(y) > 1 else np.zeros(1))
             dots = ax.scatter(x, y, alpha=0.75, s=22, zorder=3)
-            ax.hlines(float(np.median(y)), i - 0.28, i + 0.28, colors=dots.get_facecolor()[:1], linewidth=2)
+            ax.hlines(float(np.median(y)), i - 0.28, i + 0.28, colors=dots.get_facecolor()[:1], linewidth=2)  # type: ignore[arg-type]
             if len(y) == 1:
                 ax.annotate(f"{y[0]:.3f} s", (x[0], y[0]), xytext=(8, 0), textcoords="offset points", va="center", fontsize=9)
         ax.set_xticks(range(len(groups)), [str(b) for b, _g in groups])

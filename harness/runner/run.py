@@ -103,7 +103,8 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     runnable, skipped = [], []
     for arm in scenario.arms():
         reason = workload_reason or reasons[arm.backend]
-        if faults[arm.backend] is not None and arm.fault not in faults[arm.backend]:
+        offered = faults[arm.backend]
+        if offered is not None and arm.fault not in offered:
             # Not a failure: e.g. the in-place `cuda` backend has no CPU image to restore after a kill.
             skipped.append({"arm": arm.label(), "reason": f"backend {arm.backend!r} does not support fault {arm.fault!r}"})
             continue
@@ -224,7 +225,7 @@ def execute(
         jobs = max(1, min(cap, len(specs)))
     else:
         jobs = max(1, min(resolve_jobs(scenario, env), len(specs))) if isinstance(specs, list) else 1
-    if jobs > 1 and cluster is None:
+    if jobs > 1 and cluster is None and isinstance(specs, list):  # jobs > 1: a list (a driver runs one at a time)
         check_pid_namespaces(specs)
     try:
         run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run
@@ -259,8 +260,10 @@ def execute(
     if resume is not None:  # the run's own record stays; what this harness adds is said under `resumes`
         meta = {**resume.meta, **{k: meta[k] for k in ("status", "skipped_arms", "n_trials_planned", "arms_planned", "jobs")},
                 "run_dir": str(run.path),
+                # specs is a list here: resume_run hands one (an adaptive search cannot resume).
                 "resumes": [*resume.meta.get("resumes", []), {"at": time.time(), "kept": len(resume.done),
-                                                               "to_run": len(specs), **({"swept": swept} if swept else {})}]}
+                                                               "to_run": len(specs),  # type: ignore[arg-type]
+                                                               **({"swept": swept} if swept else {})}]}
         for stale in ("n_trials", "finished", "duration_s", "report_error"):  # the end this run has not reached again
             meta.pop(stale, None)
     run.write_meta(meta)
@@ -442,11 +445,14 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
     The reason is said before any trial runs and the trials are not run: a
     workload that cannot be judged here must not turn into findings.
     """
-    failures = session.record_references(specs, jobs, machine=environment.fingerprint(env),
-                                         keep=lambda key, rec: run.write_reference(key, rec.to_dict()))
+    def store(key: str, rec: workload_api.RecordedReference) -> None:
+        run.write_reference(key, rec.to_dict())
+
+    failures = session.record_references(specs, jobs, machine=environment.fingerprint(env), keep=store)
     if not failures:
         return specs, []
-    keep, skipped = [], {}
+    keep: list[TrialSpec] = []
+    skipped: dict[str, dict[str, str]] = {}
     for spec in specs:
         cls = workload_api.load(spec.workload)
         key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))

@@ -9,8 +9,7 @@ import pytest
 
 from cutbench.harness.store.rundir import RunDir
 from tests.conftest import REPO
-from tests.fixtures.run_fixtures import cli, mixed_run, mixed_scenario  # noqa: F401
-from tests.unit.test_cli import _write_run
+from tests.fixtures.run_fixtures import cli, write_run
 
 
 @pytest.mark.criu
@@ -44,7 +43,7 @@ def test_sweep_runs_every_variant_in_one_run(criu, mixed_scenario: Path, tmp_pat
 def test_compare_lines_up_plans_and_flags_regressions(mixed_run: Path, tmp_path: Path):
     a = RunDir.open(mixed_run)
     trials = a.table("trials")
-    same = _write_run(tmp_path, "same", a.meta(), trials)
+    same = write_run(tmp_path, "same", a.meta(), trials)
     proc = cli("compare", str(mixed_run), str(same), "--json", "--fail-on-regression")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -54,7 +53,7 @@ def test_compare_lines_up_plans_and_flags_regressions(mixed_run: Path, tmp_path:
     flipped = trials.copy()
     victim = flipped.index[flipped["outcome"] == "valid"][0]
     flipped.loc[victim, "outcome"] = "invalid"
-    worse = _write_run(tmp_path, "worse", a.meta(), flipped)
+    worse = write_run(tmp_path, "worse", a.meta(), flipped)
     proc = cli("compare", str(mixed_run), str(worse), "--json", "--fail-on-regression")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
@@ -65,7 +64,7 @@ def test_compare_lines_up_plans_and_flags_regressions(mixed_run: Path, tmp_path:
 
     # Runs that share no plan cannot be compared.
     other = flipped.assign(plan_json=flipped["plan_json"] + " ")
-    unrelated = _write_run(tmp_path, "unrelated", a.meta(), other)
+    unrelated = write_run(tmp_path, "unrelated", a.meta(), other)
     proc = cli("compare", str(mixed_run), str(unrelated))
     assert proc.returncode == 254 and "share no plan" in proc.stderr
 

@@ -24,7 +24,6 @@ from cutbench.harness.environment import engines
 from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS
 from tests.conftest import REPO
 from tests.fixtures.run_fixtures import run_table as run
-from tests.fixtures.container_fixtures import docker_engine, podman_engine  # noqa: F401
 
 pytestmark = pytest.mark.criu
 
@@ -211,7 +210,7 @@ def test_what_a_sigkilled_run_left_is_removed_when_the_next_run_starts(criu, doc
                           "--set", 'receiver.modes=["idempotent"]', "--out", str(tmp_path / "next")],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert nxt.returncode == 0, nxt.stderr[-2000:]
-    assert f"container" in nxt.stderr and run_id in nxt.stderr  # it says what it removed
+    assert "container" in nxt.stderr and run_id in nxt.stderr  # it says what it removed
     assert left_behind(run_id) == []
     assert not (Path(os.environ.get("CUTBENCH_RUNS_DIR", "/var/tmp/cutbench/runs")) / f"{run_id}.json").exists()
 

@@ -16,7 +16,6 @@ import pytest
 
 from cutbench.harness.reports.criteria import CRITERIA
 from tests.conftest import REPO
-from tests.fixtures.container_fixtures import docker_engine, podman_engine  # noqa: F401
 
 pytestmark = pytest.mark.criu
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.fixtures.run_fixtures import cli, mixed_run, mixed_run_copy, mixed_scenario  # noqa: F401
+from tests.fixtures.run_fixtures import cli
 
 
 def _drop_trials_table(run: Path) -> str:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from cutbench.harness.environment import doctor
-from tests.unit.test_doctor import STATUSES, _by_name
+from tests.fixtures.doctor_checks import STATUSES, by_name
 
 
 @pytest.mark.criu
 def test_run_checks_on_this_machine():
     checks = doctor.run_checks()
     assert all(isinstance(c, doctor.Check) and c.status in STATUSES for c in checks)
-    names = _by_name(checks)
+    names = by_name(checks)
     for n in ("criu", "privileges", "kernel", "network lock", "gpu", "cuda checkpoint API", "cupy device",
               "cuda-checkpoint", "postgresql", "python: numpy", "python: cuda-bindings", "python: nvidia-ml-py"):
         assert n in names, n

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.fixtures.run_fixtures import cli, counter_scenario
-from tests.unit.test_plugin import FAILING
+from tests.fixtures.run_fixtures import FAILING_SCENARIO, cli
 
 
 @pytest.mark.criu
 def test_failing_gate_exits_nonzero_and_prints_the_replay_command(criu, pytester: pytest.Pytester, tmp_path: Path):
     scenario = pytester.path / "failing.toml"
-    scenario.write_text(FAILING)
+    scenario.write_text(FAILING_SCENARIO)
     out, xml = tmp_path / "gate-results", tmp_path / "gate.xml"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(scenario),
                                            "--cutbench-out", str(out), f"--junitxml={xml}")
@@ -46,7 +45,7 @@ def test_failing_gate_exits_nonzero_and_prints_the_replay_command(criu, pytester
 @pytest.mark.criu
 def test_threshold_option_lets_the_same_run_pass(criu, pytester: pytest.Pytester, tmp_path: Path):
     scenario = pytester.path / "failing.toml"
-    scenario.write_text(FAILING)
+    scenario.write_text(FAILING_SCENARIO)
     xml = tmp_path / "gate.xml"
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(scenario),
                                            "--cutbench-max-invalid-rate", "1", f"--junitxml={xml}")

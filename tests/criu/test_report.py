@@ -26,7 +26,7 @@ from cutbench.harness.reports import plots
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
-from tests.fixtures.run_fixtures import artifacts_dir, cli, mixed_run, mixed_run_copy, mixed_scenario  # noqa: F401
+from tests.fixtures.run_fixtures import artifacts_dir, cli
 
 pytestmark = pytest.mark.criu
 

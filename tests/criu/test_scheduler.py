@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cutbench.harness.model.plan import Cut, CutPlan
-from tests.unit.test_scheduler import run_plan
+from tests.fixtures.plan_runs import run_plan
 
 
 @pytest.mark.criu

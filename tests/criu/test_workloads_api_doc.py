@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_workloads_api_doc import tally_dir
-
 
 @pytest.mark.criu
 def test_the_example_scenario_runs_through_criu(criu, tally_dir: Path, results_root: Path):

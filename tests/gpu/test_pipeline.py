@@ -6,7 +6,6 @@ cuda-bindings on CuPy processes, with real CRIU where the backend uses it.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cutbench.workloads import api, xp
-from tests.unit.test_workloads import clean_spec, session  # noqa: F401  (the module's harness session)
+from tests.fixtures.workload_cases import clean_spec
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 
@@ -60,7 +60,7 @@ def test_word_arithmetic_on_torch_matches_numpy(xt):
 
 @pytest.mark.parametrize(("index", "params"), [(200, {"seed": 7}), (210, {"seed": 7, "state_size": 4099, "ballast_mib": 2})],
                          ids=["default", "ballast"])
-def test_counter_on_torch_is_bit_identical_to_its_cupy_run(session, xt, index, params):  # noqa: F811
+def test_counter_on_torch_is_bit_identical_to_its_cupy_run(session, xt, index, params):
     runs = {array: session.run_trial(clean_spec("counter", params, index + i, array=array))
             for i, array in enumerate(("cupy", "torch"))}
     for array, result in runs.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_workloads import CASES, case_id, clean_spec, session
+from tests.fixtures.workload_cases import CASES, case_id, clean_spec
 
 
 @pytest.mark.gpu

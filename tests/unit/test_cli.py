@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.model.scenario import load_scenario
 from tests.conftest import REPO
-from tests.fixtures.run_fixtures import cli, mixed_run, mixed_scenario  # noqa: F401
+from tests.fixtures.run_fixtures import cli
 
 QUICK = str(REPO / "scenarios" / "quick.toml")
 
@@ -66,13 +64,6 @@ def test_sweep_dry_run_counts_the_cartesian_product():
     scen = load_scenario(QUICK, ["receiver.modes=['idempotent']"])
     per_point = len(scen.arms()) * (scen.plan_ops[1] - scen.plan_ops[0] + 1) * len(scen.plan_phases)
     assert all(p["trials"] == per_point for p in out["points"]) and out["trials"] == 3 * per_point
-
-
-def _write_run(root: Path, name: str, meta: dict, trials: pd.DataFrame) -> Path:
-    run = RunDir.create(root, name)
-    run.write_meta({**meta, "run_id": run.run_id, "run_dir": str(run.path)})
-    run.write_table("trials", trials)
-    return run.path
 
 
 def test_a_run_whose_every_arm_is_skipped_says_why_and_exits_254(tmp_path, monkeypatch):

@@ -10,12 +10,7 @@ from cutbench.harness.environment import criu_tool
 from cutbench.harness.environment import doctor
 from cutbench.harness.environment import gpu_probe
 from tests.conftest import REPO
-
-STATUSES = {"ok", "missing", "warn", "fail"}
-
-
-def _by_name(checks):
-    return {c.name: c for c in checks}
+from tests.fixtures.doctor_checks import by_name
 
 
 def test_missing_criu_is_a_problem_with_a_fix(monkeypatch, tmp_path):
@@ -42,7 +37,7 @@ def test_privileges_from_capabilities():
 def test_gpu_checks_without_gpu():
     facts = {"nvidia_smi": None, "gpus": [], "cuda_bindings": {"version": None, "checkpoint_api": False},
              "cupy": {"version": None, "device_count": 0}, "cuda_checkpoint": None}
-    checks = _by_name(doctor.check_gpu(facts))
+    checks = by_name(doctor.check_gpu(facts))
     assert checks["gpu"].status == "missing" and checks["gpu"].fix
     assert all(c.status != "fail" for c in checks.values())  # no GPU is not a failure
 
@@ -52,7 +47,7 @@ def test_gpu_checks_with_gpu():
              "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1234", "memory_mib": 143771}],
              "cuda_bindings": {"version": "13.3.1", "checkpoint_api": True},
              "cupy": {"version": "14.2.0", "device_count": 1}, "cuda_checkpoint": "/usr/bin/cuda-checkpoint"}
-    checks = _by_name(doctor.check_gpu(facts))
+    checks = by_name(doctor.check_gpu(facts))
     assert all(c.status == "ok" for c in checks.values())
     assert "NVIDIA H200" in checks["gpu"].detail and "580.159.04" in checks["gpu"].detail
 
@@ -61,7 +56,7 @@ def test_gpu_present_but_cupy_blind_is_a_failure():
     facts = {"nvidia_smi": "/usr/bin/nvidia-smi", "gpus": [{"index": 0, "name": "X", "uuid": "U"}],
              "cuda_bindings": {"version": "13.3.1", "checkpoint_api": True},
              "cupy": {"version": "14.2.0", "device_count": 0, "error": "CUDARuntimeError"}, "cuda_checkpoint": None}
-    assert _by_name(doctor.check_gpu(facts))["cupy device"].status == "fail"
+    assert by_name(doctor.check_gpu(facts))["cupy device"].status == "fail"
 
 
 def test_format_checks_shows_fixes_and_problems():

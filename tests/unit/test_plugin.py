@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.run_fixtures import cli, counter_scenario
+from tests.fixtures.run_fixtures import FAILING_SCENARIO, counter_scenario
 
 
-# One arm, one cut point where an at-least-once receiver sees the replayed
-# publish after a leave_running crash: the gate must fail.
-FAILING = counter_scenario("failing", modes=["at_least_once"], faults=["leave_running"], phases=["publish"])
 FOUR_ARMS = counter_scenario("four", modes=["at_least_once", "idempotent"], faults=["kill", "leave_running"], phases=["publish"])
 
 
@@ -20,7 +17,8 @@ def test_plugin_is_inert_unless_used(pytester: pytest.Pytester):
         import sys
 
         def test_nothing_heavy_was_imported():
-            heavy = [m for m in ("cutbench.harness.integrations.gate", "cutbench.harness.runner.run", "cutbench.harness.model.scenario", "pandas", "matplotlib") if m in sys.modules]
+            heavy = [m for m in ("cutbench.harness.integrations.gate", "cutbench.harness.runner.run",
+                                 "cutbench.harness.model.scenario", "pandas", "matplotlib") if m in sys.modules]
             assert not heavy, heavy
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -31,7 +29,7 @@ def test_plugin_is_inert_unless_used(pytester: pytest.Pytester):
 def test_marker_makes_one_test_per_arm(pytester: pytest.Pytester):
     (pytester.path / "scenarios").mkdir()
     (pytester.path / "scenarios" / "four.toml").write_text(FOUR_ARMS)
-    (pytester.path / "scenarios" / "one.toml").write_text(FAILING)
+    (pytester.path / "scenarios" / "one.toml").write_text(FAILING_SCENARIO)
     pytester.makepyfile(test_gate="""
         import pytest
 
@@ -83,8 +81,8 @@ def test_run_fixture_without_a_scenario_fails_clearly(pytester: pytest.Pytester)
 
 
 def test_scenario_variants_make_one_item_per_variant_and_arm(pytester: pytest.Pytester):
-    (pytester.path / "two.toml").write_text(FAILING + '\n[[variants]]\nname = "small"\n\n[[variants]]\nname = "big"\n'
-                                            'workload = { params = { state_size = 65536 } }\n')
+    (pytester.path / "two.toml").write_text(FAILING_SCENARIO + '\n[[variants]]\nname = "small"\n\n[[variants]]\n'
+                                            'name = "big"\nworkload = { params = { state_size = 65536 } }\n')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--cutbench-scenario", "two.toml")
     lines = [line for line in result.stdout.lines if "::" in line]
     assert lines == ["two.toml::failing:small:criu/at_least_once/leave_running+100ms",
@@ -94,7 +92,7 @@ def test_scenario_variants_make_one_item_per_variant_and_arm(pytester: pytest.Py
 def test_a_gate_that_cannot_run_fails_unless_skipping_is_allowed(pytester: pytest.Pytester, monkeypatch):
     """An arm whose backend is unusable here tested nothing: the gate fails; --cutbench-allow-skip skips it."""
     monkeypatch.delenv("CUTBENCH_CRIU_PLUGIN_DIR", raising=False)
-    (pytester.path / "one.toml").write_text(FAILING)
+    (pytester.path / "one.toml").write_text(FAILING_SCENARIO)
     pytester.makepyfile(test_gate="""
         import pytest
 

@@ -19,8 +19,7 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.schema import EXPORT_COLUMNS
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, raw_connection, receiver, store_url  # noqa: F401
-from tests.unit.test_receiver_isolation import store_write_lock, wait_queued
+from tests.fixtures.receiver_fixtures import raw_connection, store_write_lock, wait_queued
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDE = "\U0001f600" * P.MAX_TEXT  # the longest legal text, 12 bytes a character once JSON-escaped

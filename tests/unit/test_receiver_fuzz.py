@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient
-from tests.fixtures.receiver_fixtures import Publisher, receiver  # noqa: F401
+from tests.fixtures.receiver_fixtures import Publisher
 
 EXAMPLES = 10_000
 REPLY_TIMEOUT = 10.0  # a reply slower than this counts as a hang

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import sqlite3
-import time
-from typing import Iterator
 
 import pytest
 
@@ -19,13 +17,9 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, read_frames, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import read_frames, sqlite_path, store_write_lock, wait_queued
 
 POISON = "poison"  # the store refuses every delivery row of this trial, and every row with this digest
-
-
-def _sqlite_path(url: str) -> str:
-    return url[len("sqlite:"):]
 
 
 def install_poison_trigger(url: str) -> None:
@@ -33,7 +27,7 @@ def install_poison_trigger(url: str) -> None:
     both pass)."""
     open_store(url).close()  # create the schema the trigger hangs on
     if url.startswith("sqlite:"):
-        with contextlib.closing(sqlite3.connect(_sqlite_path(url))) as db:
+        with contextlib.closing(sqlite3.connect(sqlite_path(url))) as db:
             db.execute("CREATE TRIGGER refuse_poison BEFORE INSERT ON deliveries "
                        f"WHEN NEW.trial = '{POISON}' OR NEW.digest = '{POISON}' "
                        "BEGIN SELECT RAISE(ABORT, 'the test trigger refuses this row'); END")
@@ -48,36 +42,6 @@ def install_poison_trigger(url: str) -> None:
                    "RETURN NEW; END $$ LANGUAGE plpgsql")
         db.execute("CREATE TRIGGER refuse_poison BEFORE INSERT ON deliveries FOR EACH ROW "
                    "EXECUTE FUNCTION refuse_poison()")
-
-
-@contextlib.contextmanager
-def store_write_lock(url: str) -> Iterator[None]:
-    """Hold the store's write lock from another connection: the receiver's commit waits for it."""
-    if url.startswith("sqlite:"):
-        db = sqlite3.connect(_sqlite_path(url), isolation_level=None)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            db.execute("ROLLBACK")
-            db.close()
-        return
-    import psycopg
-
-    with psycopg.connect(url) as db:
-        db.execute("LOCK TABLE meta IN EXCLUSIVE MODE")  # every batch updates meta.last_seq
-        try:
-            yield
-        finally:
-            db.rollback()
-
-
-def wait_queued(ctl: ReceiverClient, n: int, timeout: float = 10) -> None:
-    """Wait until exactly ``n`` write requests wait for the writer (the one before them is stuck)."""
-    deadline = time.monotonic() + timeout
-    while (queued := ctl.health()["queued"]) != n:
-        assert time.monotonic() < deadline, f"{queued} queued, expected {n}"
-        time.sleep(0.01)
 
 
 def test_a_row_the_store_refuses_fails_alone_and_the_rest_of_its_batch_commits(store_url: str, tmp_path) -> None:
@@ -141,7 +105,7 @@ def test_a_store_that_refuses_everything_fails_every_request_of_the_batch(tmp_pa
     """When no row can be stored, each request still gets its own store_error, and nothing is kept."""
     url = f"sqlite:{tmp_path / 'r.db'}"
     open_store(url).close()
-    with contextlib.closing(sqlite3.connect(_sqlite_path(url))) as db:
+    with contextlib.closing(sqlite3.connect(sqlite_path(url))) as db:
         db.execute("CREATE TRIGGER refuse_all BEFORE INSERT ON deliveries "
                    "BEGIN SELECT RAISE(ABORT, 'the test trigger refuses every row'); END")
         db.commit()

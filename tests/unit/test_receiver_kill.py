@@ -12,7 +12,7 @@ import pytest
 from cutbench.receivers.client import ReceiverClient
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
-from tests.fixtures.receiver_fixtures import Publisher, pg_cluster, pg_url, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import Publisher
 
 CLIENTS = 8
 KILLS = 20

@@ -19,7 +19,7 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError, ReceiverUnavailable
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, raw_connection, read_frames, receiver, store_url  # noqa: F401
+from tests.fixtures.receiver_fixtures import raw_connection, read_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,6 @@ from cutbench.receivers import protocol as P
 from cutbench.receivers.ledger import Changes, Command
 from cutbench.receivers.schema import EXPORT_COLUMNS
 from cutbench.receivers.stores import PostgresStore, SQLiteStore, open_store
-from tests.fixtures.receiver_fixtures import pg_cluster, pg_url, store_url  # noqa: F401
 
 
 def _cmd(mtype: str, **fields) -> Command:

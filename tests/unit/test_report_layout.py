@@ -218,14 +218,14 @@ def test_the_timeline_has_a_lane_per_incarnation_and_joins_an_op_applied_twice()
     lanes = [t for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
     assert [t.text for t in lanes] == ["original (epoch 0)", "restored #1 (epoch 1)"]
     lane_y = {t.get("data-epoch"): float(t.get("y")) for t in lanes}
-    ticks = [l for l in root.iter(f"{SVG}line") if "effect" in l.get("class", "").split()]
+    ticks = [ln for ln in root.iter(f"{SVG}line") if "effect" in ln.get("class", "").split()]
     assert [(t.get("data-op"), t.get("class").split()[1]) for t in ticks] == [
         ("1", "first"), ("2", "first"), ("2", "again"), ("3", "first"), ("3", "suppressed")]
     # Each tick sits in its sender's lane.
     assert [float(t.get("y1")) + 13 for t in ticks] == [lane_y["0"], lane_y["0"], lane_y["1"], lane_y["1"], lane_y["1"]]
     [join] = [p for p in root.iter(f"{SVG}path") if p.get("class") == "dup-join"]
     assert join.get("data-op") == "2"
-    [cut] = [l for l in root.iter(f"{SVG}line") if l.get("class") == "cut"]
+    [cut] = [ln for ln in root.iter(f"{SVG}line") if ln.get("class") == "cut"]
     reach = LEAVE_RUNNING[LEAVE_RUNNING["stage"] == "reach_cut"].iloc[0]
     assert float(cut.get("x1")) == pytest.approx(130 + reach["t_end"] * (1060 - 150) / LEAVE_RUNNING["t_end"].max(), abs=0.1)
 
@@ -235,7 +235,7 @@ def test_a_missing_op_is_a_ring_after_the_op_before_it():
     found = [{"kind": "missing", "op": 3, "detail": "committed by the workload, never applied"}]
     root = parse(report.trial_timeline_svg("t0001", LEAVE_RUNNING, fx, findings=found))
     [ring] = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "missing"]
-    op2 = [l for l in root.iter(f"{SVG}line") if l.get("data-op") == "2"][0]
+    op2 = [ln for ln in root.iter(f"{SVG}line") if ln.get("data-op") == "2"][0]
     assert ring.get("data-op") == "3" and float(ring.get("cx")) == pytest.approx(float(op2.get("x1")) + 6)
     assert "missing (never applied)" in [t.text for t in root.iter(f"{SVG}text")]
 
@@ -254,5 +254,5 @@ def test_a_row_of_the_receiver_s_own_and_a_nan_epoch_get_no_lane_of_their_own():
                        "kind": "publish", "decision": "applied"}
     root = parse(report.trial_timeline_svg("t0001", LEAVE_RUNNING, fx, findings=[{"kind": "nonsense"}]))
     assert [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"] == ["original (epoch 0)", "restored #1 (epoch 1)"]
-    assert len([l for l in root.iter(f"{SVG}line") if "effect" in l.get("class", "").split()]) == 4
+    assert len([ln for ln in root.iter(f"{SVG}line") if "effect" in ln.get("class", "").split()]) == 4
     assert plots.trial_timeline_png(LEAVE_RUNNING, fx)[:4] == b"\x89PNG"

@@ -1,11 +1,10 @@
 """The generator: exhaustive, random and the hypothesis strategy are pure and well-formed;
-multi-cut and asynchronous plans really run (CRIU-marked tests)."""
+multi-cut and asynchronous plans really run in tests/criu/test_scheduler.py."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +13,6 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.generator import scheduler
 from cutbench.harness.generator import search
 from cutbench.harness.model.plan import Cut, CutPlan
-from cutbench.harness.runner.run import execute
 from cutbench.harness.model.trial import spec_for
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.workloads.api import load
@@ -97,17 +95,6 @@ def test_the_hypothesis_strategy_draws_only_runnable_plans(plan):
         assert cut.split_window_ms == 0.0  # criu has no split window
 
 
-# -- the runner executes what the scheduler plans (real CRIU) -----------------
-
-
-def run_plan(root: Path, plan: CutPlan, mode: str = "idempotent", **params):
-    s = parse_scenario({"name": "plan", "workload": {"name": "counter", "array": "numpy",
-                                                     "params": {"ops": 6, "state_size": 512, "op_interval_ms": 20.0, **params}},
-                        "receiver": {"modes": [mode]}, "run": {"watchdog_s": 5, "stage_timeout_s": 20}})
-    outcome = execute(s, [spec_for(s, s.arms()[0], plan, 1)], root)
-    return outcome.trials.iloc[0], outcome.run.trial_records()[0], outcome.run.table("timeline")
-
-
 def test_exhaustive_and_random_are_pure():
     s = scenario(source="random", cuts_per_trial=2)
     for arm in s.arms():
@@ -146,12 +133,13 @@ def test_periodic_plans_cut_every_interval_and_zero_means_no_checkpointer():
     base = {"workload": {"name": "counter", "params": {"ops": 20}}, "pipeline": {"faults": ["none"]},
             "plan": {"source": "periodic", "ops": [5, 20], "phases": ["commit", "admit"], "interval_ops": 5, "trials": 3}}
     scen = parse_scenario(base)
-    plans = periodic(scen, Arm(backend="criu", receiver_mode="idempotent", fault="none", crash_after_ms=0.0, split_window_ms=0.0))
+    arm = Arm(backend="criu", receiver_mode="idempotent", fault="none", crash_after_ms=0.0, split_window_ms=0.0)
+    plans = periodic(scen, arm)
     assert len(plans) == 3 and len(set(p.to_json() for p in plans)) == 1  # repeats of one plan
     assert [(c.op, c.phase, c.mode) for c in plans[0].cuts] == [(5, "admit", "precise"), (10, "admit", "precise"),
                                                                (15, "admit", "precise"), (20, "admit", "precise")]
     native = parse_scenario({**base, "plan": {**base["plan"], "interval_ops": 0}})
-    assert [p.cuts for p in periodic(native, Arm(backend="criu", receiver_mode="idempotent", fault="none", crash_after_ms=0.0, split_window_ms=0.0))] == [()] * 3
+    assert [p.cuts for p in periodic(native, arm)] == [()] * 3
 
 
 def test_periodic_refuses_a_plan_with_too_many_cuts_and_a_negative_interval():

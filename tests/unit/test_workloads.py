@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import socket
 import threading
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,53 +19,18 @@ import pytest
 
 from cutbench.harness.checker import oracle
 from cutbench.errors import InvalidArgument, Unavailable
-from cutbench.harness.runner.trial import Session
-from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.runner.run import check_backends, variant_specs
-from cutbench.harness.model.scenario import Arm, load_scenario, parse_scenario
+from cutbench.harness.model.scenario import load_scenario, parse_scenario
 from cutbench.workloads import api
 from cutbench.workloads.common import ExternalCursor, ReplayReference
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.ranks import Ring, RanksModel, allreduce, contribution, apply_sum, replica_digest
 from cutbench.workloads.runtime import Runtime, WorkloadConfig
 from cutbench.workloads.stream_callbacks import HostStream
+from tests.fixtures.workload_cases import CASES, case_id, clean_spec
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = ["request_service", "training", "allocator_churn", "stream_callbacks", "ranks"]
-# (workload, params): every workload, and every parameter that moves state to another domain.
-CASES = [
-    ("request_service", {"seed": 5}),
-    ("request_service", {"seed": 5, "queue": "external"}),
-    ("training", {"seed": 5}),
-    ("training", {"seed": 5, "cursor": "external"}),
-    ("allocator_churn", {"seed": 5}),
-    ("allocator_churn", {"seed": 5, "table": "shared", "slots": 3}),
-    ("stream_callbacks", {"seed": 5}),
-    ("ranks", {"seed": 5, "ranks": 2}),
-    ("ranks", {"seed": 5, "ranks": 4, "cut": "rank", "cut_rank": 3}),
-]
-
-
-def case_id(case: tuple[str, dict[str, Any]]) -> str:
-    name, params = case
-    extra = ",".join(f"{k}={v}" for k, v in params.items() if k != "seed")
-    return f"{name}[{extra}]" if extra else name
-
-
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    """One harness session (receiver, subreaper, work directory) for the module."""
-    with Session("wl-units", workdir=tmp_path_factory.mktemp("work")) as s:
-        yield s
-
-
-def clean_spec(name: str, params: dict[str, Any], index: int, array: str = "numpy") -> TrialSpec:
-    """A trial with no cut at all: the workload runs start to end."""
-    cls = api.load(name)
-    arm = Arm("criu", "idempotent", "none", 0.0, 0.0)
-    return TrialSpec(trial_id=f"c{index:03d}", index=index, workload=name, array=array,
-                     params=api.resolve_params(cls, params), backend="criu", receiver_mode="idempotent",
-                     arm=asdict(arm), plan={"cuts": []}, watchdog_s=10, trial_timeout_s=60)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

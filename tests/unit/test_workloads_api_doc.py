@@ -3,9 +3,6 @@ is saved as ``tally.py`` and registered by import path, exactly as a user would.
 
 from __future__ import annotations
 
-import os
-import re
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,27 +11,7 @@ import pytest
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.model.scenario import Arm, load_scenario
-from tests.conftest import REPO
 from cutbench.workloads import api
-
-DOC = REPO / "docs" / "workload-api.md"
-
-
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), flags=re.S)
-
-
-@pytest.fixture
-def tally_dir(tmp_path: Path, monkeypatch) -> Path:
-    """The doc's example saved as ``tally.py`` on the path of this process and of workload processes."""
-    (python,) = [b for b in _blocks("python") if "class Tally" in b]
-    (tmp_path / "tally.py").write_text(python)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    (scenario,) = [b for b in _blocks("toml") if "tally:Tally" in b]
-    (tmp_path / "tally.toml").write_text(scenario)
-    yield tmp_path
-    sys.modules.pop("tally", None)
 
 
 def test_the_example_runs_and_matches_its_reference(tally_dir: Path):

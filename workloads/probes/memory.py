@@ -3,7 +3,7 @@ globals of a module, and a texture and a surface object over CUDA arrays."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,10 +25,10 @@ class MemoryProbe(Probe):
     """
 
     name = "probe_memory"
-    arrays = ("numpy", "cupy")
+    arrays: ClassVar[tuple[str, ...]] = ("numpy", "cupy")
     features = frozenset({"device_memory", "host_memory"})
     defaults = {**Probe.defaults, "size_bytes": MIB}
-    matrix_rows = (
+    matrix_rows: ClassVar[tuple[MatrixRow, ...]] = (
         MatrixRow("device_memory_1B", "device_memory", "1 byte of device memory", {"size_bytes": 1}),
         MatrixRow("device_memory_1MiB", "device_memory", "1 MiB of device memory", {"size_bytes": MIB}),
         MatrixRow("device_memory_1GiB", "device_memory", "1 GiB of device memory", {"size_bytes": GIB}),

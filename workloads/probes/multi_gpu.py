@@ -41,7 +41,7 @@ class PeerAccessProbe(Probe):
                     except cupy.cuda.runtime.CUDARuntimeError:
                         pass  # already enabled
                 self.bufs.append(cupy.arange(n, dtype=cupy.uint64) + cupy.uint64(self.p["seed"] + d))
-                self.staging = cupy.empty(n, dtype=cupy.uint64) if d == 1 else None
+                self.staging: Any = cupy.empty(n, dtype=cupy.uint64) if d == 1 else None
 
     def launch(self, op: int) -> None:
         """Step on GPU 0, copy to GPU 1, fold there."""

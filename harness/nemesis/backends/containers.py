@@ -110,10 +110,10 @@ def host_mounts(workdir: Path, *, forbidden: tuple[Path, ...] = ()) -> dict[str,
         ro.append(path)
     mounts = {str(p): "ro" for p in _outermost(ro)}
     mounts[str(workdir.resolve())] = "rw"
-    for path in mounts:
+    for mount in mounts:
         for state in forbidden:
-            if _inside(Path(state).resolve(), [Path(path)]):
-                raise Unavailable(f"the container would mount {path}, which holds the engine's state directory {state}; "
+            if _inside(Path(state).resolve(), [Path(mount)]):
+                raise Unavailable(f"the container would mount {mount}, which holds the engine's state directory {state}; "
                                   "fix: keep the engine's data root outside the project and the trial directory")
     return mounts
 
