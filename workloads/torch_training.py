@@ -73,7 +73,7 @@ import subprocess
 import sys
 from collections import deque
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from cutbench.workloads.common import (MASK, BaseWorkload, RecordedWorkload, check_range, load_state_into,
                                       save_state_file, state_bytes)
@@ -189,6 +189,7 @@ class Loader:
         if not self.workers:
             idx = self.sampler.next()
             self.consumed = self.sampler.state()
+            assert self.rows is not None  # the corpus is in the process when there are no workers (__init__)
             return self.rows[idx]
         if not self.procs:
             self._start()
@@ -217,7 +218,7 @@ class Loader:
         self.pending.clear()
         for proc in procs:
             try:
-                proc.stdin.close()
+                _pipes(proc)[0].close()
             except OSError:
                 pass
         for proc in procs:
@@ -226,7 +227,7 @@ class Loader:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            proc.stdout.close()
+            _pipes(proc)[1].close()
 
     # -- the workers' side of the pipes -------------------------------------------
     def _start(self) -> None:
@@ -245,9 +246,10 @@ class Loader:
             worker = self.asked % self.workers
             idx = self.sampler.next()
             proc = self.procs[worker]
+            stdin = _pipes(proc)[0]
             try:
-                proc.stdin.write(struct.pack("<I", len(idx)) + np.asarray(idx, dtype="<i8").tobytes())
-                proc.stdin.flush()
+                stdin.write(struct.pack("<I", len(idx)) + np.asarray(idx, dtype="<i8").tobytes())
+                stdin.flush()
             except (BrokenPipeError, ValueError):
                 raise RuntimeError(f"loader worker {worker} (pid {proc.pid}) is gone "
                                    f"(exit status {proc.poll()})") from None
@@ -258,14 +260,21 @@ class Loader:
         import numpy as np
 
         proc = self.procs[worker]
-        head = proc.stdout.read(8)
+        stdout = _pipes(proc)[1]
+        head = stdout.read(8)
         if len(head) < 8:
             raise RuntimeError(f"loader worker {worker} (pid {proc.pid}) closed its pipe (exit status {proc.poll()})")
         rows, cols = struct.unpack("<II", head)
-        data = proc.stdout.read(rows * cols * 8)
+        data = stdout.read(rows * cols * 8)
         if len(data) < rows * cols * 8:
             raise RuntimeError(f"loader worker {worker} (pid {proc.pid}) closed its pipe mid-batch")
         return np.frombuffer(data, dtype="<i8").reshape(rows, cols).astype(np.int64)
+
+
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes]]:
+    """A loader worker's stdin and stdout (``Loader._start`` opens both as pipes)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc.stdin, proc.stdout
 
 
 def _read_exact(stream: Any, n: int) -> bytes:
@@ -513,6 +522,7 @@ class Trainer:
             part, g = self.model.loss_and_grads(self.x1, self.y1, 1.0 / p["accum"])
             loss = part if loss is None else loss + part
             grads = g if grads is None else {k: grads[k] + g[k] for k in grads}
+        assert grads is not None  # accum >= 1 (validate_params): at least one micro-batch
         if p["clip_norm"] > 0:
             total = None
             for g in grads.values():  # a fixed order: the parameters'

@@ -316,7 +316,8 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
             if t is None:
                 continue
             op, x = int(fx.op_id), left + t * scale
-            y = lane_y.get(incarnation(getattr(fx, "epoch", None)), lane_y[epochs[-1]])
+            lane = incarnation(getattr(fx, "epoch", None))  # None (no incarnation) and an epoch without a lane: the last lane
+            y = lane_y[epochs[-1]] if lane is None else lane_y.get(lane, lane_y[epochs[-1]])
             if fx.decision in ("applied", "committed"):
                 kind = "again" if op in first_at else "first"
                 if kind == "again":  # the op's two applications, joined over the lanes between them
@@ -338,8 +339,8 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
     missing = sorted({int(f["op"]) for f in findings or () if f.get("kind") == "missing" and isinstance(f.get("op"), int)})
     for op in missing:
         x = max((px for px, pop in placed if pop < op), default=left) + 6
-        y = lane_y[epochs[-1]] + bar_h / 2
-        marks.append(f'<circle class="missing" data-op="{op}" cx="{x:.1f}" cy="{y:.1f}" r="6" fill="none" '
+        cy = lane_y[epochs[-1]] + bar_h / 2
+        marks.append(f'<circle class="missing" data-op="{op}" cx="{x:.1f}" cy="{cy:.1f}" r="6" fill="none" '
                      f'stroke="{_EFFECT_COLOURS["again"]}" stroke-width="2"><title>op {op}: committed by the workload, '
                      f'never applied</title></circle>')
     for k in range(6):

@@ -77,7 +77,8 @@ class Session:
         self._clients_lock = threading.Lock()
         self._discards: list[tuple[int, threading.Thread]] = []  # (worker thread, its removal) of image directories
         self._discards_lock = threading.Lock()
-        self.receiver = None
+        # What _open_receiver returns (a ReceiverHandle here, a stand-in for the driver's in a WorkerSession); None until __enter__.
+        self.receiver: Any = None
         # Ground truth recorded on this machine (workloads with ground_truth = "recorded"), by reference_key.
         self.recordings: dict[str, workload_api.RecordedReference] = {}
         # The measured support matrix the certificates ask about declared CUDA features (pipeline.support_matrix),
@@ -157,7 +158,7 @@ class Session:
         for _, worker in pending:
             worker.join()
 
-    def reference(self, cls: type, params: dict[str, Any], array: str = "auto") -> Any:
+    def reference(self, cls: type[workload_api.Workload], params: dict[str, Any], array: str = "auto") -> Any:
         """``cls.reference(params)``, built once per parameter set and thread, and kept for the run's trials.
 
         A reference is ground truth for its parameters alone and caches its
@@ -181,10 +182,10 @@ class Session:
         if not hasattr(self._local, "references"):
             self._local.references = {}
         references = self._local.references
-        key = (f"{cls.__module__}:{cls.__qualname__}", json.dumps(params, sort_keys=True, default=str))
-        if key not in references:
-            references[key] = cls.reference(params)
-        return references[key]
+        ref_key = (f"{cls.__module__}:{cls.__qualname__}", json.dumps(params, sort_keys=True, default=str))
+        if ref_key not in references:
+            references[ref_key] = cls.reference(params)
+        return references[ref_key]
 
     @property
     def control_client(self) -> Any:

@@ -60,7 +60,9 @@ def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[
     try:
         return run_measured(argv, role="criu", timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return subprocess.CompletedProcess(argv, -9, exc.stdout or "", hung_reason(f"criu {args[0] if args else ''}".strip(), timeout))
+        # run_measured (text mode) raises with its output decoded; TimeoutExpired itself allows bytes.
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return subprocess.CompletedProcess(argv, -9, out, hung_reason(f"criu {args[0] if args else ''}".strip(), timeout))
 
 
 class CriuCheckpointer:

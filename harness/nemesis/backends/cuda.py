@@ -24,6 +24,7 @@ Failure semantics (issue "the real GPU pipeline"):
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -391,10 +392,10 @@ class CudaStages:
         timeout_ms = int(1000 * min(LOCK_TIMEOUT_S, ctx.stage_timeout_s))
         if skew <= 0:
             for i, pid in enumerate(procs.pids):
-                self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
+                self._call("cuda_lock", i, pid, ctx, functools.partial(self.driver.lock, pid, timeout_ms))
             ctx.mark("cuda_lock")  # every process locked: the GPU state is fixed at this position
             for i, pid in enumerate(procs.pids):
-                self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
+                self._call("cuda_checkpoint", i, pid, ctx, functools.partial(self.driver.checkpoint, pid))
             return
         for i, pid in enumerate(procs.pids):
             if i:
@@ -402,8 +403,8 @@ class CudaStages:
                     ctx.release()
                 with ctx.timeline.stage("rank_skew", ctx.cut_index):
                     time.sleep(skew)
-            self._call("cuda_lock", i, pid, ctx, lambda p=pid: self.driver.lock(p, timeout_ms))
-            self._call("cuda_checkpoint", i, pid, ctx, lambda p=pid: self.driver.checkpoint(p))
+            self._call("cuda_lock", i, pid, ctx, functools.partial(self.driver.lock, pid, timeout_ms))
+            self._call("cuda_checkpoint", i, pid, ctx, functools.partial(self.driver.checkpoint, pid))
         ctx.mark("cuda_lock")  # skewed: the last process locked (each rank at its own position)
 
     def resume(self, pids: Sequence[int], ctx: CutContext, *, pairs: dict[int, list[list[tuple[str, str]]]] | None = None,
@@ -419,12 +420,12 @@ class CudaStages:
             if i and skew > 0:
                 with ctx.timeline.stage("rank_skew", ctx.cut_index):
                     time.sleep(skew)
-            self._call("cuda_restore" + suffix, i, pid, ctx, lambda p=pid: self._restore(p, pairs.get(p, [])))
+            self._call("cuda_restore" + suffix, i, pid, ctx, functools.partial(self._restore, pid, pairs.get(pid, [])))
             if skew > 0:
-                self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
+                self._call("cuda_unlock" + suffix, i, pid, ctx, functools.partial(self.driver.unlock, pid))
         if skew <= 0:
             for i, pid in enumerate(pids):
-                self._call("cuda_unlock" + suffix, i, pid, ctx, lambda p=pid: self.driver.unlock(p))
+                self._call("cuda_unlock" + suffix, i, pid, ctx, functools.partial(self.driver.unlock, pid))
 
     def _restore(self, pid: int, candidates: list[list[tuple[str, str]]]) -> str:
         """Restore ``pid``, trying each remap candidate while the process stays CHECKPOINTED; return what worked."""
