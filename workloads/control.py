@@ -65,6 +65,10 @@ _SLOTS = (
     # Ground truth for "restored or started anew": a workload process that starts
     # from op 1 (not a restored image, not an application-level --resume) bumps it.
     "fresh_starts",  # workload
+    # A workload process that, started afresh, continued from the application's own checkpoint on disk (a
+    # simulation's -cpi, a training script's resume) bumps ``own_resumes`` and notes the op it resumed after.
+    "own_resumes",  # workload
+    "own_resumed_op",  # workload
 )
 # A length-prefixed UTF-8 string (the app backend's save path) lives here.
 TEXT_OFFSET = 2048

@@ -50,11 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         workload.setup()
         rt.mark_startup("setup")
         first = 1
+        own = getattr(workload, "continue_from_own_checkpoint", None)
         if resume is not None:
             # An optional member of the protocol: the app backend resumes only workloads that have it.
             first = int(workload.load_state(resume)) + 1  # type: ignore[attr-defined]
             rt.mark_startup("load_state")
             control.set("load_count", control.get("load_count") + 1)
+        elif callable(own) and (after := int(own())) > 0:
+            # The program's own restart path found its checkpoint on disk and continues after op `after`.
+            first = after + 1
+            rt.mark_startup("load_state")
+            control.set("own_resumed_op", after)
+            control.set("own_resumes", control.get("own_resumes") + 1)
         else:
             control.set("fresh_starts", control.get("fresh_starts") + 1)
         rt.log(f"start {cls.name} ops={config.params.get('ops')} first={first}")

@@ -17,6 +17,10 @@ velocities, neighbour list and step) every ``cpt_every_ops`` steps to
 ``md.cpt`` in its trial directory (state on disk, domain ``disk``, outside
 any process image), one record of fixed size rewritten in place; the ``app``
 baseline saves and loads the same state (``save_state``/``load_state``).
+With ``continue_from_cpt`` it also has GROMACS's restart path (``-cpi``): a
+process started afresh that finds ``md.cpt`` continues after the step it
+holds, so a requeue (the ``restart`` backend) recomputes only the steps since
+the last checkpoint instead of every step.
 
 Floating-point sums differ between NumPy, CuPy and PyTorch, so the ground
 truth is recorded (``ground_truth = "recorded"``): two uninterrupted runs on
@@ -173,7 +177,7 @@ class MDSimulation(RecordedWorkload):
     features: ClassVar[frozenset[str]] = frozenset({"device_memory"})
     defaults: ClassVar[dict[str, Any]] = {
         **BaseWorkload.COMMON_DEFAULTS, "ops": 40, "particles": 512, "density": 0.8, "temperature": 1.0, "dt": 0.004,
-        "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0,
+        "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0, "continue_from_cpt": False,
     }
 
     @classmethod
@@ -186,6 +190,9 @@ class MDSimulation(RecordedWorkload):
                 raise ValueError(f"{name} = {p[name]!r}: expected a number in [{lo}, {hi}]")
         check_range("max_neighbours", p["max_neighbours"], 8, 4096)
         check_range("cpt_every_ops", p["cpt_every_ops"], 0, 1 << 30)
+        if p["continue_from_cpt"] and not p["cpt_every_ops"]:
+            raise ValueError("continue_from_cpt = true needs cpt_every_ops > 0: without its own checkpoint there is "
+                             "nothing to continue from")
         box = (p["particles"] / p["density"]) ** (1.0 / 3.0)
         if box < 2 * (p["cutoff"] + p["skin"]):
             raise ValueError(f"particles = {p['particles']} at density {p['density']}: the box ({box:.2f} σ) is narrower "
@@ -210,6 +217,15 @@ class MDSimulation(RecordedWorkload):
         every = self.p["cpt_every_ops"]
         if every and op % every == 0:
             self.write_cpt(str(self.rt.workdir / CPT_NAME))
+
+    def continue_from_own_checkpoint(self) -> int:
+        """The simulation's restart path (GROMACS ``-cpi``), called in a process started afresh: with
+        ``continue_from_cpt``, load ``md.cpt`` when the trial directory has one and return the step it holds
+        (the run goes on after it); 0 to start from step 1."""
+        path = self.rt.workdir / CPT_NAME
+        if not self.p["continue_from_cpt"] or not path.exists():
+            return 0
+        return self._load(str(path))
 
     def write_cpt(self, path: str) -> None:
         """The simulation's own checkpoint: one fixed-size record written over the last in place, then fsync
@@ -240,6 +256,11 @@ class MDSimulation(RecordedWorkload):
 
     def load_state(self, path: str) -> int:
         """Load :meth:`save_state`'s file into the buffers :meth:`setup` made; return the step to resume after."""
+        return self._load(path)
+
+    def _load(self, path: str) -> int:
+        """Load a state file (:meth:`save_state`'s or ``md.cpt``, the same format) into the buffers :meth:`setup`
+        made; return the step it holds."""
         sim = self.sim
         targets = sim.arrays()
         header = load_state_into(path, self.xp, targets)

@@ -64,6 +64,9 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "n_effects": int(len(result.effects)),
         "duration_s": rec.duration_s,
         "image_bytes": rec.facts.get("image_bytes"),
+        # Work lost to the failure: the ops a requeued job computed again up to the cut (``restart``; fewer
+        # where it continued from its own checkpoint), absent for a tool that restores an image.
+        "recomputed_ops": rec.facts.get("recomputed_ops"),
         "gpu_bytes": rec.facts.get("gpu_bytes"),
         "certify": spec.arm.get("certify", "off"),
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.

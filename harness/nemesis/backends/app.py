@@ -98,19 +98,25 @@ class AppCheckpointer:
             ctx.control.set("save_hold", 0)
 
 
-def start_until(ctx: CutContext, stage: str, argv: list[str], cwd: str, slot: str, doing: str) -> Child:
-    """Stage ``stage``: start ``argv`` and wait until the workload bumps control slot ``slot``; returns the child.
+def start_until(ctx: CutContext, stage: str, argv: list[str], cwd: str, slot: str | tuple[str, ...], doing: str) -> Child:
+    """Stage ``stage``: start ``argv`` and wait until the workload bumps control slot ``slot`` (or one of the
+    slots ``slot`` names); returns the child.
 
     A child that exits first, or does not get there within the stage timeout
     (it is killed), fails the stage: the application is not back.
     """
     control = ctx.control
-    before = control.get(slot)
+    slots = (slot,) if isinstance(slot, str) else slot
+
+    def count() -> int:
+        return sum(control.get(s) for s in slots)
+
+    before = count()
     deadline = time.monotonic() + ctx.stage_timeout_s
     with ctx.timeline.stage(stage, ctx.cut_index) as extra:
         child = spawn(argv, cwd=cwd)
         extra["pid"] = child.pid  # the new workload process: its start-up is this stage's workload CPU
-        while control.get(slot) <= before:
+        while count() <= before:
             if not child.alive():
                 raise StageFailed(stage, f"the started workload exited ({child.returncode}) before {doing}")
             if time.monotonic() > deadline:

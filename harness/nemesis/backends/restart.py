@@ -2,12 +2,16 @@
 
 The floor every checkpoint tool is compared with: no image at all. The cut
 takes nothing but the workload's command line; after the fault the workload is
-started again, fresh, from op 1, and recomputes everything. It keeps no
+started again, fresh, from op 1, and recomputes everything, unless the program
+has its own restart path (``continue_from_own_checkpoint``: a simulation's
+checkpoint file, a training script's resume), which continues after the op its
+own last checkpoint holds. The ops recomputed (up to the cut) are the trial's
+``recomputed_ops``. It keeps no
 in-process state from the crashed run, so nothing in the process is stale
 (it declares ``cpu``, ``cuda`` and ``ipc`` covered); what the crashed run left
 outside it — effects at the receiver, files — it meets again. The oracle
-reports every such trial ``restarted`` (from the workload's own count of fresh
-starts, not from this backend's word): that is what a restart is.
+reports every trial that began at op 1 again ``restarted`` (from the workload's own
+count of fresh starts, not from this backend's word): that is what a restart is.
 """
 
 from __future__ import annotations
@@ -52,7 +56,12 @@ class RestartCheckpointer:
         if self._command is None or control is None:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
         argv, cwd = self._command
-        child = start_until(ctx, "restart_spawn", argv, cwd, "fresh_starts", "running")
+        # Started afresh, the job either begins at op 1 or, where the program has a restart path, continues
+        # from its own checkpoint on disk: either is "running".
+        resumes = control.get("own_resumes")
+        child = start_until(ctx, "restart_spawn", argv, cwd, ("fresh_starts", "own_resumes"), "running")
+        after = control.get("own_resumed_op") if control.get("own_resumes") > resumes else 0
+        ctx.facts["recomputed_ops"] = int(ctx.facts.get("recomputed_ops", 0)) + max(0, ctx.cut.op - after)
         try:
             self._catch_up(child, ctx)
         except BaseException:
