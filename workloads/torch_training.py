@@ -46,7 +46,9 @@ state and cursor, to ``train.cpt`` in its trial directory (state on disk,
 domain ``disk``, outside any process image), one record rewritten in place.
 The ``app`` baseline saves and loads the same state (``save_state`` /
 ``load_state``), and a run continued from it is the uninterrupted run bit for
-bit.
+bit. With ``continue_from_cpt`` the script also resumes from ``train.cpt``
+when it finds one at start (its restart path), so a requeue (the ``restart``
+backend) recomputes only the steps since its last checkpoint.
 
 Floating-point sums differ between NumPy, CuPy and PyTorch, so the ground
 truth is recorded (``ground_truth = "recorded"``): two uninterrupted runs on
@@ -598,7 +600,7 @@ class TorchTraining(RecordedWorkload):
         "vocab": 64, "d_model": 32, "heads": 4, "layers": 2, "context": 64, "dtype": "float32",
         "seq_len": 32, "batch_size": 8, "accum": 2, "corpus_sequences": 256, "loader_workers": 2,
         "lr": 3e-3, "warmup_steps": 10, "decay_steps": 200, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
-        "clip_norm": 1.0, "cpt_every_ops": 0,
+        "clip_norm": 1.0, "cpt_every_ops": 0, "continue_from_cpt": False,
     }
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"dtype": ("float32", "float64")}
 
@@ -628,6 +630,9 @@ class TorchTraining(RecordedWorkload):
             if isinstance(p[name], bool) or not isinstance(p[name], (int, float)) or not lo <= float(p[name]) <= hi:
                 raise ValueError(f"parameter {name} = {p[name]!r}: expected a number in [{lo}, {hi}]")
         check_range("cpt_every_ops", p["cpt_every_ops"], 0, 1 << 30)
+        if p["continue_from_cpt"] and not p["cpt_every_ops"]:
+            raise ValueError("continue_from_cpt = true needs cpt_every_ops > 0: without its own checkpoint there is "
+                             "nothing to resume from")
 
     @classmethod
     def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
@@ -694,9 +699,18 @@ class TorchTraining(RecordedWorkload):
         """Application-level checkpoint at a step boundary (the ``app`` baseline): what :meth:`write_cpt` holds."""
         save_state_file(path, {"committed": self.committed, **self.trainer.header()}, self.trainer.arrays())
 
+    def continue_from_own_checkpoint(self) -> int:
+        """The training script's resume (``--resume-from-checkpoint``), called in a process started afresh: with
+        ``continue_from_cpt``, load ``train.cpt`` when the trial directory has one and return the step it holds
+        (training goes on after it); 0 to start from step 1."""
+        path = self.rt.workdir / CPT_NAME
+        if not self.p["continue_from_cpt"] or not path.exists():
+            return 0
+        return self.load_state(str(path))
+
     def load_state(self, path: str) -> int:
-        """Load :meth:`save_state`'s file into the buffers :meth:`setup` made and put the loader back at its
-        cursor; return the step to resume after."""
+        """Load :meth:`save_state`'s file (or ``train.cpt``, the same format) into the buffers :meth:`setup` made
+        and put the loader back at its cursor; return the step to resume after."""
         header = load_state_into(path, self.xp, self.trainer.arrays())
         self.trainer.load_header(header)
         self.committed = int(header["committed"])
