@@ -101,7 +101,7 @@ class Reference(Protocol):
 
 
 class Workload(Protocol):
-    """What a workload class provides. See README "Workload API" for a full example."""
+    """What a workload class provides. See docs/workload-api.md for the whole contract and a complete example."""
 
     name: ClassVar[str]
     domains: ClassVar[frozenset[str]]
