@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     except ArrayBackendUnavailable as exc:  # the harness checks first; a direct launch may not
         write_log(config.log_path, control.get("incarnation"), f"failed: {exc}")
         return 1
-    rt = Runtime(config=config, control=control, xp=xp, phases=tuple(cls.phases))
+    rt = Runtime(config=config, control=control, xp=xp, phases=tuple(cls.phases),
+                 argv=(sys.executable, "-m", "cutbench.workloads.launch", args[0]))
     rt.startup["imports"] = round(imported, 6)
     rt.mark_startup("array_library")
     control.set("on_device", 1 if is_device(rt.xp) else 0)

@@ -20,7 +20,11 @@ baseline saves and loads the same state (``save_state``/``load_state``).
 With ``continue_from_cpt`` it also has GROMACS's restart path (``-cpi``): a
 process started afresh that finds ``md.cpt`` continues after the step it
 holds, so a requeue (the ``restart`` backend) recomputes only the steps since
-the last checkpoint instead of every step.
+the last checkpoint instead of every step. ``max_wall_s`` is GROMACS's
+``-maxh``: once a run of the program has lasted that long, it writes its
+checkpoint at the step it finished and stops, and the job is run again with
+it, as a job script does (here in the same process, ``exec``, so the
+harness's cuts keep following it: ``Runtime.start_again_in_place``).
 
 Floating-point sums differ between NumPy, CuPy and PyTorch, so the ground
 truth is recorded (``ground_truth = "recorded"``): two uninterrupted runs on
@@ -35,6 +39,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -178,6 +183,7 @@ class MDSimulation(RecordedWorkload):
     defaults: ClassVar[dict[str, Any]] = {
         **BaseWorkload.COMMON_DEFAULTS, "ops": 40, "particles": 512, "density": 0.8, "temperature": 1.0, "dt": 0.004,
         "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0, "continue_from_cpt": False,
+        "max_wall_s": 0.0,
     }
 
     @classmethod
@@ -193,6 +199,10 @@ class MDSimulation(RecordedWorkload):
         if p["continue_from_cpt"] and not p["cpt_every_ops"]:
             raise ValueError("continue_from_cpt = true needs cpt_every_ops > 0: without its own checkpoint there is "
                              "nothing to continue from")
+        check_range("max_wall_s", p["max_wall_s"], 0.0, 86_400.0)
+        if p["max_wall_s"] and not p["continue_from_cpt"]:
+            raise ValueError(f"max_wall_s = {p['max_wall_s']} needs continue_from_cpt = true: a run that stops at its "
+                             "wall-time limit goes on only from its checkpoint")
         box = (p["particles"] / p["density"]) ** (1.0 / 3.0)
         if box < 2 * (p["cutoff"] + p["skin"]):
             raise ValueError(f"particles = {p['particles']} at density {p['density']}: the box ({box:.2f} σ) is narrower "
@@ -206,6 +216,7 @@ class MDSimulation(RecordedWorkload):
     def setup(self) -> None:
         """Build the fluid on the device and its first neighbour list."""
         self.start_device()
+        self.image_started = time.monotonic()  # this program image's start: the clock of max_wall_s
         self.sim = LJSystem(self.xp, self.p)
         synchronize(self.xp)
         self.rt.mark_startup("model_build")
@@ -217,6 +228,12 @@ class MDSimulation(RecordedWorkload):
         every = self.p["cpt_every_ops"]
         if every and op % every == 0:
             self.write_cpt(str(self.rt.workdir / CPT_NAME))
+        ran = time.monotonic() - self.image_started
+        if self.p["max_wall_s"] and ran >= self.p["max_wall_s"] and op < self.p["ops"]:
+            # -maxh: checkpoint at this step and stop; the job is run again with the checkpoint (-cpi).
+            self.write_cpt(str(self.rt.workdir / CPT_NAME))
+            self.rt.start_again_in_place(f"step {op}: this run reached its wall-time limit "
+                                         f"(max_wall_s = {self.p['max_wall_s']:g}, ran {ran:.2f} s)")
 
     def continue_from_own_checkpoint(self) -> int:
         """The simulation's restart path (GROMACS ``-cpi``), called in a process started afresh: with

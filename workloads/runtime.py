@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from cutbench.workloads.control import PHASES, ControlFile
 from cutbench.files import atomic_write, read_number, write_number
@@ -79,6 +79,23 @@ class Runtime:
     _quiesce: Any = None
     # The cold start of this process (:meth:`mark_startup`): step name -> seconds since exec.
     startup: dict[str, float] = field(default_factory=dict)
+    # The command line that starts this workload afresh (:meth:`start_again_in_place`); set by the launcher.
+    argv: tuple[str, ...] = ()
+
+    def start_again_in_place(self, reason: str) -> NoReturn:
+        """End this program image and start the workload again, afresh, in the same process (``exec``).
+
+        What a job script does when the program stopped itself at its wall-time limit (GROMACS's ``-maxh``)
+        and is run again with its checkpoint (``-cpi``): the new image begins like any fresh start, so the
+        workload's ``continue_from_own_checkpoint`` finds what it saved and goes on after it. The pid stays,
+        so the harness and its cuts keep following the same process; the control file, the commit marker and
+        the receiver (reconnected) carry over, process memory and the CUDA context do not. Never returns."""
+        if not self.argv:
+            raise RuntimeError("start_again_in_place: the launcher did not give the runtime its command line")
+        self.log(f"{reason}; starting again in place")
+        if self.receiver is not None:
+            self.receiver.close()
+        os.execv(self.argv[0], list(self.argv))
 
     def mark_startup(self, step: str) -> None:
         """Note that start-up step ``step`` is done, at :func:`since_exec` seconds (the report's ``startup``).

@@ -94,3 +94,42 @@ def test_a_requeue_recomputes_only_the_steps_since_the_simulation_s_own_last_che
     # Its effects after the cut are the uninterrupted run's: the checkpoint on disk is what the restart path
     # reads, so the only other finding is the coverage rule's (state on disk no process image holds).
     assert kinds <= {"restarted", "unsafe_acceptance"}, trial.findings
+
+
+MAXH = """
+name = "md-maxh"
+[workload]
+name = "md_simulation"
+array = "numpy"
+params = { ops = 10, particles = 216, cpt_every_ops = 1000, continue_from_cpt = true, max_wall_s = 0.4, op_interval_ms = 120.0 }
+[receiver]
+modes = ["at_least_once"]
+[pipeline]
+backends = ["criu", "app"]
+faults = ["kill"]
+[plan]
+source = "exhaustive"
+ops = [7, 7]
+phases = ["commit"]
+"""
+
+
+def test_a_run_that_stops_at_its_wall_time_limit_goes_on_from_its_checkpoint_through_every_cut(criu, tmp_path: Path):
+    """GROMACS's -maxh: each run of the program lasts 0.4 s, writes md.cpt at its last step and is run again
+    with it, so a 10-step trajectory takes several program images; the recorded references (two clean runs)
+    agree, nothing is sent twice or lost across the restarts, and a CRIU cut and an app cut land in one of them."""
+    import pandas as pd
+
+    scenario = tmp_path / "maxh.toml"
+    scenario.write_text(MAXH)
+    out = cli("run", str(scenario), "--out", str(tmp_path / "r"), "--json", timeout=600)
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    run_dir = (tmp_path / "r" / "latest").resolve()
+    [ref] = list((run_dir / "references").glob("md_simulation-numpy-*.json"))
+    assert json.loads(ref.read_text())["runs"] == 2
+    trials = pd.read_parquet(run_dir / "trials.parquet")
+    for t in trials.itertuples():
+        kinds = {f["kind"] for f in json.loads(t.findings)}
+        # The checkpoint on disk is a domain CRIU's image does not hold: its coverage rule is the only finding.
+        assert kinds <= ({"unsafe_acceptance"} if t.backend == "criu" else set()), (t.backend, t.findings)
+        assert "load_state" in json.loads(t.startup), t.startup  # the last image went on from md.cpt

@@ -97,6 +97,7 @@ def load_state_file_from(data: bytes):
     ({"dt": 0.5}, "dt = 0.5"),
     ({"max_neighbours": 2}, "max_neighbours"),
     ({"continue_from_cpt": True}, "needs cpt_every_ops > 0"),
+    ({"max_wall_s": 60.0}, "needs continue_from_cpt = true"),
 ])
 def test_parameters_out_of_range_are_named(bad, says):
     with pytest.raises(api.WorkloadError, match=says):
