@@ -13,7 +13,8 @@ kinetic energy (their IEEE-754 bits) and a digest of the positions and
 velocities after it.
 
 Like GROMACS with ``-cpt``, it writes its own checkpoint (positions,
-velocities, neighbour list and step) every ``cpt_every_ops`` steps to
+velocities, neighbour list and step) every ``cpt_every_ops`` steps, or once
+``cpt_every_s`` seconds have passed since the last one (``-cpt``'s timer), to
 ``md.cpt`` in its trial directory (state on disk, domain ``disk``, outside
 any process image), one record of fixed size rewritten in place; the ``app``
 baseline saves and loads the same state (``save_state``/``load_state``).
@@ -182,8 +183,8 @@ class MDSimulation(RecordedWorkload):
     features: ClassVar[frozenset[str]] = frozenset({"device_memory"})
     defaults: ClassVar[dict[str, Any]] = {
         **BaseWorkload.COMMON_DEFAULTS, "ops": 40, "particles": 512, "density": 0.8, "temperature": 1.0, "dt": 0.004,
-        "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0, "continue_from_cpt": False,
-        "max_wall_s": 0.0,
+        "cutoff": 2.5, "skin": 0.3, "max_neighbours": 128, "cpt_every_ops": 0, "cpt_every_s": 0.0,
+        "continue_from_cpt": False, "max_wall_s": 0.0,
     }
 
     @classmethod
@@ -196,9 +197,10 @@ class MDSimulation(RecordedWorkload):
                 raise ValueError(f"{name} = {p[name]!r}: expected a number in [{lo}, {hi}]")
         check_range("max_neighbours", p["max_neighbours"], 8, 4096)
         check_range("cpt_every_ops", p["cpt_every_ops"], 0, 1 << 30)
-        if p["continue_from_cpt"] and not p["cpt_every_ops"]:
-            raise ValueError("continue_from_cpt = true needs cpt_every_ops > 0: without its own checkpoint there is "
-                             "nothing to continue from")
+        check_range("cpt_every_s", p["cpt_every_s"], 0.0, 86_400.0)
+        if p["continue_from_cpt"] and not (p["cpt_every_ops"] or p["cpt_every_s"]):
+            raise ValueError("continue_from_cpt = true needs cpt_every_ops > 0 or cpt_every_s > 0: without its own "
+                             "checkpoint there is nothing to continue from")
         check_range("max_wall_s", p["max_wall_s"], 0.0, 86_400.0)
         if p["max_wall_s"] and not p["continue_from_cpt"]:
             raise ValueError(f"max_wall_s = {p['max_wall_s']} needs continue_from_cpt = true: a run that stops at its "
@@ -211,22 +213,25 @@ class MDSimulation(RecordedWorkload):
     @classmethod
     def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
         """Its own checkpoint file is state on disk."""
-        return frozenset({"disk"}) if int(params.get("cpt_every_ops") or 0) > 0 else frozenset()
+        own = int(params.get("cpt_every_ops") or 0) > 0 or float(params.get("cpt_every_s") or 0) > 0
+        return frozenset({"disk"}) if own else frozenset()
 
     def setup(self) -> None:
         """Build the fluid on the device and its first neighbour list."""
         self.start_device()
-        self.image_started = time.monotonic()  # this program image's start: the clock of max_wall_s
+        self.image_started = self.last_cpt = time.monotonic()  # the clocks of max_wall_s and cpt_every_s
         self.sim = LJSystem(self.xp, self.p)
         synchronize(self.xp)
         self.rt.mark_startup("model_build")
         self.pointers_initial = {"neighbours": pointer(self.sim.nb), "list_origin": pointer(self.sim.x_built)}
 
     def run_op(self, op: int) -> None:
-        """One MD step through all seven phases; every ``cpt_every_ops`` steps, its own checkpoint."""
+        """One MD step through all seven phases; every ``cpt_every_ops`` steps or ``cpt_every_s`` seconds, its
+        own checkpoint; at ``max_wall_s``, a checkpoint and a fresh start from it."""
         self.step_through(op, self.sim.launch, lambda: self.sim.effect(op))
         every = self.p["cpt_every_ops"]
-        if every and op % every == 0:
+        timer = self.p["cpt_every_s"]
+        if (every and op % every == 0) or (timer and time.monotonic() - self.last_cpt >= timer):
             self.write_cpt(str(self.rt.workdir / CPT_NAME))
         ran = time.monotonic() - self.image_started
         if self.p["max_wall_s"] and ran >= self.p["max_wall_s"] and op < self.p["ops"]:
@@ -255,6 +260,7 @@ class MDSimulation(RecordedWorkload):
             os.fsync(fd)
         finally:
             os.close(fd)
+        self.last_cpt = time.monotonic()
 
     def report(self) -> dict[str, Any]:
         """Committed step, the state digest, energies of the last step, list builds and buffer addresses."""

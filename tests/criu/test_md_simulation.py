@@ -101,7 +101,7 @@ name = "md-maxh"
 [workload]
 name = "md_simulation"
 array = "numpy"
-params = { ops = 10, particles = 216, cpt_every_ops = 1000, continue_from_cpt = true, max_wall_s = 0.4, op_interval_ms = 120.0 }
+params = { ops = 10, particles = 216, cpt_every_s = 0.25, continue_from_cpt = true, max_wall_s = 0.4, op_interval_ms = 120.0 }
 [receiver]
 modes = ["at_least_once"]
 [pipeline]
@@ -115,7 +115,8 @@ phases = ["commit"]
 
 
 def test_a_run_that_stops_at_its_wall_time_limit_goes_on_from_its_checkpoint_through_every_cut(criu, tmp_path: Path):
-    """GROMACS's -maxh: each run of the program lasts 0.4 s, writes md.cpt at its last step and is run again
+    """GROMACS's -cpt and -maxh: a checkpoint every 0.25 s, and each run of the program lasts 0.4 s, writes md.cpt
+    at its last step and is run again
     with it, so a 10-step trajectory takes several program images; the recorded references (two clean runs)
     agree, nothing is sent twice or lost across the restarts, and a CRIU cut and an app cut land in one of them."""
     import pandas as pd

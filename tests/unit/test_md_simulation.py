@@ -96,7 +96,7 @@ def load_state_file_from(data: bytes):
     ({"density": 3.0}, "density = 3.0"),
     ({"dt": 0.5}, "dt = 0.5"),
     ({"max_neighbours": 2}, "max_neighbours"),
-    ({"continue_from_cpt": True}, "needs cpt_every_ops > 0"),
+    ({"continue_from_cpt": True}, "needs cpt_every_ops > 0 or cpt_every_s > 0"),
     ({"max_wall_s": 60.0}, "needs continue_from_cpt = true"),
 ])
 def test_parameters_out_of_range_are_named(bad, says):
@@ -114,3 +114,4 @@ def test_its_ground_truth_is_recorded_and_its_checkpoint_file_is_on_disk():
     assert api.records_reference(cls) and set(cls.arrays) == {"numpy", "cupy", "torch"}
     assert "disk" in api.declared_domains(cls, {**cls.defaults, "cpt_every_ops": 5})
     assert "disk" not in api.declared_domains(cls, dict(cls.defaults))
+    assert "disk" in api.declared_domains(cls, {**cls.defaults, "cpt_every_s": 60.0})
