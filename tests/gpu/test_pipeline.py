@@ -6,6 +6,7 @@ cuda-bindings on CuPy processes, with real CRIU where the backend uses it.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ def gpu_count() -> int:
 
 two_gpus = pytest.mark.skipif("gpu_count() < 2", reason="needs 2 GPUs")
 # NVIDIA's utility is not part of cutbench: the GPU runner puts it on PATH (scripts/device_run.sh).
-with_utility = pytest.mark.skipif("shutil.which('cuda-checkpoint') is None", reason="needs NVIDIA's cuda-checkpoint on PATH")
+with_utility = pytest.mark.skipif(shutil.which("cuda-checkpoint") is None, reason="needs NVIDIA's cuda-checkpoint on PATH")
 
 
 def scenario(backend: str, fault: str, *, phase: str = "record", workload: str = "counter", params=None,
