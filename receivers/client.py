@@ -153,6 +153,17 @@ class ReceiverClient:
             raise ReceiverError.from_reply(reply)
         return reply
 
+    def forget(self, op_id: int, *, trial: str | None = None) -> bool:
+        """Stop owing effect ``op_id``: it is neither resent on a reconnect nor waited for. For a restored
+        client whose durable reply log says its crashed incarnation had that effect acknowledged (a resend
+        would be a second delivery). Returns whether it was pending."""
+        keys = [k for k in self._unacked if k[1] == op_id and (trial is None or k[0] == trial)]
+        for k in keys:
+            del self._unacked[k]
+        for msg_id in [i for i, k in self._ack_for_id.items() if k in keys]:
+            del self._ack_for_id[msg_id]
+        return bool(keys)
+
     def publish(self, trial: str, op_id: int, epoch: int, digest: str, timeout: float | None = None) -> dict[str, Any]:
         """``send_effect`` then ``wait_ack``; returns the ack."""
         self.send_effect(trial, op_id, epoch, digest)

@@ -25,8 +25,10 @@ ENTRY_POINT_GROUP = "cutbench.workloads"
 # State domains a workload may declare and a checkpointer may cover.
 # ``ipc``: SysV and anonymous shared memory (a CRIU image holds it);
 # ``shared_file``: a file-backed MAP_SHARED mapping, whose contents no
-# checkpoint image holds (a restore maps the file as it is now).
-DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk")
+# checkpoint image holds (a restore maps the file as it is now);
+# ``request_log``: a serving runtime's log of the replies acknowledged, on
+# disk (no image holds it; its semantic adapter joins it to a cut).
+DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk", "request_log")
 
 BUILTIN: dict[str, str] = {
     "counter": "cutbench.workloads.counter:Counter",
@@ -50,6 +52,8 @@ BUILTIN: dict[str, str] = {
     "restore_hook_realloc": "cutbench.workloads.variants:RestoreHookRealloc",
     "echo_peer": "cutbench.workloads.echo_peer:EchoPeer",
     "echo_peer_noseq": "cutbench.workloads.echo_peer:EchoPeerNoSeq",
+    # The coordinator's bounded failure: a semantic adapter that is slow, answers garbage or raises.
+    "adapter_faults": "cutbench.workloads.adapter_faults:AdapterFaults",
     # Probes of the CUDA support matrix (workloads/probes/): one CUDA feature each.
     "probe_memory": "cutbench.workloads.probes.memory:MemoryProbe",
     "probe_globals": "cutbench.workloads.probes.memory:GlobalsProbe",

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
+from cutbench.workloads.adapters import ConsumerOffset, RequestLog
 from cutbench.workloads.xp import backend_name, is_device, synchronize, to_host, word, word_dtype
 from cutbench import validate
 from cutbench.files import atomic_open, read_number, write_number
@@ -242,6 +243,9 @@ def check_range(name: str, value: int | float, low: int | float, high: int | flo
 
 # -- what the built-in workloads share ------------------------------------------
 
+# The receiver's decisions after which an effect is out (visible): a request log records only these.
+VISIBLE_DECISIONS = frozenset({"applied", "suppressed", "committed"})
+
 
 class BaseWorkload:
     """The frame of the built-in workloads: parameters every one takes, the
@@ -288,6 +292,7 @@ class BaseWorkload:
         self.xp = rt.xp
         self.p = params
         self.committed = 0  # the last effect id whose commit marker is durable
+        self.request_log: RequestLog | None = None  # set by join_cuts
 
     def start_device(self) -> None:
         """Create the CUDA context now, with a one-element allocation, and mark ``cuda_init`` on the start-up
@@ -320,13 +325,43 @@ class BaseWorkload:
 
     def deliver(self, op: int, key: int, effect: str) -> None:
         """Phases ``publish``, ``ack``, ``commit`` of op ``op``: send ``effect`` under
-        ``key``, wait for the receiver's ack, commit ``key`` durably, then idle."""
+        ``key``, wait for the receiver's ack, commit ``key`` durably, then idle.
+
+        With a request log (:meth:`join_cuts`) a reply the log says was delivered is not sent again, and
+        an acknowledged one is logged before ``ack``."""
         rt = self.rt
+        log = self.request_log
+        if log is not None:
+            if log.already_delivered(key):
+                rt.log(f"op {op}: the request log says effect {key} was delivered; not sent again")
+                rt.point(op, "publish")
+                rt.point(op, "ack")
+                self.commit(op, key)
+                return
         rt.receiver.send_effect(rt.trial, key, rt.epoch, effect)
         rt.point(op, "publish")
-        rt.receiver.wait_ack(key)
+        if log is not None and log.already_delivered(key):
+            # Restored here: the crashed incarnation had the ack and logged it; a resend on reconnect would
+            # deliver it twice.
+            rt.receiver.forget(key, trial=rt.trial)
+            rt.log(f"op {op}: the request log says effect {key} was delivered; not waiting for its ack")
+        else:
+            ack = rt.receiver.wait_ack(key)
+            if log is not None and ack.get("decision") in VISIBLE_DECISIONS:
+                log.delivered(key)  # a fenced receiver's "prepared" is not out yet: the fence decides
         rt.point(op, "ack")
         self.commit(op, key)
+
+    def join_cuts(self, queue: Any = None) -> None:
+        """With parameter ``adapters`` on, register the semantic adapters of a serving runtime
+        (:mod:`cutbench.workloads.adapters`): a request log of the acknowledged replies (domain
+        ``request_log``) and, for an external ``queue``, its consumer offset (domain ``disk``)."""
+        if not self.p.get("adapters"):
+            return
+        self.request_log = RequestLog(self.rt.workdir / "request_log")
+        self.rt.register_adapter(self.request_log)
+        if isinstance(queue, ExternalCursor):
+            self.rt.register_adapter(ConsumerOffset(queue))
 
     def commit(self, op: int, key: int) -> None:
         """Phase ``commit`` of op ``op``: commit ``key`` durably, then idle."""

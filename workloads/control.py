@@ -24,7 +24,7 @@ from pathlib import Path
 PHASES: tuple[str, ...] = ("admit", "launch", "device_done", "record", "publish", "ack", "commit")
 
 MAGIC = 0x6375_7462_656E_6368  # "cutbench"
-VERSION = 1
+VERSION = 2
 SIZE = 4096
 _SLOTS = (
     "magic",
@@ -69,9 +69,22 @@ _SLOTS = (
     # simulation's -cpi, a training script's resume) bumps ``own_resumes`` and notes the op it resumed after.
     "own_resumes",  # workload
     "own_resumed_op",  # workload
+    # Semantic adapters (cutbench.workloads.adapters): one request at a time, harness -> workload. The harness
+    # writes verb, epoch, deadline and op range, then bumps adapt_seq; the workload answers in the reply area
+    # (JSON naming the seq) and then sets adapted_seq.
+    "adapters",  # workload: how many adapters it registered
+    "adapt_seq",  # harness: bumped per request
+    "adapt_verb",  # harness: index into cutbench.workloads.adapters.VERBS
+    "adapt_epoch",  # harness: the cut's epoch (the cut index within the trial, counted from 1)
+    "adapt_deadline_ns",  # harness: wall-clock time (time.time_ns) by which prepare must have answered
+    "adapt_lo",  # harness: classify the effect ids adapt_lo..adapt_hi
+    "adapt_hi",
+    "adapted_seq",  # workload: the adapt_seq it answered last
 )
-# A length-prefixed UTF-8 string (the app backend's save path) lives here.
+# A length-prefixed UTF-8 string (the app backend's save path) lives here,
 TEXT_OFFSET = 2048
+# and the adapters' reply (JSON) here, each area ending where the next begins.
+REPLY_OFFSET = 3072
 _INDEX = {name: i for i, name in enumerate(_SLOTS)}
 
 
@@ -113,18 +126,22 @@ class ControlFile:
         """Store ``value`` in slot ``name``."""
         struct.pack_into("<q", self._map, 8 * _INDEX[name], value)
 
-    def set_text(self, text: str) -> None:
-        """Store a short string (at most ``SIZE - TEXT_OFFSET - 8`` bytes of UTF-8)."""
+    def set_text(self, text: str, *, area: int = TEXT_OFFSET) -> None:
+        """Store a short string in a text area: the save path's (``TEXT_OFFSET``, the default) or the
+        adapters' reply (``REPLY_OFFSET``), each at most 1,016 bytes of UTF-8; ValueError when it does not fit."""
         data = text.encode()
-        if len(data) > SIZE - TEXT_OFFSET - 8:
+        end = REPLY_OFFSET if area == TEXT_OFFSET else SIZE
+        if len(data) > end - area - 8:
             raise ValueError(f"control text of {len(data)} bytes does not fit")
-        self._map[TEXT_OFFSET + 8 : TEXT_OFFSET + 8 + len(data)] = data
-        struct.pack_into("<q", self._map, TEXT_OFFSET, len(data))
+        self._map[area + 8 : area + 8 + len(data)] = data
+        struct.pack_into("<q", self._map, area, len(data))
 
-    def get_text(self) -> str:
-        """The string stored by :meth:`set_text` ("" when none)."""
-        (n,) = struct.unpack_from("<q", self._map, TEXT_OFFSET)
-        return bytes(self._map[TEXT_OFFSET + 8 : TEXT_OFFSET + 8 + max(0, n)]).decode()
+    def get_text(self, *, area: int = TEXT_OFFSET) -> str:
+        """The string stored by :meth:`set_text` in ``area`` ("" when none; undecodable bytes replaced)."""
+        end = REPLY_OFFSET if area == TEXT_OFFSET else SIZE
+        (n,) = struct.unpack_from("<q", self._map, area)
+        n = min(max(0, n), end - area - 8)
+        return bytes(self._map[area + 8 : area + 8 + n]).decode(errors="replace")
 
     def snapshot(self) -> dict[str, int]:
         """All slots as a dict (for logs and timelines)."""

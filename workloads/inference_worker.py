@@ -235,12 +235,13 @@ class InferenceWorker(RecordedWorkload):
     defaults: ClassVar[dict[str, Any]] = {
         **BaseWorkload.COMMON_DEFAULTS, "ops": 24, "sessions": 4, "layers": 2, "width": 64, "heads": 4,
         "vocab": 256, "context": 32, "prompt_tokens": 6, "max_new_tokens": 12, "queue": "memory",
-        "app_checkpoint": "weights",
+        "app_checkpoint": "weights", "adapters": False,
     }
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"queue": ("memory", "external"),
                                                      "app_checkpoint": ("weights", "sessions")}
     # An external queue's read position is state on disk, outside any process image.
-    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("queue", "external"): "disk"}
+    # ``adapters = true``: a serving runtime's semantic adapters (BaseWorkload.join_cuts), its reply log on disk.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("queue", "external"): "disk", ("adapters", True): "request_log"}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
@@ -270,6 +271,7 @@ class InferenceWorker(RecordedWorkload):
         self.model = TinyDecoder(self.xp, self.p)
         self.engine = Engine(self.p)
         self.queue = make_cursor(self.p["queue"], self.rt.workdir / "requests.offset")
+        self.join_cuts(self.queue)
         synchronize(self.xp)
         self.rt.mark_startup("model_build")
         self.pointers_initial = self.pointers()

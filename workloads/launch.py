@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             rt.receiver = TrackedReceiver(config.receiver, control, token=config.receiver_token)
         workload = cls(rt, config.params)
         workload.setup()
+        if rt.desk is not None:  # an adapter must stand for a domain the workload declares
+            rt.desk.check_domains(api.declared_domains(cls, config.params))
         rt.mark_startup("setup")
         first = 1
         own = getattr(workload, "continue_from_own_checkpoint", None)

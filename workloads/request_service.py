@@ -104,10 +104,12 @@ class RequestService(BaseWorkload):
 
     name: ClassVar[str] = "request_service"
     phases: ClassVar[tuple[str, ...]] = PHASES
-    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "rows": 64, "width": 128, "queue": "memory"}
+    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "rows": 64, "width": 128, "queue": "memory",
+                                             "adapters": False}
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"queue": ("memory", "external")}
     # An external queue's read position is state on disk, outside any process image.
-    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("queue", "external"): "disk"}
+    # ``adapters = true``: a serving runtime's semantic adapters (BaseWorkload.join_cuts), its reply log on disk.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("queue", "external"): "disk", ("adapters", True): "request_log"}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
@@ -121,6 +123,7 @@ class RequestService(BaseWorkload):
         self.op_done = 0  # last op (loop iteration) completed; `committed` is a request id
         self.model = ServiceModel(self.xp, p["seed"], p["rows"], p["width"])
         self.queue = make_cursor(p["queue"], self.rt.workdir / "queue.offset")
+        self.join_cuts(self.queue)
         synchronize(self.xp)
         self.pointers_initial = {"table": pointer(self.model.table)}
 

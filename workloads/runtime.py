@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from cutbench.workloads.adapters import AdapterDesk
 from cutbench.workloads.control import PHASES, ControlFile
 from cutbench.files import atomic_write, read_number, write_number
 from cutbench.receivers.client import ReceiverClient
@@ -81,6 +82,8 @@ class Runtime:
     startup: dict[str, float] = field(default_factory=dict)
     # The command line that starts this workload afresh (:meth:`start_again_in_place`); set by the launcher.
     argv: tuple[str, ...] = ()
+    # Semantic adapters (:meth:`register_adapter`); None until one is registered.
+    desk: AdapterDesk | None = None
 
     def start_again_in_place(self, reason: str) -> NoReturn:
         """End this program image and start the workload again, afresh, in the same process (``exec``).
@@ -160,9 +163,20 @@ class Runtime:
         self._quiesce = drain
         self.control.set("quiesce_capable", 1)
 
+    def register_adapter(self, adapter: Any) -> None:
+        """Register a semantic adapter (:mod:`cutbench.workloads.adapters`) for one domain the workload
+        declares: the harness's coordinator then prepares, commits, aborts it with every cut, and asks it
+        to classify the effects in flight after a restore. ValueError for a second adapter of a domain; an
+        adapter for an undeclared domain stops the workload at start-up."""
+        if self.desk is None:
+            self.desk = AdapterDesk(self.control)
+        self.desk.register(adapter)
+
     def service(self) -> None:
-        """Answer a pending drain request (called at every cut point and while parked)."""
+        """Answer a pending drain or adapter request (called at every cut point and while parked)."""
         c = self.control
+        if self.desk is not None:
+            self.desk.answer()
         seq = c.get("quiesce_seq")
         if self._quiesce is not None and seq > c.get("quiesced_seq"):
             self._quiesce()

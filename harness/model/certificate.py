@@ -35,6 +35,15 @@ earlier position valid for the later one.
    identically* by this tool, under this fault, on this driver, as the measured
    support matrix says (``cutbench matrix``); a feature the matrix marks
    otherwise, or did not measure here, is unknown (``feature:<name>``).
+
+**Semantic adapters.** A domain whose adapter joined the cut (it answered
+ready at ``prepare``) counts as covered, at the state it named
+(``request_log: committed_through(4)@3/publish``). An effect in flight that the
+restored process's own adapters classify ``committed`` (their log says it is
+out: it will not be sent again) or ``discard`` (it will never be sent) is
+handled, not ``escaped``, whatever the receiver mode; one classified
+``replay`` is sent again and is handled only by an idempotent or fenced
+receiver.
 """
 
 from __future__ import annotations
@@ -93,6 +102,10 @@ class Evidence:
     # driver: feature -> (cell, where it was measured or why not). A feature absent from ``support`` is unmeasured.
     features: tuple[str, ...] = ()
     support: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Semantic adapters: domain -> the state its adapter named at prepare (the domain joined the cut), and
+    # effect id -> the restored process's classification of it (committed, replay, discard).
+    adapters: dict[str, str] = field(default_factory=dict)
+    classified: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,7 @@ def compatible(a: Position, b: Position, phases: tuple[str, ...]) -> bool:
 def certify(ev: Evidence) -> Certificate:
     """The certificate of one cut from its evidence (rule in the module docstring)."""
     reasons: list[str] = []
-    covers = set(ev.covers)
+    covers = set(ev.covers) | set(ev.adapters)
     used = [d for d in ev.workload_domains if d != EXTERNAL]
     unknown = () if ev.in_place else tuple(sorted(d for d in used if d not in covers))
     if unknown:
@@ -157,6 +170,9 @@ def certify(ev: Evidence) -> Certificate:
             continue
         if not ev.positions:  # decided before any capture (a precheck): nothing was taken
             domains[d] = "not captured"
+            continue
+        if d in ev.adapters and d not in ev.covers:  # joined by its adapter at the cut, not by an image
+            domains[d] = f"{ev.adapters[d]}@{image_pos.label() if image_pos else '-'}"
             continue
         stage = DOMAIN_STAGE.get(d, image_stage)
         pos = ev.positions.get(stage, image_pos)
@@ -180,7 +196,7 @@ def certify(ev: Evidence) -> Certificate:
         domains=domains,
         external_effect_fence=fence,
         in_flight=in_flight,
-        coverage=tuple(sorted(covers)),
+        coverage=tuple(sorted(ev.covers)),
         unknown=unknown,
         eligible=not reasons,
         reason="; ".join(reasons),
@@ -216,6 +232,12 @@ def _effects(ev: Evidence, reasons: list[str]) -> tuple[str, dict[int, str]]:
     unacked = range(ev.acked_through + 1, ev.sent_through + 1) if ev.reconnects else range(0)
     resent = sorted(op for op in unacked if op in visible)
     in_flight: dict[int, str] = {}
+    # What the restored process's own subsystems will not send again is handled in any receiver mode.
+    held = {op: {"committed": "commit", "discard": "discard"}[ev.classified[op]]
+            for op in after_cut + resent if ev.classified.get(op) in ("committed", "discard")}
+    after_cut = [op for op in after_cut if op not in held]
+    resent = [op for op in resent if op not in held]
+    in_flight.update(held)
     if ev.receiver_mode == "fenced":
         for op in resent:
             in_flight[op] = "commit"  # committed through the fence; a resend is suppressed
@@ -233,6 +255,15 @@ def _effects(ev: Evidence, reasons: list[str]) -> tuple[str, dict[int, str]]:
         reasons.append(f"receiver: effects of ops {ops} are already visible and the restored process sends them again "
                        "(at_least_once has no fence)")
     return "none", in_flight
+
+
+def in_flight_candidates(ev: Evidence) -> list[int]:
+    """The effect ids a restored process could send although their effect may be out (the ops
+    :func:`certify` classifies in ``in_flight``): visible past the cut, or sent unacknowledged before a
+    reconnecting restore."""
+    visible = set(ev.visible)
+    unacked = set(range(ev.acked_through + 1, ev.sent_through + 1)) if ev.reconnects else set()
+    return sorted(op for op in visible if op > ev.sent_through or op in unacked)
 
 
 def epoch_steps(positions: list[Position], phases: tuple[str, ...]) -> int:

@@ -39,6 +39,7 @@ LIMITS: dict[str, int | float] = {
     "run.watchdog_s": 86_400,
     "run.trial_timeout_s": 86_400,
     "run.stage_timeout_s": 86_400,
+    "run.prepare_timeout_s": 3_600,
     "run.jobs": 1024,
     "run.trials_per_gpu": 64,
     "pipeline.ms": 3_600_000,
@@ -55,7 +56,7 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
                  "rank_skew_ms", "restore_targets", "certify", "support_matrix"),
     "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile",
              "interval_ops"),
-    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "jobs", "trials_per_gpu", "executor", "ray_address"),
+    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "prepare_timeout_s", "jobs", "trials_per_gpu", "executor", "ray_address"),
 }
 
 
@@ -131,6 +132,8 @@ class Scenario:
     watchdog_s: float = 20.0
     trial_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
+    # How long the workload's semantic adapters have to join a cut (prepare) before it is called off.
+    prepare_timeout_s: float = 5.0
     # Trials run at once (``run.jobs``): an integer, or "auto" (see check_jobs); the runner resolves "auto".
     jobs: int | str = 1
     trials_per_gpu: int = 1
@@ -283,6 +286,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         watchdog_s=float(_bounded("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
         trial_timeout_s=float(_bounded("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
         stage_timeout_s=float(_bounded("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
+        prepare_timeout_s=float(_bounded("run.prepare_timeout_s", _get(rn, "run", "prepare_timeout_s", (int, float), 5.0))),
         # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
         jobs=check_jobs("run.jobs", rn.get("jobs", "auto" if executor == "ray" else 1)),
         trials_per_gpu=_bounded("run.trials_per_gpu", _get(rn, "run", "trials_per_gpu", int, 1)),

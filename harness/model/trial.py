@@ -95,6 +95,7 @@ class TrialSpec:
     watchdog_s: float = 20.0
     trial_timeout_s: float = 120.0
     stage_timeout_s: float = 60.0
+    prepare_timeout_s: float = 5.0
     images_dir: str = "/dev/shm"
     keep_images: bool = False
     variant: str = ""  # the sweep point (``state_size=4096``) when a sweep runs several in one run
@@ -150,6 +151,8 @@ class TrialRecord:
     progress_phase: str = ""
     workload_domains: list[str] = field(default_factory=list)
     covered_domains: list[str] = field(default_factory=list)
+    # Domains the workload's semantic adapters joined at every cut that was restored (they bring them back).
+    joined_domains: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     facts: dict[str, Any] = field(default_factory=dict)  # what backends measured (image_bytes, gpu_bytes, ...)
     log_tail: str = ""
@@ -176,8 +179,9 @@ class TrialRecord:
 
     @property
     def uncovered_domains(self) -> list[str]:
-        """The domains the workload used that its backend's checkpoint does not hold (the external receiver aside), sorted."""
-        return sorted(set(self.workload_domains) - set(self.covered_domains) - {EXTERNAL})
+        """The domains the workload used that neither its backend's checkpoint holds nor its adapters joined
+        (the external receiver aside), sorted."""
+        return sorted(set(self.workload_domains) - set(self.covered_domains) - set(self.joined_domains) - {EXTERNAL})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the ``record`` of ``trials/<id>.json``)."""
@@ -233,6 +237,7 @@ def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSp
         watchdog_s=scenario.watchdog_s,
         trial_timeout_s=scenario.trial_timeout_s,
         stage_timeout_s=scenario.stage_timeout_s,
+        prepare_timeout_s=scenario.prepare_timeout_s,
         images_dir=scenario.images_dir,
         keep_images=scenario.keep_images,
     ).validated()

@@ -30,6 +30,8 @@ class CutContext:
     cut_index: int
     cut: Cut
     stage_timeout_s: float = 60.0
+    # The deadline of the adapters' prepare (and of each later adapter request), run.prepare_timeout_s.
+    prepare_timeout_s: float = 5.0
     # Set by the backend: bytes of the image, GPU bytes, and anything to report.
     facts: dict[str, Any] = field(default_factory=dict)
     # Called by backends whose pipeline lets host code run before the CPU cut
@@ -93,11 +95,21 @@ class Certifier(Protocol):
     ``captured`` from the backends' capture stages (:meth:`CutContext.mark`),
     ``checkpointed`` once a restorable image exists (the fence may advance),
     ``before_restore`` after the fault and before the restore (a refusal
-    leaves the crashed workload down: the restore was declined).
-    ``precheck`` and ``before_restore`` return a refusal reason or None.
+    leaves the crashed workload down: the restore was declined),
+    ``joined`` with what the workload's semantic adapters said at prepare,
+    ``in_flight`` for the effect ids a restored process's adapters should
+    classify, and ``after_restore`` with that classification (or why there is
+    none) before the restored process runs.
+    ``precheck``, ``before_restore`` and ``after_restore`` return a refusal reason or None.
     """
 
+    def joined(self, states: dict[str, str]) -> None: ...
+
     def precheck(self) -> str | None: ...
+
+    def in_flight(self) -> list[int]: ...
+
+    def after_restore(self, classes: dict[int, str] | str) -> str | None: ...
 
     def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None: ...
 

@@ -1,10 +1,13 @@
 """The nemesis: one cut through a backend, then the fault, then the restore.
 
 ``execute_cut`` is the only place that knows the order
-``(precheck) → checkpoint → (checkpointed) → fault → (before_restore) → (before_resume) → restore → release`` and what each
+``prepare → (precheck) → checkpoint → (checkpointed) → commit → fault → (before_restore) → (before_resume) →
+restore → restored + classify → (after_restore) → release`` and what each
 failure means for the trial: a refusal releases the workload and lets it go
-on; a failure brings the workload back where possible and is reported with
-the stage and error. It never leaves an image directory behind unless asked.
+on (its adapters aborted); a failure brings the workload back where possible
+and is reported with the stage and error. It never leaves an image directory
+behind unless asked. The adapter steps (:mod:`cutbench.harness.nemesis.adapters`)
+run only for a workload that registered adapters.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cutbench.harness.nemesis import adapters
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
@@ -57,21 +61,33 @@ def execute_cut(
     ctx.release = release
     certifier = ctx.certifier
     try:
+        try:
+            joined = adapters.prepare(ctx, ctx.prepare_timeout_s)
+        except StageRefused as exc:
+            release()  # bounded failure: the adapters were aborted, nothing was captured
+            return CutOutcome("refused", exc.stage, exc.reason)
+        if certifier is not None:
+            certifier.joined(joined)
         refusal = certifier.precheck() if certifier is not None else None
         if refusal:
+            adapters.abort(ctx)
             release()  # bounded failure: nothing was touched, the workload goes on
             return CutOutcome("refused", "certify", refusal)
         try:
             backend.checkpoint(target, ctx)
         except StageRefused as exc:
+            adapters.abort(ctx)
             release()
             return CutOutcome("refused", exc.stage, exc.reason)
         except StageFailed as exc:
+            adapters.abort(ctx)
             release()
             return _failed(exc)
 
         if certifier is not None:
             certifier.checkpointed()
+        if cut.fault != "kill":  # the process goes on from here; under kill only its restored image does (restored)
+            adapters.commit(ctx, ctx.prepare_timeout_s)
         if cut.fault == "none":
             release()
             try:
@@ -103,11 +119,23 @@ def execute_cut(
             if resumed is None:
                 return CutOutcome("failed", exc.stage, exc.reason)
             target.replaced_by(resumed)
+            adapters.abort(ctx)
             release()
             return CutOutcome("refused", exc.stage, exc.reason)
         except StageFailed as exc:
             return _failed(exc)
         target.replaced_by(pid)
+        # The restored process is still parked at the cut: its adapters bring their domains back to the cut
+        # and classify the effects in flight before it runs a step.
+        in_flight = certifier.in_flight() if certifier is not None else []
+        classes = adapters.restored(ctx, ctx.prepare_timeout_s, in_flight)
+        refusal = certifier.after_restore(classes) if certifier is not None else None
+        if refusal:
+            # Declined after all: the restored process never ran past its park; it goes down as the crash left it.
+            target.kill()
+            return CutOutcome("refused", "certify_restore",
+                              f"{refusal} (declined once the restored process's adapters had classified the effects "
+                              "in flight: it was stopped at its park before it ran)")
         release()
         return CutOutcome("restored")
     finally:

@@ -25,10 +25,12 @@ Two jobs, both at the cut's stage boundaries (the nemesis pipeline calls the
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from cutbench.errors import StageRefused
-from cutbench.harness.model.certificate import Certificate, Evidence, Position, certify, epoch_steps
+from cutbench.harness.model.certificate import (Certificate, Evidence, Position, certify, epoch_steps,
+                                                in_flight_candidates)
 from cutbench.harness.model.plan import Cut
 
 # How long a commit waits for its prepared delivery to be stored: the
@@ -67,9 +69,16 @@ class TrialCoordinator:
     def evidence_of(self, certifier: "CutCertifier") -> dict[str, Any]:
         """The cut's evidence as stored in the trial record (``cut_evidence``)."""
         ev = certifier.evidence
-        return {"checkpoint": ev.checkpoint, "positions": {k: p.label() for k, p in ev.positions.items()},
-                "sent_through": ev.sent_through, "acked_through": ev.acked_through,
-                "epoch_steps": epoch_steps(list(ev.positions.values()), self.phases)}
+        out = {"checkpoint": ev.checkpoint, "positions": {k: p.label() for k, p in ev.positions.items()},
+               "sent_through": ev.sent_through, "acked_through": ev.acked_through,
+               "epoch_steps": epoch_steps(list(ev.positions.values()), self.phases)}
+        if ev.adapters:
+            out["adapters"] = dict(ev.adapters)
+        if ev.classified:
+            out["classified"] = {str(k): v for k, v in sorted(ev.classified.items())}
+        if certifier.unclassified:
+            out["unclassified"] = certifier.unclassified
+        return out
 
     # -- effect fences ---------------------------------------------------------------
     def advance_fence(self, through: int) -> None:
@@ -155,6 +164,9 @@ class CutCertifier:
             features=coordinator.features, support=dict(coordinator.support.get(cut.fault, {})),
         )
         self.certificate: Certificate | None = None
+        # The restore decision waits for the restored process's adapters to classify the effects in flight.
+        self.deferred = False
+        self.unclassified = ""  # why the adapters gave no classification ("" when they gave one or none was asked)
 
     @property
     def enforcing(self) -> bool:
@@ -174,6 +186,10 @@ class CutCertifier:
             self._record(cert, decided=True)
             return f"certificate: {cert.reason}"
         return None
+
+    def joined(self, states: dict[str, str]) -> None:
+        """The workload's semantic adapters joined this cut: domain -> the state each named at prepare."""
+        self.evidence.adapters = dict(states)
 
     def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
         """Record the workload's position at capture stage ``stage``; under enforce, refuse an incompatible epoch."""
@@ -211,6 +227,33 @@ class CutCertifier:
             return None
         self.evidence.restore_decided = True
         cert = certify(self.evidence)
+        if not cert.eligible and self.evidence.adapters:
+            # Only effects in flight stand in the way: the restored process's adapters may know them delivered.
+            hopeful = replace(self.evidence, classified={op: "committed" for op in in_flight_candidates(self.evidence)})
+            if certify(hopeful).eligible:
+                self.deferred = True
+                return None
+        self._record(cert, decided=True)
+        if self.enforcing and not cert.eligible:
+            return f"certificate: {cert.reason}"
+        return None
+
+    def in_flight(self) -> list[int]:
+        """The effect ids the restored process's adapters are asked to classify (none unless the decision waits)."""
+        return in_flight_candidates(self.evidence) if self.deferred else []
+
+    def after_restore(self, classes: dict[int, str] | str) -> str | None:
+        """The restored process's adapters classified the effects in flight (or ``classes`` says why they
+        did not): decide the deferred restore; the refusal reason under enforce, else None."""
+        if not self.deferred:
+            return None
+        if isinstance(classes, str):
+            self.unclassified = classes
+        else:
+            self.evidence.classified = dict(classes)
+        cert = certify(self.evidence)
+        if self.unclassified:
+            cert = replace(cert, reason=f"{cert.reason} (the adapters gave no classification: {self.unclassified})")
         self._record(cert, decided=True)
         if self.enforcing and not cert.eligible:
             return f"certificate: {cert.reason}"

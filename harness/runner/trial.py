@@ -439,6 +439,7 @@ class TrialRunner:
             # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
             workload_domains=sorted(set(domains) | set((report or {}).get("domains", ()))),
             covered_domains=sorted(backend.capabilities.covers),
+            joined_domains=sorted(state.joined or ()),
             duration_s=time.monotonic() - started,
             facts=state.facts,
             log_tail=(self._log_tail() or output) if state.status in ("unknown", "deadlock", "lost") else "",
@@ -475,6 +476,7 @@ class TrialRunner:
                 cut_index=i,
                 cut=cut,
                 stage_timeout_s=spec.stage_timeout_s,
+                prepare_timeout_s=spec.prepare_timeout_s,
                 control=control,
                 certifier=self.coordinator.for_cut(i, cut),
                 phases=self.phases,
@@ -496,6 +498,8 @@ class TrialRunner:
             if outcome.status == "restored":
                 state.restores += 1
                 ctx.certifier.restored()
+                joined = set(ctx.certifier.evidence.adapters)
+                state.joined = joined if state.joined is None else state.joined & joined
             if outcome.stage == "certify_restore":
                 # The certificate declined the restore: the crashed workload stays down; a safe refusal.
                 state.status, state.error, state.failed_stage, state.down = "refused", outcome.error, outcome.stage, True
@@ -735,6 +739,7 @@ class _TrialState:
     resumed_at: tuple[tuple[int, int], int] | None = None
     down: bool = False  # the workload is gone on purpose (a declined restore): nothing runs to the end
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    joined: set[str] | None = None  # domains the adapters joined at every restored cut (None: no restore yet)
 
 
 @dataclass

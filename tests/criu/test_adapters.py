@@ -1,0 +1,63 @@
+"""Semantic adapters through real CRIU (scenarios/adapters.toml): a serving runtime whose queue offset and
+reply log live outside the process, with its adapters off and on, certified; adapters that misbehave."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+
+from tests.conftest import REPO
+
+
+def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(criu, results_root):
+    proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "adapters.toml"),
+                           "--out", str(results_root), "--json"], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = (results_root / "latest").resolve()
+    trials = pd.read_parquet(run_dir / "trials.parquet")
+    print(trials[["variant", "plan", "outcome", "failed_stage", "cert_eligible", "error"]].to_string())
+    assert (trials["outcome"] != "unknown").all()
+    by = {name: group for name, group in trials.groupby("variant")}
+
+    # Off: the offset and the log are in no image; every cut is ineligible, and the oracle agrees.
+    off = by["adapters-off"]
+    assert len(off) == 6 and (off["cert_eligible"] == False).all() and (off["outcome"] == "invalid").all()  # noqa: E712
+    assert off["cert_reason"].str.contains("no checkpoint holds disk").all()
+
+    # On: both domains join every cut; a kill at the cut is eligible and valid.
+    on = by["adapters-on"]
+    kills = on[on["fault"] == "kill"]
+    assert len(kills) == 3 and (kills["cert_eligible"] == True).all() and (kills["outcome"] == "valid").all()  # noqa: E712
+    # After leave_running the restored process's log classified the effects in flight: sound either way, and
+    # an ineligible one names the effect sent without an acknowledgement (it is the duplicate the oracle finds).
+    assert (on[on["cert_eligible"] == True]["outcome"] == "valid").all()  # noqa: E712
+    assert (trials["certificate_unsound"] == 0).all()
+    for row in on[on["cert_eligible"] == False].itertuples():  # noqa: E712
+        findings = json.loads(row.findings)
+        assert {f["kind"] for f in findings} == {"duplicate"}, findings
+        assert f"ops {findings[0]['op']} " in row.cert_reason
+    record = json.loads((run_dir / "trials" / f"{kills['trial_id'].iloc[0]}.json").read_text())["record"]
+    cert, evidence = record["certificates"][0], record["cut_evidence"][0]
+    assert cert["domains"]["disk"] == "offset(3)@3/launch" and cert["domains"]["request_log"].startswith("committed_through(")
+    assert set(evidence["adapters"]) == {"disk", "request_log"} and record["joined_domains"] == ["disk", "request_log"]
+    stages = pd.read_parquet(run_dir / "timeline.parquet")
+    one = stages[stages["trial_id"] == kills["trial_id"].iloc[0]]["stage"].tolist()
+    assert one.index("prepare") < one.index("criu_dump") < one.index("restored")
+
+    # Enforce: nothing invalid gets through; a declined restore is decided after the classification.
+    enforce = by["adapters-on-enforce"]
+    assert not (enforce["outcome"] == "invalid").any()
+    assert set(enforce[enforce["outcome"] == "refused"]["failed_stage"]) <= {"certify_restore"}
+
+    # Misbehaving adapters: refused at prepare in their own words, nothing restored, the workload ran on.
+    words = {"adapter-late": "no answer to prepare within 1s",
+             "adapter-garbage": "request_log: prepare returned 42",
+             "adapter-raises": "request_log: prepare raised RuntimeError: request log unavailable at epoch 1"}
+    for variant, text in words.items():
+        row = by[variant].iloc[0]
+        assert row["outcome"] == "refused" and row["failed_stage"] == "prepare", row.to_dict()
+        assert text in row["error"] and row["restores"] == 0 and row["host_op"] == 8
+        assert "abort" in stages[stages["trial_id"] == row["trial_id"]]["stage"].tolist()
