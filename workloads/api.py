@@ -27,8 +27,11 @@ ENTRY_POINT_GROUP = "cutbench.workloads"
 # ``shared_file``: a file-backed MAP_SHARED mapping, whose contents no
 # checkpoint image holds (a restore maps the file as it is now);
 # ``request_log``: a serving runtime's log of the replies acknowledged, on
-# disk (no image holds it; its semantic adapter joins it to a cut).
-DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk", "request_log")
+# disk (no image holds it; its semantic adapter joins it to a cut);
+# ``device_work``: device work that never ends (a persistent kernel), which
+# no checkpoint holds mid-flight (its adapter drains it at the cut).
+DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk", "request_log",
+                            "device_work")
 
 BUILTIN: dict[str, str] = {
     "counter": "cutbench.workloads.counter:Counter",

@@ -48,11 +48,6 @@ _SLOTS = (
     "saved_op",  # workload: the op the save covers
     "save_hold",  # harness: 1 = wait at the boundary after saving until it is 0
     "load_count",  # workload: bumped after a process loaded a saved state
-    # Quiesce adapters (e.g. a persistent kernel): drain device work before a cut.
-    "quiesce_capable",  # workload: 1 when it registered a quiesce handler
-    "quiesce_seq",  # harness: bumped to ask for a drain
-    "quiesced_seq",  # workload: set to quiesce_seq once drained
-    "unquiesce_seq",  # harness: set to quiesce_seq when device work may restart
     # Multi-process workloads: the one process a cut checkpoints instead of the
     # whole tree (0: the workload's root and every process under it).
     "cut_pid",  # workload

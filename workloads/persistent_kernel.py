@@ -9,11 +9,14 @@ side is ``counter``'s op lifecycle: the ``launch`` phase submits to the queue
 instead of enqueueing kernels, ``device_done`` waits for the completion word.
 
 A kernel that never returns makes ``cuCheckpointProcessLock`` time out
-(``CUDA_ERROR_NOT_READY``): without its quiesce adapter every CUDA cut is
-refused and the workload runs on. With ``quiesce_adapter = true`` the workload
-registers a drain handler: asked by the harness, it sets ``q[2]``, the kernel
-finishes every submitted op and exits at that epoch boundary, and the host
-relaunches it (after the harness allows it) the next time it submits.
+(``CUDA_ERROR_NOT_READY``): without its adapter every CUDA cut is refused
+and the workload runs on. Its execution state is the domain ``device_work``,
+which no checkpoint holds mid-flight. With ``quiesce_adapter = true`` the
+workload registers :class:`KernelDrain`, the semantic adapter of that domain
+(:mod:`cutbench.workloads.adapters`): at ``prepare`` it sets ``q[2]``, the
+kernel finishes every submitted op and exits at that epoch boundary
+(``quiescent(op N)``), and the host relaunches it the next time it submits,
+once the cut is committed, aborted or restored.
 
 GPU only (CuPy); the report adds ``domain_ops`` (host and device sequence),
 so a device that drifted from the host shows up as ``mixed_epoch``.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
+from cutbench.workloads.adapters import Ready
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.counter import Counter
 from cutbench.workloads.xp import is_device
@@ -73,11 +77,39 @@ extern "C" __global__ void persistent_counter(volatile long long* q, unsigned lo
 OP_TIMEOUT_S = 60.0
 
 
+class KernelDrain:
+    """The semantic adapter of the persistent kernel's execution (domain ``device_work``): ``prepare`` drains
+    it at an epoch boundary; the host may relaunch it only after ``commit``, ``abort`` or ``restored``."""
+
+    domain = "device_work"
+    effects = False  # the kernel's completions are the host's effects, published by the op lifecycle
+
+    def __init__(self, workload: "PersistentKernel"):
+        self.workload = workload
+        self.held = False
+
+    def prepare(self, epoch: int, deadline: float) -> Ready:
+        """Let the kernel finish every submitted op and exit; wait for it."""
+        self.held = True
+        self.workload.drain()
+        return Ready(f"quiescent(op {int(self.workload.q[1])})")
+
+    def commit(self, epoch: int) -> None:
+        """The kernel may run again."""
+        self.held = False
+
+    abort = restored = commit
+
+    def classify(self, key: int) -> str:
+        """Not asked (``effects = False``)."""
+        return "replay"
+
+
 class PersistentKernel(Counter):
     """The ``persistent_kernel`` workload (see module docstring)."""
 
     name: ClassVar[str] = "persistent_kernel"
-    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "receiver"})
+    domains: ClassVar[frozenset[str]] = frozenset({"cpu", "cuda", "receiver", "device_work"})
     phases: ClassVar[tuple[str, ...]] = PHASES
     arrays: ClassVar[tuple[str, ...]] = ("cupy",)
     defaults: ClassVar[dict[str, Any]] = {
@@ -110,13 +142,20 @@ class PersistentKernel(Counter):
         # and the kernel itself.
         self.state_digest()
         getattr(self.kernel, "compile", lambda: None)()
+        self.adapter: KernelDrain | None = None
         if self.p["quiesce_adapter"]:
-            self.rt.set_quiesce_handler(self.drain)
+            self.adapter = KernelDrain(self)
+            self.rt.register_adapter(self.adapter)
 
     def _ensure_kernel(self) -> None:
         if self.running:
             return
-        self.rt.wait_unquiesced()
+        deadline = time.monotonic() + OP_TIMEOUT_S
+        while self.adapter is not None and self.adapter.held:  # drained for a cut: relaunch once it is over
+            self.rt.service()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the drained kernel was not let run again within {OP_TIMEOUT_S:g}s")
+            time.sleep(0.0005)
         import numpy as np
 
         self.q[2] = 0
@@ -126,7 +165,7 @@ class PersistentKernel(Counter):
         self.running = True
 
     def drain(self) -> None:
-        """Quiesce adapter: let the kernel finish every submitted op, exit, and wait for it."""
+        """Let the kernel finish every submitted op, exit, and wait for it (the adapter's prepare, and the end)."""
         if not self.running:
             return
         self.q[2] = 1

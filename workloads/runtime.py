@@ -75,9 +75,6 @@ class Runtime:
     # part of the image and a restored process resumes its own park.
     _parked_seq: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
-    # Quiesce adapter: a callable that drains the workload's device work (see
-    # :meth:`set_quiesce_handler`); None when the workload has none.
-    _quiesce: Any = None
     # The cold start of this process (:meth:`mark_startup`): step name -> seconds since exec.
     startup: dict[str, float] = field(default_factory=dict)
     # The command line that starts this workload afresh (:meth:`start_again_in_place`); set by the launcher.
@@ -148,21 +145,13 @@ class Runtime:
         self.control.set("parked_seq", seq)
         deadline = time.monotonic() + PARK_TIMEOUT_S
         while self.control.get("release_seq") < seq:
-            self.service()  # a parked workload still answers drain requests
+            self.service()  # a parked workload still answers its adapters' requests
             if time.monotonic() > deadline:
                 self.log(f"park at seq {seq} never released; exiting")
                 raise SystemExit(4)
             time.sleep(0.0005)
 
-    # -- quiesce adapters ------------------------------------------------------
-    def set_quiesce_handler(self, drain: Any) -> None:
-        """Register ``drain()``: stop all device work at an epoch boundary (e.g. let a
-        persistent kernel finish its queue and exit). The harness asks for it before
-        a CUDA lock; the workload restarts its device work only after
-        :meth:`wait_unquiesced` returns."""
-        self._quiesce = drain
-        self.control.set("quiesce_capable", 1)
-
+    # -- semantic adapters ----------------------------------------------------
     def register_adapter(self, adapter: Any) -> None:
         """Register a semantic adapter (:mod:`cutbench.workloads.adapters`) for one domain the workload
         declares: the harness's coordinator then prepares, commits, aborts it with every cut, and asks it
@@ -173,25 +162,9 @@ class Runtime:
         self.desk.register(adapter)
 
     def service(self) -> None:
-        """Answer a pending drain or adapter request (called at every cut point and while parked)."""
-        c = self.control
+        """Answer a pending adapter request (called at every cut point and while parked)."""
         if self.desk is not None:
             self.desk.answer()
-        seq = c.get("quiesce_seq")
-        if self._quiesce is not None and seq > c.get("quiesced_seq"):
-            self._quiesce()
-            c.set("quiesced_seq", seq)
-
-    def wait_unquiesced(self) -> None:
-        """Block until the harness lets drained device work restart (returns at once when not drained)."""
-        c = self.control
-        deadline = time.monotonic() + PARK_TIMEOUT_S
-        while c.get("unquiesce_seq") < c.get("quiesced_seq"):
-            self.service()
-            if time.monotonic() > deadline:
-                self.log("device work never allowed to restart; exiting")
-                raise SystemExit(4)
-            time.sleep(0.0005)
 
     # -- application-level checkpoints (the `app` backend) --------------------
     def boundary(self, op: int, workload: Any) -> None:

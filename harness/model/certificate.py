@@ -97,7 +97,6 @@ class Evidence:
     # Suspend/resume in place (fault none): the process never leaves memory, so what the
     # image does not hold is still live in it, not lost.
     in_place: bool = False
-    quiesced: bool | None = None  # a quiesce adapter's acknowledgement (None: the workload has none)
     # The CUDA features the workload declares, and the support matrix's word on each for this tool, fault and
     # driver: feature -> (cell, where it was measured or why not). A feature absent from ``support`` is unmeasured.
     features: tuple[str, ...] = ()
@@ -182,8 +181,6 @@ def certify(ev: Evidence) -> Certificate:
             captured.append((d, pos))
         else:
             reasons.append(f"no capture stage reported the position of {d}")
-    if ev.quiesced is not None:
-        domains["persistent_kernel"] = f"{'quiescent' if ev.quiesced else 'running'}@{image_pos.label() if image_pos else '-'}"
     for (d1, p1), (d2, p2) in zip(captured, captured[1:]):
         if not compatible(p1, p2, ev.phases):
             reasons.append(f"{d1}@{p1.label()} and {d2}@{p2.label()} are at incompatible epochs (device work in between)")

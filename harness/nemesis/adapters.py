@@ -39,8 +39,8 @@ class NoAnswer(Exception):
 
 
 def registered(ctx: CutContext) -> bool:
-    """Whether the cut's workload registered any adapter."""
-    return ctx.control is not None and ctx.control.get("adapters") > 0
+    """Whether the cut's workload registered any adapter and its backend joins them to the cut."""
+    return ctx.semantic_adapters and ctx.control is not None and ctx.control.get("adapters") > 0
 
 
 def epoch_of(ctx: CutContext) -> int:

@@ -32,13 +32,15 @@ class CutContext:
     stage_timeout_s: float = 60.0
     # The deadline of the adapters' prepare (and of each later adapter request), run.prepare_timeout_s.
     prepare_timeout_s: float = 5.0
+    # Whether the workload's semantic adapters join this cut (the backend's ``capabilities.semantic_adapters``).
+    semantic_adapters: bool = True
     # Set by the backend: bytes of the image, GPU bytes, and anything to report.
     facts: dict[str, Any] = field(default_factory=dict)
     # Called by backends whose pipeline lets host code run before the CPU cut
     # (the split window): it releases the workload's park.
     release: Any = None
-    # The trial's ControlFile: backends that talk to the workload (app saves,
-    # quiesce adapters) use it; None outside a trial.
+    # The trial's ControlFile: backends that talk to the workload (app saves)
+    # and the semantic adapters use it; None outside a trial.
     control: Any = None
     # The cut's certifier (see :class:`Certifier`); None when the cut is not certified.
     certifier: Any = None
@@ -81,6 +83,9 @@ class Capabilities:
     covers: frozenset[str] = frozenset()
     # What it needs of the workload's code ("" for nothing: a transparent, system-level tool).
     workload_changes: str = ""
+    # The coordinator joins the workload's semantic adapters to each cut (prepare, commit, abort, restored):
+    # a tool that images the process. False for one whose cut is the application's own save or a restart.
+    semantic_adapters: bool = True
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))

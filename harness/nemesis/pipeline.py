@@ -59,6 +59,7 @@ def execute_cut(
     """
     cut = ctx.cut
     ctx.release = release
+    ctx.semantic_adapters = backend.capabilities.semantic_adapters
     certifier = ctx.certifier
     try:
         try:

@@ -225,7 +225,7 @@ def _per_cut(trials: pd.DataFrame, stage_time: pd.DataFrame, stages: tuple[str, 
     """Per trial: seconds of ``stages`` in its first cut.
 
     Only trials where each of those stages that ran for these trials at all
-    ran (a stage no trial here needed, such as ``quiesce`` for a workload
+    ran (a stage no trial here needed, such as ``prepare`` for a workload
     without an adapter, is not required); ``every``: all of ``stages`` must run.
     """
     if not stages or trials.empty:

@@ -204,8 +204,6 @@ class CutCertifier:
         # An explicit position (an application save) covers the effects up to its op only.
         self.evidence.sent_through = min(sent, int(op)) if phase == "" and stage == "app_save" else sent
         self.evidence.acked_through = min(c.get("acked_effect"), self.evidence.sent_through)
-        if c.get("quiesce_capable"):
-            self.evidence.quiesced = c.get("quiesced_seq") >= c.get("quiesce_seq") > 0
         if self.enforcing and len(self.evidence.positions) > 1:
             cert = certify(self.evidence)
             if not cert.eligible:

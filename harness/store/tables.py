@@ -16,6 +16,7 @@ from cutbench.errors import CutbenchError, InvalidArgument
 from cutbench.harness.model.scenario import Arm
 from cutbench.harness.model.trial import Finding, TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.registry import CHECKPOINTERS, backend_capabilities
+from cutbench.workloads.adapters import VERBS as ADAPTER_VERBS
 
 
 def _landed(evidence: list[dict[str, Any]]) -> str | None:
@@ -120,11 +121,12 @@ def certificate_rows(result: TrialResult) -> list[dict[str, Any]]:
 
 @functools.lru_cache(maxsize=1)
 def stage_columns() -> tuple[str, ...]:
-    """The stages with a ``<stage>_s`` column in ``trials.parquet``: every stage a registered backend declares.
+    """The stages with a ``<stage>_s`` column in ``trials.parquet``: the semantic adapters' (``prepare``,
+    ``commit``, ``abort``, ``restored``, ``classify``), then every stage a registered backend declares.
 
     In registry order, each once, so every run of a build has the same columns.
     """
-    out: dict[str, None] = {}
+    out: dict[str, None] = dict.fromkeys(ADAPTER_VERBS)
     for name in CHECKPOINTERS.names():
         try:
             stages = backend_capabilities(name).stages

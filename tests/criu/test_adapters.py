@@ -61,3 +61,15 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
         assert row["outcome"] == "refused" and row["failed_stage"] == "prepare", row.to_dict()
         assert text in row["error"] and row["restores"] == 0 and row["host_op"] == 8
         assert "abort" in stages[stages["trial_id"] == row["trial_id"]]["stage"].tolist()
+
+
+def test_the_adapter_pause_benchmark_reports_its_figures(criu, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "adapter_pause.py"), "--trials", "2",
+                           "--deadlines", "0.3", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "The pause prepare adds" in proc.stdout and "Time to abort" in proc.stdout
+    figures = json.loads((tmp_path / "adapter_pause.json").read_text())
+    assert figures["pause_on"]["prepare"]["n"] == 2 and figures["pause_off"]["prepare"]["n"] == 0
+    [abort] = figures["abort"]
+    assert abort["deadline_s"] == 0.3 and abort["refused_at_prepare"] == abort["trials"] == 3 and abort["n"] == 3

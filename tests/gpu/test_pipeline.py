@@ -158,11 +158,19 @@ def test_persistent_kernel_without_adapter_is_refused_and_finishes(tmp_path):
     assert not r.verdict.findings
 
 
-def test_persistent_kernel_with_adapter_is_cut(tmp_path):
-    r = one(scenario("cuda+criu", "kill", workload="persistent_kernel",
-                     params={"state_size": 1 << 16, "quiesce_adapter": True}), tmp_path)
+@pytest.mark.parametrize("fault", ["kill", "leave_running", "none"])
+def test_persistent_kernel_with_adapter_is_cut(tmp_path, fault):
+    data = scenario("cuda+criu", fault, workload="persistent_kernel", params={"state_size": 1 << 16, "quiesce_adapter": True})
+    data["pipeline"]["certify"] = ["audit"]
+    r = one(data, tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
-    assert r.record.restores == 1 and "quiesce" in stages(r)
+    assert r.record.restores == (0 if fault == "none" else 1)
+    order = stages(r)
+    assert order.index("prepare") < order.index("cuda_lock")
+    # The adapter drained the kernel at the cut, and it is in the certificate: device_work joined, quiescent.
+    [cert] = r.record.certificates
+    assert cert["eligible"] and cert["domains"]["device_work"] == "quiescent(op 2)@2/record", cert
+    assert r.record.joined_domains == (["device_work"] if fault != "none" else [])
 
 
 @two_gpus

@@ -37,6 +37,7 @@ class AppCheckpointer:
         stages=("app_save", "app_restore"),
         covers=frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"}),
         workload_changes="save_state/load_state hooks in the workload (docs/workload-api.md)",
+        semantic_adapters=False,  # the application's own checkpoint is the cut
     )
 
     def __init__(self) -> None:

@@ -35,7 +35,6 @@ from typing import Any, Protocol
 
 from cutbench.harness.environment import gpu_mem, gpu_probe
 from cutbench.harness.environment.cpu_account import helper_thread
-from cutbench.harness.nemesis import quiesce
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.errors import HarnessFault, StageFailed, StageRefused, hung_reason
 from cutbench.procs import Child
@@ -49,7 +48,7 @@ REMAP_MARGIN = 256 << 20
 
 # Process states as the driver names them (CUprocessState), lower-cased.
 # The stages this module times (their names are the timeline rows and the `<stage>_s` columns).
-CUDA_STAGES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "quiesce")
+CUDA_STAGES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock")
 
 STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
 
@@ -533,7 +532,6 @@ class CudaCheckpointer:
     def __init__(self, driver: DriverApi | None = None):
         self._driver = driver
         self._stages: CudaStages | None = None
-        self._quiesced = False
 
     @property
     def stages(self) -> CudaStages:
@@ -553,15 +551,15 @@ class CudaCheckpointer:
         return bindings_unavailable_reason()
 
     def cuda_cut(self, target: Child, ctx: CutContext) -> CudaProcs:
-        """Discover, check the remap is possible, quiesce, then lock and checkpoint every CUDA process."""
+        """Discover, check the remap is possible, then lock and checkpoint every CUDA process (device work that
+        never ends was drained before, by the workload's adapter at ``prepare``)."""
         procs = self.stages.discover(target.pid, ctx)
         procs.pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)  # refuse an impossible ask before locking
-        self._quiesced = quiesce.drain(ctx)
         self.stages.cut(procs, ctx)
         return procs
 
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
-        """Suspend/resume in place: ``quiesce?``, ``cuda_lock``, ``cuda_checkpoint`` (the GPU is released),
+        """Suspend/resume in place: ``cuda_lock``, ``cuda_checkpoint`` (the GPU is released),
         then ``cuda_restore`` (onto another GPU when asked) and ``cuda_unlock``.
 
         The resume happens here, before the pipeline releases a parked
@@ -572,12 +570,11 @@ class CudaCheckpointer:
         self.resume_cuda(target.pid, ctx)
 
     def resume_cuda(self, pid: int, ctx: CutContext) -> None:
-        """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes, then let drained work restart."""
+        """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes."""
         procs = self.stages.procs
         if procs is None:
             raise HarnessFault("cuda_restore", "no checkpointed processes to resume")
         self.restore_cuda(procs.pids, ctx, procs.pairs, resumed_pid=pid)
-        self._end_quiesce(ctx)
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
         """Nothing left to undo: :meth:`checkpoint` already restored and unlocked."""
@@ -596,20 +593,14 @@ class CudaCheckpointer:
             if not pairs or exc.stage != "cuda_restore" or not all(s == "running" for s in self.stages.bring_back(pids)):
                 raise
             # bring_back restored without the remap: the workload runs on its own GPU.
-            self._end_quiesce(ctx)
             raise RemapRefused(f"GPU remap {_describe_pairs(pairs)} rejected: {exc.reason}", resumed_pid) from exc
 
     def restore(self, ctx: CutContext) -> int:
         """Not reachable: this backend only supports fault ``none`` (see ``faults``)."""
         raise HarnessFault("cuda_restore", "the cuda backend has no CPU image; use cuda+criu for kill/leave_running")
 
-    def _end_quiesce(self, ctx: CutContext) -> None:
-        if self._quiesced:
-            quiesce.undrain(ctx)
-            self._quiesced = False
-
     def cleanup(self, ctx: CutContext) -> None:
-        """Leave no process LOCKED or CHECKPOINTED and no drained workload waiting; never raises.
+        """Leave no process LOCKED or CHECKPOINTED; never raises.
 
         What the harness had to do for that is the cut's ``harness_action`` fact.
         """
@@ -622,7 +613,6 @@ class CudaCheckpointer:
                     ctx.facts["harness_action"] = action
         except Exception:
             pass
-        self._end_quiesce(ctx)
 
 
 class _StillRunning(Exception):

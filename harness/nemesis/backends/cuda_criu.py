@@ -1,6 +1,6 @@
 """``cuda+criu``: the composed pipeline, the only one with a split window.
 
-    quiesce? → cuda_lock → cuda_checkpoint → split_window Δ → criu_dump
+    cuda_lock → cuda_checkpoint → split_window Δ → criu_dump
             → fault → criu_restore → cuda_restore (remap?) → cuda_unlock → undrain
 
 ``cuda_lock``/``cuda_checkpoint`` cut the GPU side (every CUDA process of the
@@ -77,7 +77,6 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             self.resume_cuda(target.pid, ctx)  # suspend/resume: back on the GPU before it is released
         elif ctx.cut.fault == "leave_running":
             self.stages.resume(procs.pids, ctx, suffix="_original")
-            self._end_quiesce(ctx)
 
     def restore(self, ctx: CutContext) -> int:
         """``criu_restore``, then ``cuda_restore`` (remapped when asked) and ``cuda_unlock``; returns the root pid.
@@ -94,7 +93,6 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             if [p for p in procs.pids if p in tree] != procs.pids:
                 raise StageFailed("cuda_restore", f"restored tree {tree} lacks CUDA pids {procs.pids}")
             self.restore_cuda(procs.pids, ctx, procs.pairs, resumed_pid=pid)
-            self._end_quiesce(ctx)
         except RemapRefused:
             raise  # the restored tree runs on its own GPU: the pipeline keeps it
         except BaseException:

@@ -33,6 +33,7 @@ class RestartCheckpointer:
         faults=frozenset({"kill", "leave_running"}),
         stages=("restart_record", "restart_spawn", "restart_catch_up"),
         covers=frozenset({"cpu", "cuda", "ipc"}),
+        semantic_adapters=False,  # a fresh start: no image for an adapter to join
     )
 
     def __init__(self) -> None:
