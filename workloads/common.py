@@ -283,6 +283,12 @@ class BaseWorkload:
         """Checks of the subclass's own parameters (raise ValueError)."""
 
     @classmethod
+    def features_for(cls, params: dict[str, Any], array: str) -> frozenset[str]:
+        """The CUDA features it uses on array backend ``array``: its ``features`` on a GPU backend, none on
+        NumPy (a program that runs on the host touches no CUDA feature the certificate should ask about)."""
+        return frozenset() if array == "numpy" else frozenset(getattr(cls, "features", frozenset()))
+
+    @classmethod
     def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
         """The domains ``params`` add (see :attr:`param_domains`)."""
         return frozenset(d for (name, value), d in cls.param_domains.items() if params.get(name) == value)

@@ -47,6 +47,12 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
     one = stages[stages["trial_id"] == kills["trial_id"].iloc[0]]["stage"].tolist()
     assert one.index("prepare") < one.index("criu_dump") < one.index("restored")
 
+    # The inference worker: the same two domains, the same difference (kill: eligible and valid only with them).
+    inference_off, inference_on = by["inference-adapters-off"], by["inference-adapters-on"]
+    assert (inference_off["cert_eligible"] == False).all() and (inference_off["outcome"] == "invalid").all()  # noqa: E712
+    inference_kill = inference_on[inference_on["fault"] == "kill"]
+    assert len(inference_kill) == 1 and inference_kill["cert_eligible"].all() and (inference_kill["outcome"] == "valid").all()
+
     # Enforce: nothing invalid gets through; a declined restore is decided after the classification.
     enforce = by["adapters-on-enforce"]
     assert not (enforce["outcome"] == "invalid").any()

@@ -137,3 +137,11 @@ def test_suspend_resume_in_place_keeps_what_the_image_does_not_hold():
                             positions={"cuda_lock": Position(2, "record")}, restore_decided=False))
     assert cert.eligible and cert.unknown == () and cert.domains["cpu"] == "live"
     assert cert.domains["cuda"] == "checkpointed@2/record"
+
+
+def test_an_application_on_numpy_declares_no_cuda_feature():
+    from cutbench.workloads import api as workload_api
+    from cutbench.workloads.inference_worker import InferenceWorker
+
+    assert workload_api.declared_features(InferenceWorker, {}, "numpy") == frozenset()
+    assert workload_api.declared_features(InferenceWorker, {}, "cupy") == {"device_memory", "cublas"}
