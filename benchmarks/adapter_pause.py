@@ -8,12 +8,14 @@ timeline's stage rows):
    seconds per cut (median, p99), and the whole pause (first stage of the cut
    to the end of ``criu_dump``) on and off.
 2. **The time to abort.** ``adapter_faults`` with a request log that takes
-   ``prepare_delay_ms`` (past the deadline) to answer, for each deadline in
-   ``--deadlines``: from the start of ``prepare`` to the end of ``abort``,
-   against the bound *deadline + 1 s*.
-3. ``--gpu``: ``persistent_kernel`` with its adapter (the drain) through
-   ``cuda+criu``: ``prepare`` per cut, and the same pause on and off is not
-   comparable (without the adapter every cut is refused at the lock).
+   ``prepare_delay_ms`` (past the deadline) to answer, and ``ranks`` with one
+   rank late on purpose after each collective (``slow_rank_ms``), for each
+   deadline in ``--deadlines``: from the start of ``prepare`` to the end of
+   ``abort``, against the bound *deadline + 1 s*.
+3. ``--gpu``: ``persistent_kernel`` with its adapter (the drain) and
+   ``ranks`` on CuPy with the distributed pause, through ``cuda+criu``:
+   ``prepare`` per cut (the persistent kernel has no "off" to compare: without
+   its adapter every cut is refused at the lock).
 
     python benchmarks/adapter_pause.py [--trials 20] [--deadlines 0.5 1 2] [--gpu] [--out DIR]
 """
@@ -112,23 +114,28 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(rows, headers=["arm", "prepares", "prepare median", "prepare p99", "dump median", "pause median",
                                   "pause p99"], floatfmt=".2f"))
 
-    # 2. The time to abort a cut one adapter cannot join in time.
+    # 2. The time to abort a cut one adapter (or one rank) cannot join in time.
     rows = []
     result["abort"] = []
-    for deadline in args.deadlines:
-        data = scenario(f"adapter-abort-{deadline:g}", "adapter_faults", {"prepare_delay_ms": (deadline + 1.5) * 1000},
-                        trials=3, deadline=deadline, phases=["record", "publish", "ack"])
-        trials, tl = timeline_of(data, out)
-        cut = tl[tl["stage"].isin(["prepare", "abort"])]
-        took = cut.groupby("trial_id")["t_end"].max() - cut.groupby("trial_id")["t_start"].min()
-        refused = int((trials["failed_stage"] == "prepare").sum())
-        f = figures(took)
-        result["abort"].append({"deadline_s": deadline, "refused_at_prepare": refused, "trials": len(trials), **f,
-                                "max_s": float(took.max()), "bound_s": deadline + 1.0})
-        rows.append([deadline, f"{refused}/{len(trials)}", f["median_s"], float(took.max()), deadline + 1.0,
-                     "yes" if float(took.max()) <= deadline + 1.0 else "NO"])
-    print("\nTime to abort: prepare start to abort end, an adapter late past the deadline (s)")
-    print(tabulate(rows, headers=["deadline", "refused at prepare", "median", "max", "bound", "within"], floatfmt=".3f"))
+    late_by = {"late adapter": ("adapter_faults", lambda d: {"prepare_delay_ms": (d + 1.5) * 1000}),
+               "slow rank": ("ranks", lambda d: {"ranks": 3, "adapters": True, "slow_rank": 2,
+                                                  "slow_rank_ms": (d + 1.5) * 1000})}
+    for case, (workload, params) in late_by.items():
+        for deadline in args.deadlines:
+            data = scenario(f"adapter-abort-{workload}-{deadline:g}", workload, params(deadline), trials=3,
+                            deadline=deadline, phases=["record", "publish", "ack"])
+            trials, tl = timeline_of(data, out)
+            cut = tl[tl["stage"].isin(["prepare", "abort"])]
+            took = cut.groupby("trial_id")["t_end"].max() - cut.groupby("trial_id")["t_start"].min()
+            refused = int((trials["failed_stage"] == "prepare").sum())
+            f = figures(took)
+            result["abort"].append({"case": case, "deadline_s": deadline, "refused_at_prepare": refused,
+                                    "trials": len(trials), **f, "max_s": float(took.max()), "bound_s": deadline + 1.0})
+            rows.append([case, deadline, f"{refused}/{len(trials)}", f["median_s"], float(took.max()), deadline + 1.0,
+                         "yes" if float(took.max()) <= deadline + 1.0 else "NO"])
+    print("\nTime to abort: prepare start to abort end, one adapter or one rank late past the deadline (s)")
+    print(tabulate(rows, headers=["case", "deadline", "refused at prepare", "median", "max", "bound", "within"],
+                   floatfmt=".3f"))
 
     # 3. The persistent kernel's drain on a GPU.
     if args.gpu:
@@ -138,9 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         lock = figures(tl[tl["stage"] == "cuda_lock"]["duration_s"])
         result["persistent_kernel"] = {"prepare": prep, "cuda_lock": lock,
                                        "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
-        print("\npersistent_kernel, cuda+criu, kill: the drain (ms)")
-        print(tabulate([["prepare (drain)", prep["n"], prep["median_s"] * 1e3, prep["p99_s"] * 1e3],
-                        ["cuda_lock", lock["n"], lock["median_s"] * 1e3, lock["p99_s"] * 1e3]],
+        _, tl = timeline_of(scenario("adapter-pause-gpu-ranks", "ranks", {"ranks": 3, "adapters": True},
+                                     backend="cuda+criu", trials=args.trials, array="cupy"), out)
+        ranks = figures(tl[tl["stage"] == "prepare"]["duration_s"])
+        result["ranks_gpu"] = {"prepare": ranks,
+                               "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
+        print("\nOn the GPU, cuda+criu, kill: persistent_kernel's drain and the ranks' distributed pause (ms)")
+        print(tabulate([["persistent_kernel prepare (drain)", prep["n"], prep["median_s"] * 1e3, prep["p99_s"] * 1e3],
+                        ["persistent_kernel cuda_lock", lock["n"], lock["median_s"] * 1e3, lock["p99_s"] * 1e3],
+                        ["ranks (3, CuPy) prepare (pause)", ranks["n"], ranks["median_s"] * 1e3, ranks["p99_s"] * 1e3]],
                        headers=["stage", "cuts", "median", "p99"], floatfmt=".2f"))
 
     (out / "adapter_pause.json").write_text(json.dumps(result, indent=2))

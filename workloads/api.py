@@ -29,9 +29,11 @@ ENTRY_POINT_GROUP = "cutbench.workloads"
 # ``request_log``: a serving runtime's log of the replies acknowledged, on
 # disk (no image holds it; its semantic adapter joins it to a cut);
 # ``device_work``: device work that never ends (a persistent kernel), which
-# no checkpoint holds mid-flight (its adapter drains it at the cut).
+# no checkpoint holds mid-flight (its adapter drains it at the cut);
+# ``rank_set``: where several ranks stand in their collectives (its adapter,
+# a distributed pause, brings them to one boundary).
 DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_file", "uvm", "disk", "request_log",
-                            "device_work")
+                            "device_work", "rank_set")
 
 BUILTIN: dict[str, str] = {
     "counter": "cutbench.workloads.counter:Counter",

@@ -75,6 +75,10 @@ _SLOTS = (
     "adapt_lo",  # harness: classify the effect ids adapt_lo..adapt_hi
     "adapt_hi",
     "adapted_seq",  # workload: the adapt_seq it answered last
+    # Multi-rank workloads: the last collective (op) each non-zero rank completed, written by that rank.
+    "rank_op_1",
+    "rank_op_2",
+    "rank_op_3",
 )
 # A length-prefixed UTF-8 string (the app backend's save path) lives here,
 TEXT_OFFSET = 2048

@@ -25,6 +25,15 @@ checkpoint rank 0's whole tree at once; ``cut = "rank"`` names rank
 and the workload then declares the ``peer`` domain, because its peers' half
 of the conversation is outside that checkpoint.
 
+With ``adapters = true`` the ranks join each cut through a distributed pause
+(:class:`RankSet`, the semantic adapter of domain ``rank_set``): every rank
+notes in the control file the last collective it completed; at ``prepare``
+rank 0 waits until every rank stands at the same collective boundary as
+itself and answers ``ranks {0,1,2}@op 3``, or refuses, naming the ranks that
+did not get there by the deadline (then every rank goes on: nothing was
+captured). ``slow_rank`` and ``slow_rank_ms`` make one rank late on purpose
+after each collective, to measure that bounded failure.
+
 Self-check at the end: rank 0 gathers every rank's last op and replica digest
 around the ring; ``domain_ops`` holds each rank's op, and replicas that
 disagree make the reported checksum leave the reference.
@@ -46,6 +55,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from cutbench.procs import is_zombie_or_gone
+from cutbench.workloads.adapters import Ready
 from cutbench.workloads.common import (
     MASK,
     MULT,
@@ -58,6 +68,7 @@ from cutbench.workloads.common import (
     save_state_file,
     sums,
 )
+from cutbench.workloads.control import ControlFile
 from cutbench.workloads.counter import mix
 from cutbench.workloads.xp import backend_name, pointer, synchronize, to_host
 
@@ -373,6 +384,40 @@ class RanksModel:
 # -- rank 0: the workload ------------------------------------------------------
 
 
+class RankSet:
+    """The distributed pause (domain ``rank_set``): every rank at rank 0's collective boundary, or a refusal."""
+
+    domain = "rank_set"
+    effects = False  # rank 0 publishes the effects; their log is not this adapter's
+
+    def __init__(self, workload: "Ranks"):
+        self.workload = workload
+
+    def behind(self) -> dict[int, int]:
+        """Rank -> the last collective it completed, for every rank short of rank 0's."""
+        w = self.workload
+        ops = {r: w.rt.control.get(f"rank_op_{r}") for r in range(1, w.p["ranks"])}
+        return {r: op for r, op in ops.items() if op < w.collectives}
+
+    def prepare(self, epoch: int, deadline: float) -> "Ready | str":
+        """Wait, until ``deadline``, for every rank to complete rank 0's last collective."""
+        while (late := self.behind()) and time.time() < deadline:
+            time.sleep(0.0005)
+        done = self.workload.collectives
+        if late:
+            return "; ".join(f"rank {r} at op {op}, not at op {done}'s boundary" for r, op in sorted(late.items()))
+        return Ready(f"ranks {{{','.join(map(str, range(self.workload.p['ranks'])))}}} at op {done}")
+
+    def commit(self, epoch: int) -> None:
+        """Nothing held: the ranks wait on rank 0's next contribution by themselves."""
+
+    abort = commit
+
+    def classify(self, key: int) -> str:
+        """Not asked (``effects = False``)."""
+        return "replay"
+
+
 class Ranks(BaseWorkload):
     """The ``ranks`` workload (see module docstring); this object is rank 0."""
 
@@ -382,10 +427,14 @@ class Ranks(BaseWorkload):
         **BaseWorkload.COMMON_DEFAULTS, "ranks": 3, "state_size": 4096,
         "cut": "tree",  # or "rank": checkpoint rank `cut_rank` alone
         "cut_rank": 1,
+        "adapters": False,  # the distributed pause (RankSet)
+        "slow_rank": 0,  # a rank (1..n-1) that lags `slow_rank_ms` after each collective (0: none)
+        "slow_rank_ms": 0.0,
     }
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"cut": ("tree", "rank")}
-    # Cutting one rank leaves its peers' side of the protocol outside the checkpoint.
-    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cut", "rank"): "peer"}
+    # Cutting one rank leaves its peers' side of the protocol outside the checkpoint; the distributed pause
+    # makes the ranks' collective position a domain of its own.
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cut", "rank"): "peer", ("adapters", True): "rank_set"}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
@@ -394,16 +443,21 @@ class Ranks(BaseWorkload):
         check_range("ranks", p["ranks"], 2, 4)
         check_range("state_size", p["state_size"], p["ranks"], 1 << 26)
         check_range("cut_rank", p["cut_rank"], 1, p["ranks"] - 1)
+        check_range("slow_rank", p["slow_rank"], 0, p["ranks"] - 1)
+        check_range("slow_rank_ms", p["slow_rank_ms"], 0, 3_600_000)
 
     def setup(self) -> None:
         """Allocate rank 0's replica (the other ranks start at the first op)."""
         self.op_done = 0
+        self.collectives = 0  # the last all-reduce rank 0 completed
         self.ring: Ring | None = None
         self.children: list[subprocess.Popen[bytes]] = []
         self.rank_reports: list[dict[str, Any]] = []
         self.x = mix(self.xp, self.p["state_size"], self.p["seed"], 0)
         synchronize(self.xp)
         self.pointers_initial = {"replica": pointer(self.x)}
+        if self.p["adapters"]:
+            self.rt.register_adapter(RankSet(self))
 
     def _start_ranks(self) -> None:
         """Start ranks 1..n-1 as children, connect the ring, hand everyone the current replica."""
@@ -422,7 +476,9 @@ class Ranks(BaseWorkload):
         for rank in range(1, n):
             cfg = {"rank": rank, "ranks": n, "ports": ports, "listener_fd": listeners[rank].fileno(),
                    "seed": self.p["seed"], "ops": self.p["ops"], "array": backend_name(self.xp),
-                   "log_path": self.rt.config.log_path, "root_pid": os.getpid()}
+                   "log_path": self.rt.config.log_path, "root_pid": os.getpid(),
+                   "control_path": self.rt.config.control_path,
+                   "slow_ms": self.p["slow_rank_ms"] if rank == self.p["slow_rank"] else 0.0}
             self.children.append(subprocess.Popen(
                 [sys.executable, "-m", "cutbench.workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -444,6 +500,7 @@ class Ranks(BaseWorkload):
         g = contribution(xp, self.x, self.p["seed"], 0, op)
         rt.point(op, "admit")
         total = allreduce(xp, self.ring, op, g)
+        self.collectives = op
         rt.point(op, "allreduce")
         apply_sum(xp, self.x, total)
         self.simulate_work()
@@ -494,6 +551,7 @@ class Ranks(BaseWorkload):
         """Load rank 0's replica; the ranks start from it at the next op. Return the op to resume after."""
         header = load_state_into(path, self.xp, {"x": self.x})
         self.op_done, self.committed = header["op"], header["committed"]
+        self.collectives = self.op_done
         return self.op_done
 
     @classmethod
@@ -521,14 +579,20 @@ def rank_main(cfg: dict[str, Any]) -> int:
 
     try:
         xp = get_xp(cfg["array"])
+        # Where this rank says which collective it completed last (the distributed pause reads it).
+        control = ControlFile(cfg["control_path"])
         listener = socket.socket(fileno=cfg["listener_fd"])
         ring = Ring(rank, cfg["ranks"], listener, cfg["ports"], log=log, root_pid=cfg["root_pid"])
         sync, payload = ring.recv_next()
         ring.send(sync, payload)
         done, x = decode_state(xp, payload)
+        control.set(f"rank_op_{rank}", done)
         for op in range(done + 1, ops + 1):
             apply_sum(xp, x, allreduce(xp, ring, op, contribution(xp, x, cfg["seed"], rank, op)))
             done = op
+            if cfg.get("slow_ms"):
+                time.sleep(cfg["slow_ms"] / 1000.0)  # late on purpose: after the collective, before it says so
+            control.set(f"rank_op_{rank}", done)
         gather = tag_of(ops + 1, 0)
         reports = json.loads(ring.recv(gather))
         reports.append({"rank": rank, "op": done, "checksum": replica_digest(xp, x), "pid": os.getpid(),

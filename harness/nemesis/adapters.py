@@ -32,6 +32,8 @@ POLL_S = 0.0005
 # How long the harness waits for an abort's acknowledgement: the abort is bounded by the prepare deadline plus
 # this. A workload still inside a late prepare gets the abort when that returns (the desk answers in order).
 ABORT_WAIT_S = 0.5
+# How much earlier than the harness's wait the adapters' deadline falls (at most a tenth of the wait).
+REPLY_MARGIN_S = 0.1
 
 
 class NoAnswer(Exception):
@@ -55,7 +57,9 @@ def request(ctx: CutContext, verb: str, wait_s: float, *, lo: int = 0, hi: int =
     c = ctx.control
     c.set("adapt_verb", VERBS.index(verb))
     c.set("adapt_epoch", epoch_of(ctx))
-    c.set("adapt_deadline_ns", time.time_ns() + int(wait_s * 1e9))
+    # The adapters' deadline comes a little before the harness's own: one that waits to the last moment for
+    # its subsystem still has its answer read in time.
+    c.set("adapt_deadline_ns", time.time_ns() + int((wait_s - min(REPLY_MARGIN_S, wait_s / 10)) * 1e9))
     c.set("adapt_lo", lo)
     c.set("adapt_hi", hi)
     seq = c.get("adapt_seq") + 1

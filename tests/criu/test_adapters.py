@@ -53,6 +53,18 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
     inference_kill = inference_on[inference_on["fault"] == "kill"]
     assert len(inference_kill) == 1 and inference_kill["cert_eligible"].all() and (inference_kill["outcome"] == "valid").all()
 
+    # Ranks: the pause joins every rank at rank 0's collective (rank_set in the certificate); a late rank makes it
+    # fail at prepare, naming the rank, and the job runs to its end; a one-rank cut stays ineligible.
+    pause = by["ranks-pause"]
+    assert (pause["cert_eligible"] == True).all() and (pause["outcome"] == "valid").all()  # noqa: E712
+    record = json.loads((run_dir / "trials" / f"{pause['trial_id'].iloc[0]}.json").read_text())["record"]
+    assert record["certificates"][0]["domains"]["rank_set"] == "ranks {0,1,2} at op 3@3/allreduce"
+    slow = by["ranks-slow-rank"].iloc[0]
+    assert slow["outcome"] == "refused" and slow["failed_stage"] == "prepare"
+    assert "rank_set: not ready: rank 2 at op 2, not at op 3's boundary" in slow["error"] and slow["host_op"] == 6
+    one = by["ranks-one-rank"].iloc[0]
+    assert one["cert_eligible"] == False and "no checkpoint holds peer" in one["cert_reason"]  # noqa: E712
+
     # Enforce: nothing invalid gets through; a declined restore is decided after the classification.
     enforce = by["adapters-on-enforce"]
     assert not (enforce["outcome"] == "invalid").any()
@@ -77,5 +89,6 @@ def test_the_adapter_pause_benchmark_reports_its_figures(criu, tmp_path):
     assert "The pause prepare adds" in proc.stdout and "Time to abort" in proc.stdout
     figures = json.loads((tmp_path / "adapter_pause.json").read_text())
     assert figures["pause_on"]["prepare"]["n"] == 2 and figures["pause_off"]["prepare"]["n"] == 0
-    [abort] = figures["abort"]
-    assert abort["deadline_s"] == 0.3 and abort["refused_at_prepare"] == abort["trials"] == 3 and abort["n"] == 3
+    assert [a["case"] for a in figures["abort"]] == ["late adapter", "slow rank"]
+    for abort in figures["abort"]:
+        assert abort["deadline_s"] == 0.3 and abort["refused_at_prepare"] == abort["trials"] == 3 and abort["n"] == 3
