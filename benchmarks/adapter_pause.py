@@ -90,13 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="cuts per arm for the pause (default 20)")
     ap.add_argument("--deadlines", type=float, nargs="+", default=[0.5, 1.0, 2.0],
                     help="prepare deadlines (s) to abort against (default 0.5 1 2)")
-    ap.add_argument("--gpu", action="store_true", help="also persistent_kernel through cuda+criu (needs a GPU)")
+    ap.add_argument("--gpu", action="store_true", help="also persistent_kernel and ranks through cuda+criu (needs a GPU)")
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU measurements (implies --gpu)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the runs and adapter_pause.json")
     args = ap.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="adapter-pause-"))
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
 
+    if not args.gpu_only:
+        cpu_figures(args, out, result)
+    if args.gpu or args.gpu_only:
+        gpu_figures(args, out, result)
+    (out / "adapter_pause.json").write_text(json.dumps(result, indent=2))
+    print(f"\nfigures: {out / 'adapter_pause.json'}")
+    return 0
+
+
+def cpu_figures(args: argparse.Namespace, out: Path, result: dict[str, Any]) -> None:
+    """Measurements 1 and 2 (module docstring), into ``result``."""
     # 1. The pause, adapters on and off, in one run.
     base = {"queue": "external", "work_ms": 5.0}
     _, tl = timeline_of(scenario("adapter-pause", "request_service", base, trials=args.trials, variants=[
@@ -137,28 +149,26 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate(rows, headers=["case", "deadline", "refused at prepare", "median", "max", "bound", "within"],
                    floatfmt=".3f"))
 
-    # 3. The persistent kernel's drain on a GPU.
-    if args.gpu:
-        _, tl = timeline_of(scenario("adapter-pause-gpu", "persistent_kernel", {"quiesce_adapter": True},
-                                     backend="cuda+criu", trials=args.trials, array="cupy"), out)
-        prep = figures(tl[tl["stage"] == "prepare"]["duration_s"])
-        lock = figures(tl[tl["stage"] == "cuda_lock"]["duration_s"])
-        result["persistent_kernel"] = {"prepare": prep, "cuda_lock": lock,
-                                       "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
-        _, tl = timeline_of(scenario("adapter-pause-gpu-ranks", "ranks", {"ranks": 3, "adapters": True},
-                                     backend="cuda+criu", trials=args.trials, array="cupy"), out)
-        ranks = figures(tl[tl["stage"] == "prepare"]["duration_s"])
-        result["ranks_gpu"] = {"prepare": ranks,
-                               "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
-        print("\nOn the GPU, cuda+criu, kill: persistent_kernel's drain and the ranks' distributed pause (ms)")
-        print(tabulate([["persistent_kernel prepare (drain)", prep["n"], prep["median_s"] * 1e3, prep["p99_s"] * 1e3],
-                        ["persistent_kernel cuda_lock", lock["n"], lock["median_s"] * 1e3, lock["p99_s"] * 1e3],
-                        ["ranks (3, CuPy) prepare (pause)", ranks["n"], ranks["median_s"] * 1e3, ranks["p99_s"] * 1e3]],
-                       headers=["stage", "cuts", "median", "p99"], floatfmt=".2f"))
 
-    (out / "adapter_pause.json").write_text(json.dumps(result, indent=2))
-    print(f"\nfigures: {out / 'adapter_pause.json'}")
-    return 0
+
+def gpu_figures(args: argparse.Namespace, out: Path, result: dict[str, Any]) -> None:
+    """Measurement 3 (module docstring), into ``result``."""
+    _, tl = timeline_of(scenario("adapter-pause-gpu", "persistent_kernel", {"quiesce_adapter": True},
+                                 backend="cuda+criu", trials=args.trials, array="cupy"), out)
+    prep = figures(tl[tl["stage"] == "prepare"]["duration_s"])
+    lock = figures(tl[tl["stage"] == "cuda_lock"]["duration_s"])
+    result["persistent_kernel"] = {"prepare": prep, "cuda_lock": lock,
+                                   "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
+    _, tl = timeline_of(scenario("adapter-pause-gpu-ranks", "ranks", {"ranks": 3, "adapters": True},
+                                 backend="cuda+criu", trials=args.trials, array="cupy"), out)
+    ranks = figures(tl[tl["stage"] == "prepare"]["duration_s"])
+    result["ranks_gpu"] = {"prepare": ranks,
+                           "valid": int((tl.drop_duplicates("trial_id")["outcome"] == "valid").sum())}
+    print("\nOn the GPU, cuda+criu, kill: persistent_kernel's drain and the ranks' distributed pause (ms)")
+    print(tabulate([["persistent_kernel prepare (drain)", prep["n"], prep["median_s"] * 1e3, prep["p99_s"] * 1e3],
+                    ["persistent_kernel cuda_lock", lock["n"], lock["median_s"] * 1e3, lock["p99_s"] * 1e3],
+                    ["ranks (3, CuPy) prepare (pause)", ranks["n"], ranks["median_s"] * 1e3, ranks["p99_s"] * 1e3]],
+                   headers=["stage", "cuts", "median", "p99"], floatfmt=".2f"))
 
 
 if __name__ == "__main__":

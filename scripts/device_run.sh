@@ -71,7 +71,7 @@ step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} 2>&1 | tail -80; }
 
 # What semantic adapters cost a cut and how fast one they cannot join is aborted, persistent_kernel's drain too.
-step_adapters() { timeout ${ADAPTERS_TIMEOUT:-400} $PY benchmarks/adapter_pause.py --gpu --out "$RES/adapter-pause" ${ADAPTERS_ARGS:-} 2>&1 | grep -v '^\[' | tail -40; }
+step_adapters() { timeout ${ADAPTERS_TIMEOUT:-400} $PY benchmarks/adapter_pause.py ${ADAPTERS_GPU:---gpu} --out "$RES/adapter-pause" ${ADAPTERS_ARGS:-} 2>&1 | grep -v '^\[' | tail -40; }
 
 # The CUDA support matrix: every probe row through every tool here, faults none and kill (MATRIX_ARGS: e.g. --probe X).
 step_matrix() { set -f; timeout -s INT ${MATRIX_TIMEOUT:-540} $CB matrix --out "$RES" --jobs ${MATRIX_JOBS:-12} ${MATRIX_ARGS:-} 2>&1 | tail -${MATRIX_TAIL:-150}; set +f; }
