@@ -17,6 +17,13 @@ joins the cut instead (the two phases of ``docs/certificates.md``):
   or ``discard`` (it will never be sent). An adapter of an input that makes no effects (a consumer
   offset) sets ``effects = False`` and is not asked.
 
+An adapter that keeps its domain at the cut by itself until ``commit``,
+``abort`` or ``restored``, whatever the process does meanwhile (a drained
+kernel that is not relaunched), sets ``holds = True``: its domain joins even
+a cut during which the process runs on (a split window, an asynchronous
+cut). Any other adapter's domain joins only a cut at which the process stays
+parked until its image is taken.
+
 A workload registers one adapter per state domain it declares
 (:meth:`cutbench.workloads.runtime.Runtime.register_adapter`). The harness
 never imports workload code: it asks over the control file (one request at a
@@ -123,7 +130,8 @@ class AdapterDesk:
             if verb == "prepare":
                 out = adapter.prepare(epoch, c.get("adapt_deadline_ns") / 1e9)
                 if isinstance(out, Ready):
-                    return {"ready": True, "state": str(out.state)[:REASON_CHARS]}
+                    return {"ready": True, "state": str(out.state)[:REASON_CHARS],
+                            "holds": getattr(adapter, "holds", False) is True}
                 if isinstance(out, str):
                     return {"ready": False, "reason": out[:REASON_CHARS]}
                 return {"error": f"prepare returned {out!r:.80} (expected Ready or a reason)"}

@@ -83,6 +83,7 @@ class KernelDrain:
 
     domain = "device_work"
     effects = False  # the kernel's completions are the host's effects, published by the op lifecycle
+    holds = True  # drained, it is not relaunched before commit, abort or restored, whatever the host does
 
     def __init__(self, workload: "PersistentKernel"):
         self.workload = workload

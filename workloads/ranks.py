@@ -394,10 +394,11 @@ class RankSet:
         self.workload = workload
 
     def behind(self) -> dict[int, int]:
-        """Rank -> the last collective it completed, for every rank short of rank 0's."""
+        """Rank -> the last collective it says it completed, for every rank not at rank 0's."""
         w = self.workload
         ops = {r: w.rt.control.get(f"rank_op_{r}") for r in range(1, w.p["ranks"])}
-        return {r: op for r, op in ops.items() if op < w.collectives}
+        # Not "below": after a leave_running rollback the slots still hold where the crashed ranks got to.
+        return {r: op for r, op in ops.items() if op != w.collectives}
 
     def prepare(self, epoch: int, deadline: float) -> "Ready | str":
         """Wait, until ``deadline``, for every rank to complete rank 0's last collective."""
@@ -477,7 +478,7 @@ class Ranks(BaseWorkload):
             cfg = {"rank": rank, "ranks": n, "ports": ports, "listener_fd": listeners[rank].fileno(),
                    "seed": self.p["seed"], "ops": self.p["ops"], "array": backend_name(self.xp),
                    "log_path": self.rt.config.log_path, "root_pid": os.getpid(),
-                   "control_path": self.rt.config.control_path,
+                   "control_path": self.rt.config.control_path if self.p["adapters"] else "",
                    "slow_ms": self.p["slow_rank_ms"] if rank == self.p["slow_rank"] else 0.0}
             self.children.append(subprocess.Popen(
                 [sys.executable, "-m", "cutbench.workloads.ranks", json.dumps(cfg)], pass_fds=(listeners[rank].fileno(),),
@@ -580,19 +581,21 @@ def rank_main(cfg: dict[str, Any]) -> int:
     try:
         xp = get_xp(cfg["array"])
         # Where this rank says which collective it completed last (the distributed pause reads it).
-        control = ControlFile(cfg["control_path"])
+        control = ControlFile(cfg["control_path"]) if cfg.get("control_path") else None
         listener = socket.socket(fileno=cfg["listener_fd"])
         ring = Ring(rank, cfg["ranks"], listener, cfg["ports"], log=log, root_pid=cfg["root_pid"])
         sync, payload = ring.recv_next()
         ring.send(sync, payload)
         done, x = decode_state(xp, payload)
-        control.set(f"rank_op_{rank}", done)
+        if control is not None:
+            control.set(f"rank_op_{rank}", done)
         for op in range(done + 1, ops + 1):
             apply_sum(xp, x, allreduce(xp, ring, op, contribution(xp, x, cfg["seed"], rank, op)))
             done = op
             if cfg.get("slow_ms"):
                 time.sleep(cfg["slow_ms"] / 1000.0)  # late on purpose: after the collective, before it says so
-            control.set(f"rank_op_{rank}", done)
+            if control is not None:
+                control.set(f"rank_op_{rank}", done)
         gather = tag_of(ops + 1, 0)
         reports = json.loads(ring.recv(gather))
         reports.append({"rank": rank, "op": done, "checksum": replica_digest(xp, x), "pid": os.getpid(),

@@ -14,13 +14,26 @@ control slot ``adapters`` says how many) has each of them join every cut:
    the certificate uses.
 
 An adapter that answers garbage, raises, or does not answer in time is a
-refusal, never a hang: every wait here is bounded.
+refusal, never a hang: every wait here is bounded. The workload answers
+one request at a time, the newest: a request posted while an older one is
+still unanswered supersedes it, so nothing here relies on an answer it did
+not get (a ``restored`` that was not answered is a failed restore, and no
+``classify`` follows it).
+
+Joining is only as good as the moment it holds for. A domain counts as
+joined (:attr:`Joined.states`) when the workload stays parked at the cut
+until its image is taken (a precise cut without a split window or a rank
+skew), or when its adapter *holds* the domain there by itself until commit
+(``holds = True``: the persistent kernel's drain); otherwise its state is
+recorded and nothing more. The restore decision waits for a classification
+only when the restored process is parked too.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from cutbench.errors import StageRefused
@@ -30,7 +43,7 @@ from cutbench.workloads.control import REPLY_OFFSET
 
 POLL_S = 0.0005
 # How long the harness waits for an abort's acknowledgement: the abort is bounded by the prepare deadline plus
-# this. A workload still inside a late prepare gets the abort when that returns (the desk answers in order).
+# this. A workload still inside a late prepare answers the abort once that returns (the newest request).
 ABORT_WAIT_S = 0.5
 # How much earlier than the harness's wait the adapters' deadline falls (at most a tenth of the wait).
 REPLY_MARGIN_S = 0.1
@@ -38,6 +51,22 @@ REPLY_MARGIN_S = 0.1
 
 class NoAnswer(Exception):
     """The workload's adapters gave no usable answer to one request (the message says why)."""
+
+
+@dataclass
+class Joined:
+    """What ``prepare`` established: each domain's state at the cut, and the domains that joined it for this
+    capture (all of them when the workload stays parked through it, else only those whose adapter holds)."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    said: dict[str, str] = field(default_factory=dict)  # every adapter's state, joined or not (for the evidence)
+
+
+def parked_through(ctx: CutContext) -> bool:
+    """Whether the workload stays parked at the cut until its image is taken and is parked when restored:
+    a precise cut without a split window or a rank skew."""
+    cut = ctx.cut
+    return cut.mode == "precise" and not cut.split_window_ms and not cut.rank_skew_ms
 
 
 def registered(ctx: CutContext) -> bool:
@@ -84,13 +113,14 @@ def request(ctx: CutContext, verb: str, wait_s: float, *, lo: int = 0, hi: int =
     return answers
 
 
-def prepare(ctx: CutContext, timeout_s: float) -> dict[str, str]:
-    """Stage ``prepare``: every adapter joins the cut; return domain → its state at the cut (empty without adapters).
+def prepare(ctx: CutContext, timeout_s: float) -> Joined:
+    """Stage ``prepare``: every adapter joins the cut; return what they said (empty without adapters).
 
     Raises :class:`StageRefused` at ``prepare`` naming each adapter that refused, erred or did not answer,
     after :func:`abort` (the caller releases the workload)."""
     if not registered(ctx):
-        return {}
+        return Joined()
+    ctx.adapters_open = True
     with ctx.timeline.stage("prepare", ctx.cut_index) as extra:
         try:
             answers = request(ctx, "prepare", timeout_s)
@@ -102,7 +132,9 @@ def prepare(ctx: CutContext, timeout_s: float) -> dict[str, str]:
     if refusals:
         abort(ctx)
         raise StageRefused("prepare", "adapters: " + "; ".join(refusals))
-    return {d: a["state"] for d, a in answers.items()}
+    said = {d: a["state"] for d, a in answers.items()}
+    parked = parked_through(ctx)
+    return Joined(states={d: st for d, st in said.items() if parked or answers[d].get("holds") is True}, said=said)
 
 
 def _words(answer: dict[str, Any]) -> str:
@@ -118,6 +150,7 @@ def abort(ctx: CutContext) -> None:
     """Stage ``abort``: call the cut off at every adapter (bounded by :data:`ABORT_WAIT_S`; never raises)."""
     if not registered(ctx):
         return
+    ctx.adapters_open = False
     with ctx.timeline.stage("abort", ctx.cut_index) as extra:
         try:
             request(ctx, "abort", ABORT_WAIT_S)
@@ -129,17 +162,33 @@ def abort(ctx: CutContext) -> None:
 def commit(ctx: CutContext, timeout_s: float) -> None:
     """Stage ``commit``: the image exists; every adapter goes on. Never raises: a commit the workload does
     not acknowledge is noted in the timeline (the image is already good)."""
+    ctx.adapters_open = False
     _post(ctx, "commit", timeout_s)
 
 
-def restored(ctx: CutContext, timeout_s: float, in_flight: list[int]) -> dict[int, str] | str:
-    """After a restore, before the restored process runs: ``restored``, then ``classify`` of the effect ids
-    ``in_flight``; return op → class, or the reason there is no classification."""
+@dataclass
+class Restored:
+    """What a restored process's adapters did: ``failed`` says why ``restored`` did not happen ("" when it
+    did: every joined domain is back at the cut); ``classes`` is op → class, or why there is none."""
+
+    failed: str = ""
+    classes: dict[int, str] | str = field(default_factory=dict)
+
+
+def restored(ctx: CutContext, timeout_s: float, in_flight: list[int]) -> Restored:
+    """After a restore, before the restored process runs: ``restored``, then (when it was done) ``classify`` of
+    the effect ids ``in_flight``."""
     if not registered(ctx):
-        return {}
-    _post(ctx, "restored", timeout_s)
-    if not in_flight:
-        return {}
+        return Restored()
+    ctx.adapters_open = False
+    failed = _post(ctx, "restored", timeout_s)
+    if failed:
+        return Restored(failed=failed, classes=f"restored failed: {failed}")
+    return Restored(classes=_classify(ctx, timeout_s, in_flight) if in_flight else {})
+
+
+def _classify(ctx: CutContext, timeout_s: float, in_flight: list[int]) -> dict[int, str] | str:
+    """Stage ``classify`` of ``in_flight``: op → class (the weakest over the domains), or why there is none."""
     lo, hi = min(in_flight), max(in_flight)
     if hi - lo + 1 > MAX_CLASSIFY:
         return f"{hi - lo + 1} effects in flight: more than one classify request holds ({MAX_CLASSIFY})"
@@ -172,9 +221,10 @@ def _weakest(a: str | None, b: str) -> str:
     return b if a is None or b == "replay" else a
 
 
-def _post(ctx: CutContext, verb: str, timeout_s: float) -> None:
+def _post(ctx: CutContext, verb: str, timeout_s: float) -> str:
+    """Stage ``verb``: post it and wait for the answers; return what went wrong ("" when every adapter did it)."""
     if not registered(ctx):
-        return
+        return ""
     with ctx.timeline.stage(verb, ctx.cut_index) as extra:
         try:
             answers = request(ctx, verb, timeout_s)
@@ -182,3 +232,4 @@ def _post(ctx: CutContext, verb: str, timeout_s: float) -> None:
             extra["detail"] = "; ".join(errors) if errors else "ok"
         except NoAnswer as exc:
             extra["detail"] = str(exc)
+        return "" if extra["detail"] == "ok" else extra["detail"]

@@ -32,8 +32,10 @@ class CutContext:
     stage_timeout_s: float = 60.0
     # The deadline of the adapters' prepare (and of each later adapter request), run.prepare_timeout_s.
     prepare_timeout_s: float = 5.0
-    # Whether the workload's semantic adapters join this cut (the backend's ``capabilities.semantic_adapters``).
+    # Whether the workload's semantic adapters join this cut (the backend's ``capabilities.semantic_adapters``),
+    # and whether they were prepared and neither committed, aborted nor restored yet (the pipeline aborts them).
     semantic_adapters: bool = True
+    adapters_open: bool = False
     # Set by the backend: bytes of the image, GPU bytes, and anything to report.
     facts: dict[str, Any] = field(default_factory=dict)
     # Called by backends whose pipeline lets host code run before the CPU cut
@@ -108,13 +110,13 @@ class Certifier(Protocol):
     ``precheck``, ``before_restore`` and ``after_restore`` return a refusal reason or None.
     """
 
-    def joined(self, states: dict[str, str]) -> None: ...
+    def joined(self, joined: Any) -> None: ...
 
     def precheck(self) -> str | None: ...
 
     def in_flight(self) -> list[int]: ...
 
-    def after_restore(self, classes: dict[int, str] | str) -> str | None: ...
+    def after_restore(self, restored: Any) -> str | None: ...
 
     def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None: ...
 

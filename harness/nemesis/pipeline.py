@@ -68,7 +68,7 @@ def execute_cut(
             release()  # bounded failure: the adapters were aborted, nothing was captured
             return CutOutcome("refused", exc.stage, exc.reason)
         if certifier is not None:
-            certifier.joined(joined)
+            certifier.joined(joined, parked=adapters.parked_through(ctx))
         refusal = certifier.precheck() if certifier is not None else None
         if refusal:
             adapters.abort(ctx)
@@ -120,17 +120,18 @@ def execute_cut(
             if resumed is None:
                 return CutOutcome("failed", exc.stage, exc.reason)
             target.replaced_by(resumed)
-            adapters.abort(ctx)
+            # It is the restored image, on its own GPU: its adapters bring their domains back to the cut.
+            back = adapters.restored(ctx, ctx.prepare_timeout_s, [])
             release()
-            return CutOutcome("refused", exc.stage, exc.reason)
+            return CutOutcome("refused", exc.stage, exc.reason + (f"; adapters: restored failed: {back.failed}" if back.failed else ""))
         except StageFailed as exc:
             return _failed(exc)
         target.replaced_by(pid)
         # The restored process is still parked at the cut: its adapters bring their domains back to the cut
         # and classify the effects in flight before it runs a step.
         in_flight = certifier.in_flight() if certifier is not None else []
-        classes = adapters.restored(ctx, ctx.prepare_timeout_s, in_flight)
-        refusal = certifier.after_restore(classes) if certifier is not None else None
+        back = adapters.restored(ctx, ctx.prepare_timeout_s, in_flight)
+        refusal = certifier.after_restore(back) if certifier is not None else None
         if refusal:
             # Declined after all: the restored process never ran past its park; it goes down as the crash left it.
             target.kill()
@@ -140,6 +141,8 @@ def execute_cut(
         release()
         return CutOutcome("restored")
     finally:
+        if ctx.adapters_open:  # an unexpected failure between prepare and commit: nothing may stay held
+            adapters.abort(ctx)
         backend.cleanup(ctx)
         if not keep_images:
             discard(ctx.images_dir)

@@ -72,8 +72,11 @@ class TrialCoordinator:
         out = {"checkpoint": ev.checkpoint, "positions": {k: p.label() for k, p in ev.positions.items()},
                "sent_through": ev.sent_through, "acked_through": ev.acked_through,
                "epoch_steps": epoch_steps(list(ev.positions.values()), self.phases)}
-        if ev.adapters:
-            out["adapters"] = dict(ev.adapters)
+        if certifier.said:
+            out["adapters"] = dict(certifier.said)
+            unjoined = sorted(set(certifier.said) - set(ev.adapters))
+            if unjoined:
+                out["not_joined"] = unjoined  # said ready, but the cut did not hold them (or restored failed)
         if ev.classified:
             out["classified"] = {str(k): v for k, v in sorted(ev.classified.items())}
         if certifier.unclassified:
@@ -167,6 +170,8 @@ class CutCertifier:
         # The restore decision waits for the restored process's adapters to classify the effects in flight.
         self.deferred = False
         self.unclassified = ""  # why the adapters gave no classification ("" when they gave one or none was asked)
+        self.said: dict[str, str] = {}  # every adapter's state at prepare, joined or not
+        self.parked = True
 
     @property
     def enforcing(self) -> bool:
@@ -187,9 +192,13 @@ class CutCertifier:
             return f"certificate: {cert.reason}"
         return None
 
-    def joined(self, states: dict[str, str]) -> None:
-        """The workload's semantic adapters joined this cut: domain -> the state each named at prepare."""
-        self.evidence.adapters = dict(states)
+    def joined(self, joined: Any, *, parked: bool = True) -> None:
+        """What the workload's semantic adapters said at prepare (a :class:`~cutbench.harness.nemesis.adapters.Joined`):
+        the domains that joined this cut count as covered; ``parked``: the restored process will be parked
+        at the cut, so the restore decision may wait for its adapters' classification."""
+        self.evidence.adapters = dict(joined.states)
+        self.said = dict(joined.said)
+        self.parked = parked
 
     def captured(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
         """Record the workload's position at capture stage ``stage``; under enforce, refuse an incompatible epoch."""
@@ -225,7 +234,7 @@ class CutCertifier:
             return None
         self.evidence.restore_decided = True
         cert = certify(self.evidence)
-        if not cert.eligible and self.evidence.adapters:
+        if not cert.eligible and self.evidence.adapters and self.parked:
             # Only effects in flight stand in the way: the restored process's adapters may know them delivered.
             hopeful = replace(self.evidence, classified={op: "committed" for op in in_flight_candidates(self.evidence)})
             if certify(hopeful).eligible:
@@ -240,15 +249,26 @@ class CutCertifier:
         """The effect ids the restored process's adapters are asked to classify (none unless the decision waits)."""
         return in_flight_candidates(self.evidence) if self.deferred else []
 
-    def after_restore(self, classes: dict[int, str] | str) -> str | None:
-        """The restored process's adapters classified the effects in flight (or ``classes`` says why they
-        did not): decide the deferred restore; the refusal reason under enforce, else None."""
+    def after_restore(self, restored: Any) -> str | None:
+        """What the restored process's adapters did (a :class:`~cutbench.harness.nemesis.adapters.Restored`):
+        a failed ``restored`` takes their domains out of the cut (nothing brought them back) and re-decides;
+        a deferred restore is decided on their classification. The refusal reason under enforce, else None."""
+        if restored.failed and self.evidence.adapters:
+            self.evidence.adapters = {}
+            self.unclassified = f"restored failed: {restored.failed}"
+            if self.certifying:
+                self.evidence.classified = {}
+                cert = certify(self.evidence)
+                cert = replace(cert, reason=f"{cert.reason} (the adapters' restored failed: {restored.failed})")
+                self._record(cert, decided=True, replace_last=not self.deferred)
+                self.deferred = False
+                return f"certificate: {cert.reason}" if self.enforcing and not cert.eligible else None
         if not self.deferred:
             return None
-        if isinstance(classes, str):
-            self.unclassified = classes
+        if isinstance(restored.classes, str):
+            self.unclassified = restored.classes
         else:
-            self.evidence.classified = dict(classes)
+            self.evidence.classified = dict(restored.classes)
         cert = certify(self.evidence)
         if self.unclassified:
             cert = replace(cert, reason=f"{cert.reason} (the adapters gave no classification: {self.unclassified})")
@@ -262,7 +282,9 @@ class CutCertifier:
         if self.co.control.get("on_device") and "cuda" not in self.evidence.workload_domains:
             self.evidence.workload_domains += ("cuda",)
 
-    def _record(self, cert: Certificate, *, decided: bool) -> None:
+    def _record(self, cert: Certificate, *, decided: bool, replace_last: bool = False) -> None:
+        if replace_last and self.certificate is not None and self.co.certificates:
+            self.co.certificates.pop()  # this cut's earlier decision, now re-made
         self.certificate = cert
         self.co.certificates.append({**cert.to_dict(), "certify": self.co.certify_mode, "restore_decided": decided,
                                      "restored": False})

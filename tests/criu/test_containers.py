@@ -40,7 +40,7 @@ def latest_run(results_root: Path) -> str:
 
 def test_docker_and_podman_give_criu_s_verdict_on_every_quick_plan_and_continue_the_run(
         criu, docker_engine, podman_engine, results_root):
-    trials = run(results_root, "quick.toml", "--set", 'pipeline.backends=["criu", "docker", "podman"]')
+    trials = run(results_root, "quick.toml", "--set", 'pipeline.backends=["criu", "docker", "podman"]', "--jobs", "4")
     assert len(trials) == 84 and (trials["outcome"] != "unknown").all(), trials[trials["outcome"] == "unknown"][["arm", "error"]]
     key = ["receiver_mode", "fault", "cut_op", "cut_phase"]
     by_backend = {b: t.set_index(key)["outcome"].sort_index() for b, t in trials.groupby("backend")}
@@ -59,7 +59,7 @@ def test_docker_and_podman_give_criu_s_verdict_on_every_quick_plan_and_continue_
 
 def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu, docker_engine, podman_engine, results_root):
     trials = run(results_root, "all-workloads.toml", "--set", "plan.source=random", "--set", "plan.trials=1",
-                 "--set", 'pipeline.backends=["docker", "podman"]')
+                 "--set", 'pipeline.backends=["docker", "podman"]', "--jobs", "4")
     assert len(trials) and (trials["status"] != "unknown").all(), trials[trials["status"] == "unknown"][["variant", "arm", "error"]]
     control = trials[(trials["fault"] == "none") & (trials["receiver_mode"] == "idempotent")]
     assert (control["outcome"] != "invalid").all(), control[control["outcome"] == "invalid"][["variant", "arm", "findings"]]

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.criu
 def test_criteria_cpu_fills_every_criterion_for_every_backend(criu, docker_engine, podman_engine, results_root):
     proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "criteria-cpu.toml"),
                            "--out", str(results_root), "--json", "--variant", "restore", "--variant", "soak-native",
-                           "--variant", "soak-every-40"], capture_output=True, text=True, timeout=1500, cwd=REPO)
+                           "--variant", "soak-every-40", "--jobs", "3"], capture_output=True, text=True, timeout=1500, cwd=REPO)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     run_dir = (results_root / "latest").resolve()
     trials = pd.read_parquet(run_dir / "trials.parquet")

@@ -94,9 +94,9 @@ class Workload:
         self.thread.join(5)
 
 
-def context(control: ControlFile, tmp_path: Path) -> CutContext:
-    return CutContext(images_dir=tmp_path / "img", timeline=Timeline("t0000"), cut_index=0, cut=Cut(op=3, phase="publish"),
-                      control=control)
+def context(control: ControlFile, tmp_path: Path, **cut: Any) -> CutContext:
+    return CutContext(images_dir=tmp_path / "img", timeline=Timeline("t0000"), cut_index=0,
+                      cut=Cut(op=3, phase="publish", **cut), control=control)
 
 
 def test_prepare_gathers_every_domains_state_and_restored_seeks_the_offset_back(control, tmp_path):
@@ -108,11 +108,15 @@ def test_prepare_gathers_every_domains_state_and_restored_seeks_the_offset_back(
     wl = Workload(control, log, ConsumerOffset(cursor))
     try:
         ctx = context(control, tmp_path)
-        assert channel.prepare(ctx, 2.0) == {"request_log": "committed_through(2)", "disk": "offset(3)"}
+        joined = channel.prepare(ctx, 2.0)
+        assert joined.states == joined.said == {"request_log": "committed_through(2)", "disk": "offset(3)"}
+        assert ctx.adapters_open
         channel.commit(ctx, 2.0)
+        assert not ctx.adapters_open
         cursor.take(), cursor.take()  # the crashed incarnation took two more
         log.delivered(4)
-        assert channel.restored(ctx, 2.0, [3, 4, 5]) == {3: "committed", 4: "committed", 5: "replay"}
+        back = channel.restored(ctx, 2.0, [3, 4, 5])
+        assert back.failed == "" and back.classes == {3: "committed", 4: "committed", 5: "replay"}
         assert cursor.position() == 3
     finally:
         wl.close()
@@ -182,3 +186,96 @@ def test_the_desk_refuses_a_second_adapter_per_domain_and_names_undeclared_domai
     with pytest.raises(ValueError, match="lacks prepare"):
         desk.register(type("Half", (), {"domain": "disk"})())
     assert isinstance(RequestLog(tmp_path / "c").prepare(1, 0.0), Ready)
+
+
+class Holding(RequestLog):
+    """A request log that says it holds its domain at the cut by itself."""
+
+    domain = "device_work"
+    holds = True
+
+
+def test_only_an_adapter_that_holds_its_domain_joins_a_cut_the_process_runs_through(control, tmp_path):
+    wl = Workload(control, RequestLog(tmp_path / "log"), Holding(tmp_path / "held"))
+    try:
+        parked = channel.prepare(context(control, tmp_path), 2.0)
+        split = channel.prepare(context(control, tmp_path, split_window_ms=20.0), 2.0)
+        skewed = channel.prepare(context(control, tmp_path, mode="async"), 2.0)
+    finally:
+        wl.close()
+    assert set(parked.states) == {"request_log", "device_work"}
+    assert set(split.states) == set(skewed.states) == {"device_work"} and set(split.said) == {"request_log", "device_work"}
+
+
+class FailsToRestore(ConsumerOffset):
+    def restored(self, epoch: int) -> None:
+        raise OSError("the broker is gone")
+
+
+def test_a_failed_restored_takes_the_domains_out_of_the_cut_and_asks_no_classification(control, tmp_path):
+    cursor = ExternalCursor(tmp_path / "queue.offset")
+    wl = Workload(control, FailsToRestore(cursor))
+    try:
+        ctx = context(control, tmp_path)
+        channel.prepare(ctx, 2.0)
+        back = channel.restored(ctx, 2.0, [4])
+    finally:
+        wl.close()
+    assert "disk: restored raised OSError: the broker is gone" in back.failed
+    assert isinstance(back.classes, str) and back.classes.startswith("restored failed")
+    assert "classify" not in [s["stage"] for s in ctx.timeline.rows()]
+
+
+def test_a_restore_decision_waits_for_the_classification_only_when_the_restored_process_is_parked():
+    from cutbench.harness.nemesis.adapters import Joined, Restored
+    from cutbench.harness.runner.coordinator import TrialCoordinator
+
+    class Control:
+        def get(self, name: str) -> int:
+            return {"sent_effect": 3, "acked_effect": 2, "progress_op": 3, "progress_phase": 4, "progress_count": 20}.get(name, 0)
+
+    class Receiver:
+        def export(self, trial: str) -> Any:
+            import pandas as pd
+
+            return pd.DataFrame({"op_id": [1, 2, 3, 4], "decision": ["applied"] * 4, "epoch": [0] * 4})
+
+    def certifier(parked: bool) -> Any:
+        co = TrialCoordinator(Receiver(), "t", "at_least_once", "enforce", Control(), PHASES,
+                              ("cpu", "receiver", "request_log"), ("cpu",))
+        c = co.for_cut(0, Cut(op=3, phase="publish", fault="kill"))
+        c.joined(Joined(states={"request_log": "committed_through(2)"}, said={"request_log": "committed_through(2)"}),
+                 parked=parked)
+        c.captured("criu_freeze")
+        return c
+
+    waits = certifier(parked=True)
+    assert waits.before_restore() is None and waits.in_flight() == [4]
+    assert waits.after_restore(Restored(classes={4: "committed"})) is None
+    assert waits.certificate is not None and waits.certificate.eligible
+    declined = certifier(parked=True)
+    declined.before_restore()
+    assert "ops 4 " in (declined.after_restore(Restored(classes={4: "replay"})) or "")
+    gone = certifier(parked=True)
+    gone.before_restore()
+    refusal = gone.after_restore(Restored(failed="request_log: no answer", classes="restored failed"))
+    assert refusal is not None and "no checkpoint holds request_log" in refusal and gone.evidence.adapters == {}
+    running = certifier(parked=False)
+    assert (running.before_restore() or "").startswith("certificate: receiver: effects of ops 4")
+    assert running.in_flight() == []
+
+
+def test_the_ranks_pause_is_ready_only_with_every_rank_at_rank_0s_collective(control):
+    from types import SimpleNamespace
+
+    from cutbench.workloads.ranks import RankSet
+
+    rank0 = SimpleNamespace(rt=SimpleNamespace(control=control), p={"ranks": 3}, collectives=3)
+    pause = RankSet(rank0)  # type: ignore[arg-type]
+    control.set("rank_op_1", 3)
+    control.set("rank_op_2", 3)
+    assert pause.prepare(1, time.time() + 1) == Ready("ranks {0,1,2} at op 3")
+    control.set("rank_op_2", 5)  # where a crashed incarnation's rank got to, before a rollback
+    assert pause.prepare(1, time.time() + 0.01) == "rank 2 at op 5, not at op 3's boundary"
+    control.set("rank_op_2", 2)
+    assert pause.prepare(1, time.time() + 0.01) == "rank 2 at op 2, not at op 3's boundary"

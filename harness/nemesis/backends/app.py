@@ -35,7 +35,8 @@ class AppCheckpointer:
     capabilities = Capabilities(
         faults=frozenset({"kill", "leave_running", "none"}),
         stages=("app_save", "app_restore"),
-        covers=frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk"}),
+        # Its save at an op boundary holds no device work mid-flight (device_work) either.
+        covers=frozenset({"cpu", "cuda", "ipc", "peer", "uvm", "disk", "device_work"}),
         workload_changes="save_state/load_state hooks in the workload (docs/workload-api.md)",
         semantic_adapters=False,  # the application's own checkpoint is the cut
     )

@@ -1,7 +1,9 @@
 """``cuda+criu``: the composed pipeline, the only one with a split window.
 
     cuda_lock → cuda_checkpoint → split_window Δ → criu_dump
-            → fault → criu_restore → cuda_restore (remap?) → cuda_unlock → undrain
+            → fault → criu_restore → cuda_restore (remap?) → cuda_unlock
+
+(the pipeline adds the semantic adapters' ``prepare`` before and ``commit`` or ``restored`` after).
 
 ``cuda_lock``/``cuda_checkpoint`` cut the GPU side (every CUDA process of the
 workload's tree; see :mod:`cutbench.harness.nemesis.backends.cuda`). The split window
