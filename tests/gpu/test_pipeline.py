@@ -158,11 +158,12 @@ def test_persistent_kernel_without_adapter_is_refused_and_finishes(tmp_path):
     assert not r.verdict.findings
 
 
-@pytest.mark.parametrize("fault", ["kill", "leave_running", "none"])
-def test_persistent_kernel_with_adapter_is_cut(tmp_path, fault):
+@pytest.mark.parametrize("fault, split", [("kill", 0.0), ("leave_running", 0.0), ("none", 0.0), ("kill", 20.0)])
+def test_persistent_kernel_with_adapter_is_cut(tmp_path, fault, split):
     # idempotent: a leave_running rollback sends again what the original published after the cut, by design.
+    # With a split window the host runs on after the lock: the drained kernel is held, so device_work still joins.
     data = scenario("cuda+criu", fault, workload="persistent_kernel", params={"state_size": 1 << 16, "quiesce_adapter": True},
-                    mode="idempotent")
+                    mode="idempotent", split=split)
     data["pipeline"]["certify"] = ["audit"]
     r = one(data, tmp_path)
     assert r.verdict.outcome == "valid", r.verdict
@@ -171,7 +172,7 @@ def test_persistent_kernel_with_adapter_is_cut(tmp_path, fault):
     assert order.index("prepare") < order.index("cuda_lock")
     # The adapter drained the kernel at the cut, and it is in the certificate: device_work joined, quiescent.
     [cert] = r.record.certificates
-    assert cert["eligible"] and cert["domains"]["device_work"] == "quiescent(op 2)@2/record", cert
+    assert cert["eligible"] and cert["domains"]["device_work"].startswith("quiescent(op 2)@2/"), cert
     assert r.record.joined_domains == (["device_work"] if fault != "none" else [])
 
 
