@@ -47,7 +47,7 @@ lint: venv
 	$(BIN)/python -m mypy
 
 test: lint criu postgres chromium containers
-	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 $(BIN)/pytest -q -ra
+	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 $(BIN)/pytest -q -ra --durations=15
 
 clean:
 	rm -rf $(VENV) .criu build *.egg-info

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# ``CUTBENCH_FULL_SUITE=1``: the full example counts where a test runs fewer by default (docs/development.md).
+FULL_SUITE = os.environ.get("CUTBENCH_FULL_SUITE") == "1"
 
 # The shared fixtures reach every tier through pytest itself, never through an
 # import into a test module: an imported fixture is registered again in each

@@ -22,7 +22,7 @@ def kinds(row: pd.Series) -> set[str]:
 
 
 def test_restart_is_reported_restarted_and_a_criu_restore_never_is(criu, results_root):
-    trials = run(results_root, "quick.toml", "--set", 'pipeline.backends=["restart", "criu"]')
+    trials = run(results_root, "quick.toml", "--set", 'pipeline.backends=["restart", "criu"]', "--jobs", "3")
     assert len(trials) == 56 and (trials["outcome"] != "unknown").all(), trials[trials["outcome"] == "unknown"]
     restart, criu_ = trials[trials["backend"] == "restart"], trials[trials["backend"] == "criu"]
     assert (restart["restores"] == 1).all()
@@ -39,7 +39,7 @@ def test_restart_is_reported_restarted_and_a_criu_restore_never_is(criu, results
 
 def test_restart_runs_every_workload_of_the_ci_subset_to_a_verdict(criu, results_root):
     trials = run(results_root, "all-workloads.toml", "--set", "plan.source=random", "--set", "plan.trials=1",
-                 "--set", 'pipeline.backends=["restart"]')
+                 "--set", 'pipeline.backends=["restart"]', "--jobs", "2")
     assert len(trials) and (trials["status"] != "unknown").all(), trials[trials["status"] == "unknown"][["variant", "arm", "error"]]
     restored = trials[trials["restores"] > 0]
     assert len(restored) and (restored["restarted"] == 1).all()

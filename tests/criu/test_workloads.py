@@ -28,7 +28,7 @@ CI_SIZE = ["--set", "plan.source=random", "--set", "plan.trials=1"]
 def test_all_workloads_scenario_on_cpu(criu, results_root: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "all-workloads.toml"),
-         "--out", str(results_root), "--json", *CI_SIZE],
+         "--out", str(results_root), "--json", *CI_SIZE, "--jobs", "2"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
