@@ -96,10 +96,13 @@ class Training(BaseWorkload):
 
     name: ClassVar[str] = "training"
     phases: ClassVar[tuple[str, ...]] = PHASES
-    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "dim": 4096, "grad_shift": 11, "cursor": "host"}
+    defaults: ClassVar[dict[str, Any]] = {**BaseWorkload.COMMON_DEFAULTS, "dim": 4096, "grad_shift": 11, "cursor": "host",
+                                          "adapters": False}
     choices: ClassVar[dict[str, tuple[Any, ...]]] = {"cursor": ("host", "external")}
-    # An external data cursor is state on disk, outside any process image.
-    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cursor", "external"): "disk"}
+    # An external data cursor is state on disk, outside any process image; ``adapters = true`` joins it to each
+    # cut at the step the image holds (the loader's position at that optimizer step), with a log of the metrics
+    # acknowledged (BaseWorkload.join_cuts).
+    param_domains: ClassVar[dict[tuple[str, Any], str]] = {("cursor", "external"): "disk", ("adapters", True): "request_log"}
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
@@ -113,6 +116,7 @@ class Training(BaseWorkload):
         self.model = TrainModel(self.xp, p["seed"], p["dim"], p["grad_shift"])
         kind = "external" if p["cursor"] == "external" else "memory"
         self.cursor = make_cursor(kind, self.rt.workdir / "data.cursor")
+        self.join_cuts(self.cursor)
         synchronize(self.xp)
         self.pointers_initial = {"params": pointer(self.model.w), "momentum": pointer(self.model.m)}
 

@@ -53,6 +53,11 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
     inference_kill = inference_on[inference_on["fault"] == "kill"]
     assert len(inference_kill) == 1 and inference_kill["cert_eligible"].all() and (inference_kill["outcome"] == "valid").all()
 
+    # Training: the data cursor joins the cut; without it a rollback trains on skipped batches.
+    assert (by["training-adapters-off"]["cert_eligible"] == False).all()  # noqa: E712
+    train_on = by["training-adapters-on"]
+    assert len(train_on) == 2 and (train_on["cert_eligible"] == True).all() and (train_on["outcome"] == "valid").all()  # noqa: E712
+
     # Ranks: the pause joins every rank at rank 0's collective (rank_set in the certificate); a late rank makes it
     # fail at prepare, naming the rank, and the job runs to its end; a one-rank cut stays ineligible.
     pause = by["ranks-pause"]
