@@ -15,7 +15,7 @@ joins the cut instead (the two phases of ``docs/certificates.md``):
 - ``classify(key)``: for an effect (its id) that may already be out, what this process will do with it:
   ``committed`` (its log says delivered: it will not be sent again), ``replay`` (it will be sent again)
   or ``discard`` (it will never be sent). An adapter of an input that makes no effects (a consumer
-  offset) sets ``effects = False`` and is not asked.
+  offset) sets ``effects = False``, is not asked, and need not have ``classify``.
 
 An adapter that keeps its domain at the cut by itself until ``commit``,
 ``abort`` or ``restored``, whatever the process does meanwhile (a drained
@@ -93,7 +93,9 @@ class AdapterDesk:
         domain = getattr(adapter, "domain", None)
         if not isinstance(domain, str) or not domain:
             raise ValueError(f"adapter {adapter!r} has no domain (a non-empty string attribute)")
-        missing = [v for v in ("prepare", "commit", "abort", "classify") if not callable(getattr(adapter, v, None))]
+        # An input's adapter (effects = False) is never asked to classify, so it need not say how.
+        verbs = ("prepare", "commit", "abort") + (() if getattr(adapter, "effects", True) is False else ("classify",))
+        missing = [v for v in verbs if not callable(getattr(adapter, v, None))]
         if missing:
             raise ValueError(f"adapter for domain {domain!r} lacks {', '.join(missing)}")
         if domain in self.adapters:
@@ -235,10 +237,6 @@ class ConsumerOffset:
         """Seek back to the offset the image's process had at the cut."""
         if self.at_cut is not None:
             self.cursor.seek(self.at_cut)
-
-    def classify(self, key: int) -> str:
-        """Not asked (``effects = False``); were it asked: a reply is computed again from the restored state."""
-        return "replay"
 
 
 __all__ = ["Adapter", "AdapterDesk", "CLASSES", "ConsumerOffset", "Ready", "RequestLog", "VERBS"]

@@ -101,10 +101,6 @@ class KernelDrain:
 
     abort = restored = commit
 
-    def classify(self, key: int) -> str:
-        """Not asked (``effects = False``)."""
-        return "replay"
-
 
 class PersistentKernel(Counter):
     """The ``persistent_kernel`` workload (see module docstring)."""

@@ -414,10 +414,6 @@ class RankSet:
 
     abort = commit
 
-    def classify(self, key: int) -> str:
-        """Not asked (``effects = False``)."""
-        return "replay"
-
 
 class Ranks(BaseWorkload):
     """The ``ranks`` workload (see module docstring); this object is rank 0."""
