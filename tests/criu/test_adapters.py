@@ -33,12 +33,8 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
     assert len(kills) == 3 and (kills["cert_eligible"] == True).all() and (kills["outcome"] == "valid").all()  # noqa: E712
     # After leave_running the restored process's log classified the effects in flight: sound either way, and
     # an ineligible one names the effect sent without an acknowledgement (it is the duplicate the oracle finds).
-    assert (on[on["cert_eligible"] == True]["outcome"] == "valid").all()  # noqa: E712
     assert (trials["certificate_unsound"] == 0).all()
-    for row in on[on["cert_eligible"] == False].itertuples():  # noqa: E712
-        findings = json.loads(row.findings)
-        assert {f["kind"] for f in findings} == {"duplicate"}, findings
-        assert f"ops {findings[0]['op']} " in row.cert_reason
+    _sound_after_leave_running(on)
     record = json.loads((run_dir / "trials" / f"{kills['trial_id'].iloc[0]}.json").read_text())["record"]
     cert, evidence = record["certificates"][0], record["cut_evidence"][0]
     assert cert["domains"]["disk"] == "offset(3)@3/launch" and cert["domains"]["request_log"].startswith("committed_through(")
@@ -56,7 +52,11 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
     # Training: the data cursor joins the cut; without it a rollback trains on skipped batches.
     assert (by["training-adapters-off"]["cert_eligible"] == False).all()  # noqa: E712
     train_on = by["training-adapters-on"]
-    assert len(train_on) == 2 and (train_on["cert_eligible"] == True).all() and (train_on["outcome"] == "valid").all()  # noqa: E712
+    train_kill = train_on[train_on["fault"] == "kill"]
+    assert len(train_on) == 2 and train_kill["cert_eligible"].all() and (train_kill["outcome"] == "valid").all()
+    # leave_running: the original incarnation ran on and may have sent a step's metrics that its log had not yet
+    # recorded when it was stopped; whether it did is the host's timing, and the certificate says which.
+    _sound_after_leave_running(train_on)
 
     # Ranks: the pause joins every rank at rank 0's collective (rank_set in the certificate); a late rank makes it
     # fail at prepare, naming the rank, and the job runs to its end; a one-rank cut stays ineligible.
@@ -84,6 +84,16 @@ def test_adapters_make_external_state_eligible_and_misbehaving_ones_are_refused(
         assert row["outcome"] == "refused" and row["failed_stage"] == "prepare", row.to_dict()
         assert text in row["error"] and row["restores"] == 0 and row["host_op"] == 8
         assert "abort" in stages[stages["trial_id"] == row["trial_id"]]["stage"].tolist()
+
+
+def _sound_after_leave_running(trials: pd.DataFrame) -> None:
+    """Every eligible trial is valid; an ineligible one is ineligible because of an effect its original incarnation
+    sent without an acknowledgement, named in the reason, and that duplicate is the oracle's only finding."""
+    assert (trials[trials["cert_eligible"] == True]["outcome"] == "valid").all()  # noqa: E712
+    for row in trials[trials["cert_eligible"] == False].itertuples():  # noqa: E712
+        findings = json.loads(row.findings)
+        assert {f["kind"] for f in findings} == {"duplicate"}, findings
+        assert f"ops {findings[0]['op']} " in row.cert_reason
 
 
 def test_the_adapter_pause_benchmark_reports_its_figures(criu, tmp_path):
