@@ -116,13 +116,14 @@ def classify(stage: str) -> str:
 
 
 def scenario_data(*, backend: str, array: str, ballast_mib: int, jobs: int, cuts_per_trial: int, trials: int,
-                  source: str = "random") -> dict[str, Any]:
+                  source: str = "random", images_dir: str | None = None) -> dict[str, Any]:
     """The scenario (as parsed from TOML) of one configuration: ``trials`` kill trials on ``jobs`` workers.
 
     ``random``: 1 to ``cuts_per_trial`` cuts per trial, drawn from seed 4 over
     ops 1–4 and every phase; ``periodic``: exactly ``cuts_per_trial`` precise
     cuts, at ops 1, 2, … of the first phase. Every trial shares the host's one
-    GPU, so ``run.trials_per_gpu`` is ``jobs`` too. Raises
+    GPU, so ``run.trials_per_gpu`` is ``jobs`` too. ``images_dir`` is
+    ``pipeline.images_dir`` (the scenario's default when None). Raises
     :class:`InvalidArgument` for an unknown source.
     """
     if source not in SOURCES:
@@ -138,7 +139,7 @@ def scenario_data(*, backend: str, array: str, ballast_mib: int, jobs: int, cuts
                      "params": {"ops": max(OPS, cuts_per_trial), "state_size": 1 << 16, "seed": 2,
                                 "ballast_mib": ballast_mib}},
         "receiver": {"modes": ["idempotent"]},
-        "pipeline": {"backends": [backend], "faults": ["kill"]},
+        "pipeline": {"backends": [backend], "faults": ["kill"], **({"images_dir": images_dir} if images_dir else {})},
         "plan": plan,
         "run": {"watchdog_s": 30, "trial_timeout_s": 300, "stage_timeout_s": 120, "jobs": jobs, "trials_per_gpu": jobs},
     }
@@ -396,6 +397,24 @@ def bytes_need(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str
     return {"cpu_s": nan if missing else cpu, "wall_s": nan if missing else wall, "missing": missing}
 
 
+def bandwidth_bound(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> float | None:
+    """The cuts per hour this host's aggregate bandwidth allows for the bytes of one cut (:func:`cut_bytes`): an
+    hour over the seconds the reference's parallel copies (``bandwidth_reference.py --threads N``) take to move
+    them, every copy of every cut sharing the host's memory. None when the reference has no parallel figures for
+    some kind of bytes the cut moves."""
+    results = (bandwidth.get("parallel") or {}).get("results") or {}
+    seconds = 0.0
+    for kind, name in TRANSFERS.items():
+        n = per_cut.get(kind) or 0.0
+        if n <= 0:
+            continue
+        r = results.get(name)
+        if not r or not r.get("gb_s"):
+            return None
+        seconds += n / (r["gb_s"] * 1e9)
+    return 3600.0 / seconds if seconds > 0 else None
+
+
 def cost_ratio(stages: pd.DataFrame, per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str, Any]:
     """The cut's cost against what its bytes need: the tool stages' (:func:`classify`) CPU-seconds and wall seconds
     per cut, what the bytes need (:func:`bytes_need`), and their ratios ``cpu_ratio`` and ``wall_ratio``."""
@@ -405,7 +424,7 @@ def cost_ratio(stages: pd.DataFrame, per_cut: dict[str, float], bandwidth: dict[
     return {"tool_cpu_s": cpu, "tool_wall_s": wall, "need_cpu_s": need["cpu_s"], "need_wall_s": need["wall_s"],
             "cpu_ratio": cpu / need["cpu_s"] if need["cpu_s"] > 0 else float("nan"),
             "wall_ratio": wall / need["wall_s"] if need["wall_s"] > 0 else float("nan"),
-            "missing": need["missing"], **per_cut}
+            "missing": need["missing"], "bandwidth_bound_cuts_per_hour": bandwidth_bound(per_cut, bandwidth), **per_cut}
 
 
 def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | None) -> dict[str, Any]:
@@ -490,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="cuda+criu")
     ap.add_argument("--array", default="cupy")
     ap.add_argument("--ballast-mib", type=int, default=1024)
+    ap.add_argument("--images-dir", default=None, metavar="DIR",
+                    help="pipeline.images_dir: where CRIU writes each cut's image (default the scenario's, /dev/shm)")
     ap.add_argument("--bandwidth", default=None, metavar="FILE",
                     help="a benchmarks/bandwidth_reference.py JSON: print each cut's cost against what its bytes need")
     args = ap.parse_args(argv)
@@ -507,6 +528,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise InvalidArgument(f"--max-seconds {args.max_seconds:g}: expected a positive number of seconds")
     if args.ballast_mib < 0:
         raise InvalidArgument(f"--ballast-mib {args.ballast_mib}: expected 0 or more")
+    if args.images_dir is not None and not Path(args.images_dir).is_dir():
+        raise InvalidArgument(f"--images-dir {args.images_dir}: not a directory (CRIU writes each cut's image there)")
     args.jobs = list(dict.fromkeys(args.jobs))
     args.cuts_per_trial = list(dict.fromkeys(args.cuts_per_trial))
     args.bandwidth_reference = load_bandwidth(args.bandwidth) if args.bandwidth else None
@@ -528,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         for jobs in args.jobs:
             trials = configuration_trials(jobs, args.trials, args.trials_per_job, args.min_trials)
             data = scenario_data(backend=args.backend, array=args.array, ballast_mib=args.ballast_mib, jobs=jobs,
-                                 cuts_per_trial=k, trials=trials, source=args.source)
+                                 cuts_per_trial=k, trials=trials, source=args.source, images_dir=args.images_dir)
             print(f"=== jobs {jobs}, cuts per trial {k}: {trials} trials", flush=True)
             res = run_config(data, out, jobs, args.max_seconds)
             if res["summary"] is not None:
@@ -564,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                         *(["--min-trials", str(args.min_trials)] if args.min_trials > 1 else []),
                         *(["--max-seconds", f"{args.max_seconds:g}"] if args.max_seconds else []),
                         "--backend", args.backend, "--array", args.array, "--ballast-mib", str(args.ballast_mib),
+                        *(["--images-dir", args.images_dir] if args.images_dir else []),
                         *(["--bandwidth", args.bandwidth] if args.bandwidth else [])])
     (out / "cuts_per_hour.json").write_text(json.dumps({"configs": configs, "command": command}, indent=2, default=str))
     print_tables(configs, stages)
@@ -642,8 +666,10 @@ def print_cpu_tables(configs: list[dict[str, Any]], cpu: pd.DataFrame, bandwidth
             "jobs": c["jobs"], "cuts/trial": c["cuts_per_trial"], "image MB/cut": r["image_bytes"] / 1e6,
             "GPU MB/cut": r["gpu_bytes"] / 1e6, "tool CPU s/cut": r["tool_cpu_s"], "bytes' CPU s/cut": r["need_cpu_s"],
             "CPU ×": r["cpu_ratio"], "tool wall s/cut": r["tool_wall_s"], "bytes' wall s/cut": r["need_wall_s"],
-            "wall ×": r["wall_ratio"],
-        } for c, r in ratios]).to_markdown(index=False, floatfmt=[".0f", ".0f", *[".3f"] * 8]))
+            "wall ×": r["wall_ratio"], "bytes-bound cuts/hour": r.get("bandwidth_bound_cuts_per_hour"),
+        } for c, r in ratios]).to_markdown(index=False, floatfmt=[".0f", ".0f", *[".3f"] * 8, ".0f"]))
+        print("bytes-bound cuts/hour: what the host's aggregate bandwidth (the reference's --threads copies) allows "
+              "for these bytes, nothing else running; empty without parallel figures")
         for c, r in ratios:
             if r["missing"]:
                 print(f"jobs {c['jobs']}, cuts/trial {c['cuts_per_trial']}: the reference lacks {', '.join(r['missing'])} "

@@ -143,6 +143,7 @@ def test_cuts_per_hour_counts_the_valid_trials_cuts_over_the_span():
     (["--trials-per-job", "0"], r"^--trials-per-job 0: expected at least 1"),
     (["--max-seconds", "0"], r"^--max-seconds 0: "),
     (["--ballast-mib", "-1"], r"^--ballast-mib -1: "),
+    (["--images-dir", "/nonexistent/images"], r"^--images-dir /nonexistent/images: not a directory"),
 ])
 def test_bad_arguments_name_the_option(argv, message):
     with pytest.raises(InvalidArgument, match=message):
@@ -245,6 +246,23 @@ def test_the_cost_of_a_cut_is_a_ratio_to_what_its_bytes_need_at_the_reference_ra
     priced = cph.bytes_need(per_cut, cpu_only)
     assert pd.isna(priced["cpu_s"]) and priced["missing"] == ["d2h_pageable"]
     assert pd.isna(cph.cost_ratio(stages, per_cut, cpu_only)["cpu_ratio"])
+
+
+def test_the_bytes_bound_rate_prices_a_cut_at_the_parallel_rates_and_needs_every_kind():
+    per_cut = {"image_bytes": 2e9, "restored_bytes": 1e9, "gpu_bytes": 1e9, "gpu_restored_bytes": 0.0}
+    parallel = {"tmpfs_write": {"gb_s": 20.0}, "tmpfs_read": {"gb_s": 40.0}, "d2h_pageable": {"gb_s": 50.0}}
+    seconds = 2e9 / 20e9 + 1e9 / 40e9 + 1e9 / 50e9
+    assert cph.bandwidth_bound(per_cut, {**BANDWIDTH, "parallel": {"threads": 16, "results": parallel}}) == pytest.approx(3600 / seconds)
+    # A reference without parallel figures, or lacking one the cut needs, gives no bound rather than a wrong one.
+    assert cph.bandwidth_bound(per_cut, BANDWIDTH) is None
+    del parallel["d2h_pageable"]
+    assert cph.bandwidth_bound(per_cut, {**BANDWIDTH, "parallel": {"results": parallel}}) is None
+
+
+def test_the_images_directory_reaches_the_pipeline_and_defaults_to_the_scenarios(tmp_path):
+    assert scenario(images_dir=str(tmp_path)).images_dir == str(tmp_path)
+    assert scenario().images_dir == "/dev/shm"
+    assert cph.parse_args(["--out", "x", "--images-dir", str(tmp_path)]).images_dir == str(tmp_path)
 
 
 def test_a_bandwidth_file_that_is_not_one_is_named(tmp_path):
