@@ -68,7 +68,26 @@ step_repro() {
 step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
 # The six criteria over the newest run (criteria.parquet and the report's section in it).
 step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
-step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour" ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} 2>&1 | tail -80; }
+# CPH_NAME: a suffix for the output folder (several configurations in one call); CPH_IMAGES_DIR: --images-dir.
+step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour${CPH_NAME:-}" ${CPH_IMAGES_DIR:+--images-dir $CPH_IMAGES_DIR} ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} ${CPH_BANDWIDTH:+--bandwidth $CPH_BANDWIDTH} 2>&1 | tail -80; }
+
+# The host's bandwidth for a cut's bytes, one copy and BW_THREADS (default 16) at once (bandwidth.json under $RES).
+step_bw() { $PY benchmarks/bandwidth_reference.py --size ${BW_SIZE:-1GiB} --repeat ${BW_REPEAT:-2} --threads ${BW_THREADS:-16} \
+    --skip disk --out "$RES/bandwidth${BW_NAME:-}.json" 2>&1 | tail -30; }
+# Host memory settings a cut's bytes go through, recorded before a tuning step changes them: transparent huge
+# pages (anonymous memory: the driver's staging, CRIU's restored mappings) and the images' tmpfs.
+step_memory() {
+  for f in enabled defrag shmem_enabled; do echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f 2>&1)"; done
+  grep -E ' /dev/shm | /tmp ' /proc/mounts; grep -E 'MemTotal|MemFree|HugePages_Total|AnonHugePages|ShmemHugePages' /proc/meminfo
+}
+# THP=always|madvise|never: set transparent huge pages for anonymous memory (step_memory shows the value found).
+step_thp() { echo "${THP:?set THP=always|madvise|never}" > /sys/kernel/mm/transparent_hugepage/enabled && step_memory; }
+# A tmpfs with huge pages for the images at /mnt/cutbench-images (HUGE_IMAGES_SIZE, default 96g); then
+# CPH_IMAGES_DIR=/mnt/cutbench-images points cuts_per_hour at it.
+step_huge_images() {
+  mkdir -p /mnt/cutbench-images && mount -t tmpfs -o "size=${HUGE_IMAGES_SIZE:-96g},huge=always" cutbench-images /mnt/cutbench-images
+  grep cutbench-images /proc/mounts
+}
 
 # What semantic adapters cost a cut and how fast one they cannot join is aborted, persistent_kernel's drain too.
 step_adapters() { timeout ${ADAPTERS_TIMEOUT:-400} $PY benchmarks/adapter_pause.py ${ADAPTERS_GPU:---gpu} --out "$RES/adapter-pause" ${ADAPTERS_ARGS:-} 2>&1 | grep -v '^\[' | tail -40; }
