@@ -21,13 +21,13 @@ need (``benchmarks/cuts_per_hour.py --bandwidth FILE``):
   (device to and from an ordinary NumPy buffer) and ``d2h_pinned`` /
   ``h2d_pinned`` (page-locked host memory), each synchronised.
 
-``--threads N`` (N > 1) adds the same copies run by N threads at once, each
-on buffers and a file of its own (``memcpy_fresh``, ``tmpfs_write``,
-``tmpfs_read`` and, with a GPU, ``d2h_pageable`` and ``h2d_pageable`` on a
-stream per thread): the host's aggregate bandwidth, which N trials side by
-side share. Their GB/s is every thread's bytes over the slowest thread's
-wall; ``cuts_per_hour.py --bandwidth`` turns it into the cuts per hour those
-bytes allow on this host (``bandwidth_bound_cuts_per_hour``).
+``--processes N`` (N > 1) adds the same copies made by N processes at once,
+each on buffers and a file of its own (``memcpy_fresh``, ``tmpfs_write``,
+``tmpfs_read`` and, with a GPU, ``d2h_pageable`` and ``h2d_pageable``, a
+CUDA context each): the host's aggregate bandwidth, which N trials side by
+side share. Their GB/s is every process's bytes over the span from the
+first start to the last end; ``cuts_per_hour.py --bandwidth`` turns it into
+the cuts per hour those bytes allow on this host (``bytes-bound``).
 
 Each measurement runs ``--repeat`` times (default 3); the medians of wall
 seconds and of CPU-seconds (user + system of this process, ``getrusage``
@@ -38,7 +38,7 @@ the host, sizes and directories it was measured on).
 
     python benchmarks/bandwidth_reference.py --size 1GiB --out results/bandwidth.json
     python benchmarks/bandwidth_reference.py --size 256MiB --repeat 5 --skip disk
-    python benchmarks/bandwidth_reference.py --size 1GiB --threads 16 --skip disk --out bandwidth.json
+    python benchmarks/bandwidth_reference.py --size 1GiB --processes 16 --skip disk --out bandwidth.json
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ import re
 import resource
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -231,73 +230,96 @@ def gpu_measurements(size: int, repeat: int) -> tuple[dict[str, dict[str, float]
     return out, name.decode() if isinstance(name, bytes) else str(name)
 
 
-def run_together(fns: list[Callable[[], Any]]) -> None:
-    """Run every function of ``fns`` on a thread of its own, started together; return when all have ended (the
-    first exception any of them raised is raised here)."""
-    errors: list[BaseException] = []
-    start = threading.Barrier(len(fns))
-
-    def body(fn: Callable[[], Any]) -> None:
-        start.wait()
-        try:
-            fn()
-        except BaseException as exc:  # carried to the caller, not lost in the thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(fn,)) for fn in fns]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-def parallel_measurements(size: int, threads: int, repeat: int, groups: set[str], tmpfs: Path) -> dict[str, dict[str, float]]:
-    """The copies a cut's bytes go through, run by ``threads`` threads at once with ``size`` bytes each: the host's
-    aggregate rates (:func:`rates` of every thread's bytes, ``threads`` added). Copies whose group is not in
-    ``groups`` are left out; the GPU ones also without CuPy or a device."""
-    out: dict[str, dict[str, float]] = {}
-    total = size * threads
-    if "memcpy" in groups or "tmpfs" in groups:
-        srcs = [np.full(size, 0xA5, np.uint8) for _ in range(threads)]
-    if "memcpy" in groups:
-        boxes: list[dict[str, np.ndarray]] = [{} for _ in range(threads)]
-        fns = [lambda s=s, b=b: b.__setitem__("a", s.copy()) for s, b in zip(srcs, boxes)]
-        out["memcpy_fresh"] = rates(total, measure(lambda: run_together(fns), repeat,
-                                                   after=lambda: [b.clear() for b in boxes]))
-    if "tmpfs" in groups:
-        paths = [Path(tmpfs) / f"cutbench-bandwidth-{os.getpid()}-{i}.tmp" for i in range(threads)]
-        dsts = [np.zeros(size, np.uint8) for _ in range(threads)]
-        try:
-            writes = [lambda p=p, s=s: _write_file(p, s, sync=False) for p, s in zip(paths, srcs)]
-            out["tmpfs_write"] = rates(total, measure(lambda: run_together(writes), repeat,
-                                                      after=lambda: [p.unlink(missing_ok=True) for p in paths]))
-            run_together(writes)
-            reads = [lambda p=p, d=d: _read_file(p, d) for p, d in zip(paths, dsts)]
-            out["tmpfs_read"] = rates(total, measure(lambda: run_together(reads), repeat))
-        finally:
-            for p in paths:
-                p.unlink(missing_ok=True)
-        del dsts
-    if "gpu" in groups:
-        try:
+def _copy_worker(kind: str, size: int, repeat: int, tmpfs: str, index: int, barrier: Any, queue: Any) -> None:
+    """One of :func:`parallel_measurements`' processes: ``repeat`` times, wait at ``barrier`` for the others, do the
+    copy ``kind`` once on buffers (and a file) of its own, and put ``(repeat index, start, end, CPU-seconds)`` on
+    ``queue``; ``("error", text)`` when it cannot (no CuPy or device for a GPU copy, a full tmpfs)."""
+    try:
+        box: dict[str, Any] = {}
+        src = np.full(size, 0xA5, np.uint8)
+        dst = np.zeros(size, np.uint8)
+        path = Path(tmpfs) / f"cutbench-bandwidth-{os.getpid()}-{index}.tmp"
+        if kind.startswith(("d2h", "h2d")):
             import cupy as cp  # type: ignore[import-not-found]
 
-            if cp.cuda.runtime.getDeviceCount() < 1:
-                return out
-        except Exception:  # no CuPy, no driver: a CPU host
-            return out
-        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(threads)]
-        devices = [cp.full(size, 0xA5, cp.uint8) for _ in range(threads)]
-        hosts = [np.zeros(size, np.uint8) for _ in range(threads)]
-        cp.cuda.Device().synchronize()
-        d2h = [lambda d=d, h=h, st=st: (d.get(out=h, stream=st), st.synchronize()) for d, h, st in zip(devices, hosts, streams)]
-        h2d = [lambda d=d, h=h, st=st: (d.set(h, stream=st), st.synchronize()) for d, h, st in zip(devices, hosts, streams)]
-        out["d2h_pageable"] = rates(total, measure(lambda: run_together(d2h), repeat))
-        out["h2d_pageable"] = rates(total, measure(lambda: run_together(h2d), repeat))
-    for r in out.values():
-        r["threads"] = threads
+            device = cp.full(size, 0xA5, cp.uint8)
+            stream = cp.cuda.Stream(non_blocking=True)
+            cp.cuda.Device().synchronize()
+        ops: dict[str, Callable[[], Any]] = {
+            "memcpy_fresh": lambda: box.__setitem__("a", src.copy()),
+            "tmpfs_write": lambda: _write_file(path, src, sync=False),
+            "tmpfs_read": lambda: _read_file(path, dst),
+            "d2h_pageable": lambda: (device.get(out=dst, stream=stream), stream.synchronize()),
+            "h2d_pageable": lambda: (device.set(src, stream=stream), stream.synchronize()),
+        }
+        if kind == "tmpfs_read":
+            _write_file(path, src, sync=False)
+        try:
+            for r in range(repeat):
+                barrier.wait(timeout=600)
+                t0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                ops[kind]()
+                w1, t1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+                queue.put((r, w0, w1, t1.ru_utime - t0.ru_utime + t1.ru_stime - t0.ru_stime))
+                box.clear()
+                if kind == "tmpfs_write":
+                    path.unlink(missing_ok=True)
+        finally:
+            path.unlink(missing_ok=True)
+    except BaseException as exc:  # the parent reports it; a worker that dies silently would stall the others
+        barrier.abort()
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def parallel_measurements(size: int, processes: int, repeat: int, groups: set[str], tmpfs: Path) -> dict[str, dict[str, float]]:
+    """The copies a cut's bytes go through, run by ``processes`` processes at once with ``size`` bytes each (trials
+    side by side are processes: threads of one would share its page tables' lock and its one CUDA context): the
+    host's aggregate rates, :func:`rates` of every process's bytes over the span from the first start to the last
+    end (medians over ``repeat``), with ``processes`` added. Copies whose group is not in ``groups`` are left out,
+    and so are the GPU ones where a process cannot make them (no CuPy, no device). Forked before this process
+    touches CUDA (:func:`main` calls it before :func:`gpu_measurements`), so each child makes its own context."""
+    import multiprocessing
+
+    kinds = [k for k, group in (("memcpy_fresh", "memcpy"), ("tmpfs_write", "tmpfs"), ("tmpfs_read", "tmpfs"),
+                                ("d2h_pageable", "gpu"), ("h2d_pageable", "gpu")) if group in groups]
+    ctx = multiprocessing.get_context("fork")
+    out: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        barrier, queue = ctx.Barrier(processes), ctx.Queue()
+        workers = [ctx.Process(target=_copy_worker, args=(kind, size, repeat, str(tmpfs), i, barrier, queue))
+                   for i in range(processes)]
+        for w in workers:
+            w.start()
+        got, error = [], None
+        while len(got) < processes * repeat and error is None:
+            item = queue.get(timeout=900)
+            if item[0] == "error":
+                error = item[1]
+            else:
+                got.append(item)
+        for w in workers:
+            w.join(timeout=60)
+            if w.is_alive():
+                w.kill()
+        if error is not None:
+            # The process that failed aborts the barrier, so the others fail too: name the first cause, not theirs.
+            errors = [error]
+            while not queue.empty():
+                item = queue.get()
+                if item[0] == "error":
+                    errors.append(item[1])
+            error = next((e for e in errors if not e.startswith("BrokenBarrierError")), error)
+            if kind.startswith(("d2h", "h2d")):
+                continue  # a CPU host: no GPU figures, as gpu_measurements gives none
+            raise OSError(f"{kind} with {processes} processes: {error}")
+        walls, cpus = [], []
+        for r in range(repeat):
+            mine = [g for g in got if g[0] == r]
+            walls.append(max(g[2] for g in mine) - min(g[1] for g in mine))
+            cpus.append(sum(g[3] for g in mine))
+        timing = {"wall_s": statistics.median(walls), "user_s": float("nan"), "sys_s": float("nan"),
+                  "cpu_s": statistics.median(cpus)}
+        out[kind] = {**rates(size * processes, timing), "processes": processes}
     return out
 
 
@@ -320,15 +342,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tmpfs", default="/dev/shm", help="the tmpfs directory (default /dev/shm, the images' default)")
     ap.add_argument("--disk-dir", default=str(REPO / "results"), help="a directory on the disk runs are written to")
     ap.add_argument("--skip", nargs="*", default=[], choices=GROUPS, help="measurement groups to leave out")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="also measure the copies run by this many threads at once, --size bytes each (default 1: not)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="also measure the copies made by this many processes at once, --size bytes each (default 1: not)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     args.size_bytes = parse_size(args.size)
     if args.repeat < 1:
         raise InvalidArgument(f"--repeat {args.repeat}: expected at least 1")
-    if not 1 <= args.threads <= 256:
-        raise InvalidArgument(f"--threads {args.threads}: expected 1 to 256")
+    if not 1 <= args.processes <= 256:
+        raise InvalidArgument(f"--processes {args.processes}: expected 1 to 256")
     for name in ("tmpfs", "disk_dir"):
         if not Path(getattr(args, name)).is_dir() and name.split("_")[0] not in args.skip:
             raise InvalidArgument(f"--{name.replace('_', '-')} {getattr(args, name)}: not a directory")
@@ -344,26 +366,29 @@ def main(argv: list[str] | None = None) -> int:
     groups = set(GROUPS) - set(args.skip)
     size = args.size_bytes
     results = host_measurements(size, args.repeat, groups, Path(args.tmpfs), Path(args.disk_dir))
+    # Before this process touches CUDA: the processes are forked, and each makes a context of its own.
+    parallel = parallel_measurements(size, args.processes, args.repeat, groups - {"disk"}, Path(args.tmpfs)) \
+        if args.processes > 1 else {}
     gpu_note = "skipped"
     if "gpu" in groups:
         gpu, gpu_note = gpu_measurements(size, args.repeat)
         results.update(gpu)
-    parallel = parallel_measurements(size, args.threads, args.repeat, groups - {"disk"}, Path(args.tmpfs)) if args.threads > 1 else {}
     data = {
         "size_bytes": size, "repeat": args.repeat, "host": platform.node(), "kernel": platform.release(),
         "cpus": os.cpu_count(), "gpu": gpu_note,
         "dirs": {"tmpfs": args.tmpfs, "tmpfs_fs": fs_type(args.tmpfs), "disk": args.disk_dir,
                  "disk_fs": fs_type(args.disk_dir)},
         "results": results,
-        "parallel": {"threads": args.threads, "results": parallel},
+        "parallel": {"processes": args.processes, "results": parallel},
         "command": " ".join(["python benchmarks/bandwidth_reference.py", "--size", args.size, "--repeat",
-                             str(args.repeat), *(["--threads", str(args.threads)] if args.threads > 1 else []),
+                             str(args.repeat), *(["--processes", str(args.processes)] if args.processes > 1 else []),
                              *(["--skip", *args.skip] if args.skip else [])]),
     }
     print(render(results, size))
     if parallel:
-        print(f"\n{args.threads} threads at once, {size:,} bytes each (GB/s: all threads' bytes over the slowest's wall)\n")
-        print(render(parallel, size * args.threads))
+        print(f"\n{args.processes} processes at once, {size:,} bytes each (GB/s: all their bytes over the span from the "
+              "first start to the last end; CPU s: all of theirs)\n")
+        print(render(parallel, size * args.processes))
     print(f"\ntmpfs: {args.tmpfs} ({data['dirs']['tmpfs_fs'] or '?'}), disk: {args.disk_dir} "
           f"({data['dirs']['disk_fs'] or '?'}), GPU: {gpu_note}")
     if args.out:

@@ -399,7 +399,7 @@ def bytes_need(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str
 
 def bandwidth_bound(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> float | None:
     """The cuts per hour this host's aggregate bandwidth allows for the bytes of one cut (:func:`cut_bytes`): an
-    hour over the seconds the reference's parallel copies (``bandwidth_reference.py --threads N``) take to move
+    hour over the seconds the reference's parallel copies (``bandwidth_reference.py --processes N``) take to move
     them, every copy of every cut sharing the host's memory. None when the reference has no parallel figures for
     some kind of bytes the cut moves."""
     results = (bandwidth.get("parallel") or {}).get("results") or {}
@@ -668,7 +668,7 @@ def print_cpu_tables(configs: list[dict[str, Any]], cpu: pd.DataFrame, bandwidth
             "CPU ×": r["cpu_ratio"], "tool wall s/cut": r["tool_wall_s"], "bytes' wall s/cut": r["need_wall_s"],
             "wall ×": r["wall_ratio"], "bytes-bound cuts/hour": r.get("bandwidth_bound_cuts_per_hour"),
         } for c, r in ratios]).to_markdown(index=False, floatfmt=[".0f", ".0f", *[".3f"] * 8, ".0f"]))
-        print("bytes-bound cuts/hour: what the host's aggregate bandwidth (the reference's --threads copies) allows "
+        print("bytes-bound cuts/hour: what the host's aggregate bandwidth (the reference's --processes copies) allows "
               "for these bytes, nothing else running; empty without parallel figures")
         for c, r in ratios:
             if r["missing"]:

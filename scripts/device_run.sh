@@ -71,8 +71,8 @@ step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 # CPH_NAME: a suffix for the output folder (several configurations in one call); CPH_IMAGES_DIR: --images-dir.
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour${CPH_NAME:-}" ${CPH_IMAGES_DIR:+--images-dir $CPH_IMAGES_DIR} ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} ${CPH_BANDWIDTH:+--bandwidth $CPH_BANDWIDTH} 2>&1 | tail -80; }
 
-# The host's bandwidth for a cut's bytes, one copy and BW_THREADS (default 16) at once (bandwidth.json under $RES).
-step_bw() { $PY benchmarks/bandwidth_reference.py --size ${BW_SIZE:-1GiB} --repeat ${BW_REPEAT:-2} --threads ${BW_THREADS:-16} \
+# The host's bandwidth for a cut's bytes, one copy and BW_PROCESSES (default 16) at once (bandwidth.json under $RES).
+step_bw() { $PY benchmarks/bandwidth_reference.py --size ${BW_SIZE:-1GiB} --repeat ${BW_REPEAT:-2} --processes ${BW_PROCESSES:-16} \
     --skip disk --out "$RES/bandwidth${BW_NAME:-}.json" 2>&1 | tail -30; }
 # Host memory settings a cut's bytes go through, recorded before a tuning step changes them: transparent huge
 # pages (anonymous memory: the driver's staging, CRIU's restored mappings) and the images' tmpfs.

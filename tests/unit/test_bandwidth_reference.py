@@ -58,23 +58,20 @@ def test_disk_is_measured_in_the_directory_given(tmp_path):
     assert set(results) == {"disk_write", "disk_read"} and list(tmp_path.iterdir()) == []
 
 
-def test_threads_measure_the_copies_side_by_side_each_on_its_own_buffers_and_file(tmp_path):
+def test_processes_make_the_copies_side_by_side_each_on_its_own_buffers_and_file(tmp_path):
     out = tmp_path / "bw.json"
-    assert bw.main(["--size", "4MiB", "--repeat", "1", "--threads", "3", "--skip", "disk", "gpu", "--out", str(out)]) == 0
+    assert bw.main(["--size", "4MiB", "--repeat", "2", "--processes", "3", "--skip", "disk", "gpu", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     parallel = data["parallel"]
-    assert parallel["threads"] == 3 and set(parallel["results"]) == {"memcpy_fresh", "tmpfs_write", "tmpfs_read"}
+    assert parallel["processes"] == 3 and set(parallel["results"]) == {"memcpy_fresh", "tmpfs_write", "tmpfs_read"}
     for r in parallel["results"].values():
-        assert r["bytes"] == 3 * (4 << 20) and r["threads"] == 3 and r["gb_s"] > 0
-    assert "--threads 3" in data["command"]
-    assert not list(Path("/dev/shm").glob(f"cutbench-bandwidth-{os.getpid()}-*.tmp"))  # every thread's file removed
+        assert r["bytes"] == 3 * (4 << 20) and r["processes"] == 3 and r["gb_s"] > 0 and r["cpu_s"] > 0
+    assert "--processes 3" in data["command"]
+    assert not list(Path("/dev/shm").glob("cutbench-bandwidth-*.tmp"))  # every process's file removed
 
 
-def test_run_together_raises_what_a_thread_raised():
-    def boom():
-        raise OSError("no space left")
-
-    with pytest.raises(OSError, match="no space left"):
-        bw.run_together([lambda: None, boom])
-    with pytest.raises(InvalidArgument, match="^--threads 0: expected 1 to 256"):
-        bw.parse_args(["--threads", "0"])
+def test_a_process_that_cannot_copy_is_named_and_the_others_are_not_left_waiting(tmp_path):
+    with pytest.raises(OSError, match="^tmpfs_write with 2 processes: FileNotFoundError"):
+        bw.parallel_measurements(1 << 20, 2, 1, {"tmpfs"}, tmp_path / "absent")
+    with pytest.raises(InvalidArgument, match="^--processes 0: expected 1 to 256"):
+        bw.parse_args(["--processes", "0"])

@@ -252,7 +252,7 @@ def test_the_bytes_bound_rate_prices_a_cut_at_the_parallel_rates_and_needs_every
     per_cut = {"image_bytes": 2e9, "restored_bytes": 1e9, "gpu_bytes": 1e9, "gpu_restored_bytes": 0.0}
     parallel = {"tmpfs_write": {"gb_s": 20.0}, "tmpfs_read": {"gb_s": 40.0}, "d2h_pageable": {"gb_s": 50.0}}
     seconds = 2e9 / 20e9 + 1e9 / 40e9 + 1e9 / 50e9
-    assert cph.bandwidth_bound(per_cut, {**BANDWIDTH, "parallel": {"threads": 16, "results": parallel}}) == pytest.approx(3600 / seconds)
+    assert cph.bandwidth_bound(per_cut, {**BANDWIDTH, "parallel": {"processes": 16, "results": parallel}}) == pytest.approx(3600 / seconds)
     # A reference without parallel figures, or lacking one the cut needs, gives no bound rather than a wrong one.
     assert cph.bandwidth_bound(per_cut, BANDWIDTH) is None
     del parallel["d2h_pageable"]
