@@ -4,32 +4,20 @@
 runs a list of specs, or an adaptive :data:`Driver`, in one
 :class:`~cutbench.harness.runner.trial.Session` and writes the run directory
 through :class:`~cutbench.harness.store.rundir.RunDir`, the only writer.
+What runs the trials (this thread, worker threads of the session, Ray tasks,
+or a driver deciding trial by trial) is an
+:class:`~cutbench.harness.runner.executors.Executor`, chosen once per run;
+what ``run.toml`` says of the run is a :class:`RunMeta`, rendered in one place.
 
-With ``run.jobs`` > 1 a list of specs runs on that many worker threads of the
-one session (one receiver serves them all); the plans are built before any
-runs, a worker takes the next spec in plan order, and this thread alone
-writes each trial's file as the trial finishes (files are named, and read,
-in plan order) and the tables in plan order, so a parallel run stores what a
-serial run of the same plans stores. Each
-workload tree runs in a PID namespace of its own where the backend copes
-(``criu``; see ``cutbench.procs``). The adaptive ``hypothesis`` source
+With ``run.jobs`` > 1 the plans are built before any runs and a parallel run
+stores what a serial run of the same plans stores (see
+:mod:`cutbench.harness.runner.executors`). The adaptive ``hypothesis`` source
 decides each trial from the one before: it runs one trial at a time.
-
-With ``run.executor = "ray"`` a list of specs runs as Ray tasks instead
-(:mod:`cutbench.harness.runner.ray_executor`), each trial in a fresh process
-of its own; this process keeps the receiver and still writes everything.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import queue
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,10 +37,10 @@ from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
+from cutbench.harness.runner.executors import Executor, ProgressFn, TrialLog, choose_executor
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir, as_stored, read_matrix
-from cutbench.harness.store.tables import certificate_rows, result_from_file, trial_file, trial_row
-from cutbench.procs import kill_namespace_inits, pid_namespace_error
+from cutbench.harness.store.tables import certificate_rows, result_from_file, trial_row
 from cutbench.workloads import api as workload_api
 
 
@@ -117,9 +105,6 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
         else:
             raise Unavailable(f"backend {arm.backend!r} cannot run here: {reason}")
     return runnable, skipped
-
-
-ProgressFn = Callable[[TrialResult, int, int], None]
 
 
 def run_scenario(
@@ -199,131 +184,151 @@ def execute(
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
-    ``resume`` continues a stored run instead of making a new one: its
-    finished trials are kept, ``specs`` are the ones still to run, and the
-    tables are written over all of them (see :func:`resume_run`).
-
-    ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its axes there).
     ``specs`` is a list, or a :data:`Driver` that decides trial by trial (the
     adaptive ``hypothesis`` source): it is called as ``driver(run_one, run)``
     and may return more top-level keys for ``run.toml``; ``planned`` is then
-    the number of trials the progress display expects. A list runs on
-    ``scenario.jobs`` workers (see the module docstring); ``progress`` is
-    called in this thread as each trial finishes.
+    the number of trials the progress display expects. What runs them is
+    chosen once (:func:`~cutbench.harness.runner.executors.choose_executor`);
+    ``progress`` is called in this thread as each trial finishes.
+    ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its
+    axes there). ``resume`` continues a stored run instead of making a new
+    one: its finished trials are kept, ``specs`` are the ones still to run,
+    and the tables are written over all of them (see :func:`resume_run`).
     """
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
     # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
     swept = leftovers.sweep()
-    cluster = None
-    if isinstance(specs, list) and scenario.executor == "ray":
-        from cutbench.harness.runner.ray_executor import RayCluster
-
-        cluster = RayCluster.connect(scenario.ray_address)  # before the run directory: no run without Ray
-        cap = cluster.capacity(scenario.trials_per_gpu) if scenario.jobs == "auto" else int(scenario.jobs)
-        jobs = max(1, min(cap, len(specs)))
-    else:
-        jobs = max(1, min(resolve_jobs(scenario, env), len(specs))) if isinstance(specs, list) else 1
-    if jobs > 1 and cluster is None and isinstance(specs, list):  # jobs > 1: a list (a driver runs one at a time)
-        check_pid_namespaces(specs)
+    executor = choose_executor(scenario, specs, env, workdir=workdir)
     try:
         run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run
     except BaseException:
-        if cluster is not None:
-            cluster.close()
+        executor.close()
         raise
-    started = time.time() if resume is None else float(resume.meta["started"])
-    every = ([*(r.spec for r in resume.done), *specs] if resume is not None else specs) if isinstance(specs, list) else []
-    if isinstance(specs, list):
-        planned = len(every)
-        arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in sorted(every, key=lambda s: s.index)))
-    else:
-        arms_planned = list((extra_meta or {}).get("arms_planned", []))
-    meta = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "status": "running",
-        "started": started,
-        "cutbench_version": environment.cutbench_version(),
-        "code_digest": environment.code_digest(),
-        "scenario": scenario.to_dict(),
-        "environment": env,
-        "skipped_arms": skipped or [],
-        "n_trials_planned": planned,
-        "arms_planned": arms_planned,
-        "jobs": jobs,
-        **({"swept": swept} if swept else {}),
-        **({"executor": "ray", "ray": cluster.describe(scenario.trials_per_gpu)} if cluster is not None else {}),
-        **(extra_meta or {}),
-    }
-    if resume is not None:  # the run's own record stays; what this harness adds is said under `resumes`
-        meta = {**resume.meta, **{k: meta[k] for k in ("status", "skipped_arms", "n_trials_planned", "arms_planned", "jobs")},
-                "run_dir": str(run.path),
-                # specs is a list here: resume_run hands one (an adaptive search cannot resume).
-                "resumes": [*resume.meta.get("resumes", []), {"at": time.time(), "kept": len(resume.done),
-                                                               "to_run": len(specs),  # type: ignore[arg-type]
-                                                               **({"swept": swept} if swept else {})}]}
-        for stale in ("n_trials", "finished", "duration_s", "report_error"):  # the end this run has not reached again
-            meta.pop(stale, None)
-    run.write_meta(meta)
-    results: list[TrialResult] = list(resume.done) if resume is not None else []
+    meta = RunMeta.start(run, scenario, env, executor, skipped=skipped or [], planned=planned, swept=swept,
+                         extra=extra_meta or {}, resume=resume)
+    run.write_meta(meta.render())
+    log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
+                   meta.n_trials_planned or 0)
     complete = False
-    total = planned or 0
     try:
-        # Under Ray this process runs no trial: its session is the receiver and the work directory.
-        listen, token = cluster.receiver_exposure() if cluster is not None else ("127.0.0.1:0", None)
-        images_dirs = {s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir}
-        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=jobs > 1 and cluster is None,
+        listen, token = executor.receiver_exposure()
+        images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
+        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=executor.pid_namespaces,
                      listen=listen, token=token) as session, \
                 leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
                                 receiver_pid=session.receiver.pid if session.receiver is not None else None):
-            if cluster is not None:  # where the trials reached the receiver (run.toml's ray table)
-                meta["ray"].update(receiver=session.receiver.address, receiver_token=token is not None)
-            session.support_matrix = support_matrix
-            session.driver = str((env.get("gpu") or {}).get("driver_version") or "")
-            session.criu_version = str((env.get("criu") or {}).get("version") or "")
+            meta.executor = executor.describe(session)  # now with where the trials reach the receiver
+            session.support.configure(support_matrix, env)
             if resume is not None:  # judged by the references the run recorded, as its first trials were
-                session.recordings.update({k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
-            if isinstance(specs, list):
-                specs, unjudgeable = record_references(session, specs, jobs, run, env)
+                session.references.recordings.update(
+                    {k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
+            if executor.specs is not None:
+                executor.specs, unjudgeable = record_references(session, executor.specs, executor.jobs, run, env)
                 if unjudgeable:  # said up front, in run.toml: these trials are not run
-                    meta["skipped_arms"] = skipped = [*(skipped or []), *unjudgeable]
-                    meta["n_trials_planned"] = planned = total = len(specs) + len(results)
-                    run.write_meta(meta)
-
-            def run_one(spec: TrialSpec) -> TrialResult:
-                result = session.run_trial(spec)
-                try:
-                    run.write_trial(spec.trial_id, trial_file(result, run.run_id, scenario.store))
-                finally:  # even on a Ctrl-C here: the tables count a trial exactly when its file is there
-                    if run.trial_path(spec.trial_id).exists():
-                        results.append(result)
-                if progress:
-                    progress(result, len(results), max(total, len(results)))
-                return result
-
-            if cluster is not None and isinstance(specs, list):
-                pool = cluster.trials(specs, jobs, run_id=run.run_id, receiver=session.receiver.address,
-                                      store=scenario.store, workdir=workdir, trials_per_gpu=scenario.trials_per_gpu,
-                                      token=token, recordings=session.recordings,
-                                      supports={b: session.support(b) for b in {s.backend for s in specs}})
-                _run_parallel(session, specs, jobs, run, scenario.store, results, progress, pool=pool)
-            elif jobs > 1 and isinstance(specs, list):
-                _run_parallel(session, specs, jobs, run, scenario.store, results, progress)
-            elif isinstance(specs, list):
-                for spec in specs:
-                    run_one(spec)
-            else:
-                meta.update(specs(run_one, run) or {})
+                    meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
+                    meta.n_trials_planned = log.total = len(executor.specs) + len(log.results)
+                    run.write_meta(meta.render())
+            meta.extra.update(executor.run(session, log))
         complete = True
     except KeyboardInterrupt:
         complete = False
     finally:
-        if cluster is not None:
-            cluster.close()  # a Ray this run started stops here: its processes do not outlive the trials
-        frame = store_run(run, results, meta, complete=complete, started=started, mark_latest=mark_latest)
-    return RunOutcome(run, frame, complete, skipped or [])
+        executor.close()
+        frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
+    return RunOutcome(run, frame, complete, meta.skipped_arms)
+
+
+# Keys of a resumed run's record that describe an end it has not reached again.
+STALE_ON_RESUME = ("n_trials", "finished", "duration_s", "report_error")
+
+
+@dataclass
+class RunMeta:
+    """What ``run.toml`` says of a run: built in one place (:meth:`start`), rendered in one (:meth:`render`).
+
+    The runner sets its fields as the run goes (the executor's keys once the
+    receiver runs, arms that cannot be judged, a driver's keys, the end) and
+    writes :meth:`render` through the run directory.
+    """
+
+    run_id: str
+    run_dir: str
+    started: float
+    cutbench_version: str
+    code_digest: str
+    scenario: dict[str, Any]
+    environment: dict[str, Any]
+    skipped_arms: list[dict[str, str]]
+    n_trials_planned: int | None
+    arms_planned: list[str]
+    jobs: int
+    swept: list[str] = field(default_factory=list)  # what the sweep removed of killed runs before this one
+    executor: dict[str, Any] = field(default_factory=dict)  # what ran the trials (Ray: ``executor``, ``ray``)
+    extra: dict[str, Any] = field(default_factory=dict)  # the caller's keys (a sweep's axes) and a driver's
+    status: str = "running"
+    finished: float | None = None
+    duration_s: float | None = None
+    n_trials: int | None = None
+    # A resumed run: its stored record, which stays, and what this harness adds to its ``resumes``.
+    resumed: dict[str, Any] | None = None
+    resumes_entry: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, run: RunDir, scenario: Scenario, env: dict[str, Any], executor: Executor, *,
+              skipped: list[dict[str, str]], planned: int | None, swept: list[str], extra: dict[str, Any],
+              resume: "Resumed | None") -> "RunMeta":
+        """Return the record of a run about to start (or to resume), status ``running``."""
+        if executor.specs is not None:  # the whole plan: a resumed run's kept trials and those still to run
+            every = [*(r.spec for r in resume.done), *executor.specs] if resume is not None else executor.specs
+            planned = len(every)
+            arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in sorted(every, key=lambda s: s.index)))
+        else:
+            arms_planned = list(extra.get("arms_planned", []))
+        meta = cls(run_id=run.run_id, run_dir=str(run.path), started=time.time(),
+                   cutbench_version=environment.cutbench_version(), code_digest=environment.code_digest(),
+                   scenario=scenario.to_dict(), environment=env, skipped_arms=skipped, n_trials_planned=planned,
+                   arms_planned=arms_planned, jobs=executor.jobs, swept=swept, executor=executor.describe(),
+                   extra=dict(extra))
+        if resume is not None:
+            meta.started = float(resume.meta["started"])
+            meta.resumed = resume.meta
+            # executor.specs is a list here: resume_run hands one (an adaptive search cannot resume).
+            meta.resumes_entry = {"at": time.time(), "kept": len(resume.done), "to_run": len(executor.specs or []),
+                                  **({"swept": swept} if swept else {})}
+        return meta
+
+    def finish(self, *, complete: bool, n_trials: int) -> None:
+        """Mark the run ended (``complete`` or ``partial``) with ``n_trials`` stored; returns None."""
+        self.status = "complete" if complete else "partial"
+        self.finished = time.time()
+        self.duration_s = time.time() - self.started
+        self.n_trials = n_trials
+
+    def render(self) -> dict[str, Any]:
+        """Return the ``run.toml`` document.
+
+        A resumed run keeps its own record; this harness updates what it
+        planned and adds an entry to ``resumes`` (with what its sweep removed).
+        """
+        if self.resumed is None:
+            out = {"run_id": self.run_id, "run_dir": self.run_dir, "status": self.status, "started": self.started,
+                   "cutbench_version": self.cutbench_version, "code_digest": self.code_digest,
+                   "scenario": self.scenario, "environment": self.environment, "skipped_arms": self.skipped_arms,
+                   "n_trials_planned": self.n_trials_planned, "arms_planned": self.arms_planned, "jobs": self.jobs,
+                   **({"swept": self.swept} if self.swept else {}), **self.executor, **self.extra}
+        else:
+            out = {k: v for k, v in self.resumed.items() if k not in STALE_ON_RESUME}
+            out.update(status=self.status, skipped_arms=self.skipped_arms, n_trials_planned=self.n_trials_planned,
+                       arms_planned=self.arms_planned, jobs=self.jobs, run_dir=self.run_dir,
+                       resumes=[*self.resumed.get("resumes", []), self.resumes_entry])
+            receiver = {k: v for k, v in (self.executor.get("ray") or {}).items() if k in ("receiver", "receiver_token")}
+            if receiver:  # where this session's trials reached its receiver, in the run's own ray table
+                out["ray"] = {**(out.get("ray") or {}), **receiver}
+        if self.finished is not None:
+            out.update(finished=self.finished, duration_s=self.duration_s, n_trials=self.n_trials)
+        return out
 
 
 @dataclass
@@ -465,228 +470,7 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
     return keep, list(skipped.values())
 
 
-# -- parallel trials ---------------------------------------------------------
-
-
-def resolve_jobs(scenario: Scenario, env: dict[str, Any] | None = None) -> int:
-    """How many trials ``scenario`` runs at once here: ``run.jobs``, or for "auto"
-    the GPUs × ``run.trials_per_gpu`` on a GPU host and the CPUs this process
-    may use elsewhere. ``env`` is the run's environment record (its GPU list)."""
-    if scenario.jobs != "auto":
-        return int(scenario.jobs)
-    gpu = (env if env is not None else environment.collect()).get("gpu") or {}
-    gpus = len(gpu.get("gpus") or ()) or int((gpu.get("cupy") or {}).get("device_count") or 0)
-    if gpus:
-        return gpus * scenario.trials_per_gpu
-    return len(os.sched_getaffinity(0)) or 1
-
-
-def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
-    """Raise :class:`Unavailable` when a parallel run needs PID namespaces (an arm's
-    backend declares ``pid_namespace``) and this process cannot make one."""
-    names = sorted({s.backend for s in specs})
-    if not any(getattr(checkpointers.CHECKPOINTERS.load(n), "pid_namespace", False) for n in names):
-        return
-    error = pid_namespace_error()
-    if error:
-        raise Unavailable(f"run.jobs > 1: each trial's workload needs a PID namespace of its own (CRIU restores the pids "
-                          f"a tree had, and another trial's process may hold one by then), and none can be made here "
-                          f"({error}): run as root, as CRIU needs, or with --jobs 1")
-
-
-def _run_parallel(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir, store: str,
-                  results: list[TrialResult], progress: ProgressFn | None, *, pool: Any = None) -> None:
-    """Run ``specs`` on ``jobs`` workers of ``session``; write each trial's file as it finishes and append the
-    results to ``results`` in plan order.
-
-    A finished trial is on disk at once, whatever happens to the run next
-    (its file's name gives its place: readers take them in plan order); when
-    the run stops early, every trial that finished is kept (an interrupted
-    trial, as in a serial run, has no result). ``pool`` runs the trials
-    instead of worker threads (Ray tasks): anything with ``run(on_result)``
-    and ``late``, as :class:`_Workers` has.
-    """
-    finished: dict[int, TrialResult] = {}
-
-    def keep(index: int, result: TrialResult) -> None:
-        try:
-            run.write_trial(result.spec.trial_id, trial_file(result, run.run_id, store))
-        finally:  # even on a Ctrl-C here: the tables count a trial exactly when its file is there
-            if run.trial_path(result.spec.trial_id).exists():
-                finished[index] = result
-
-    def on_result(index: int, result: TrialResult) -> None:
-        keep(index, result)
-        if progress:  # as trials finish: the whole run's count, whichever worker ran it
-            progress(result, len(finished), len(specs))
-
-    workers = pool if pool is not None else _Workers(session, specs, jobs)
-    try:
-        workers.run(on_result)
-    finally:
-        try:
-            # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
-            kill_namespace_inits()
-            for index, result in workers.late.items():
-                keep(index, result)
-        finally:  # whatever stopped the above: the tables hold every trial whose file is written
-            results.extend(finished[i] for i in sorted(finished))
-
-
-def _needs_gpu_alone(spec: TrialSpec) -> bool:
-    """Whether ``spec``'s workload declares that it needs the GPUs to itself (``exclusive_gpu``: it fills their memory)."""
-    return bool(getattr(workload_api.load(spec.workload), "exclusive_gpu", False))
-
-
-class _ExclusiveGate:
-    """Trials share the machine, except one that needs it alone: it waits until no trial runs, and none
-    starts while it does (a readers-writer lock; waiting exclusive trials go first)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def hold(self, exclusive: bool) -> Iterator[None]:
-        """Run the ``with`` body as a shared trial, or alone when ``exclusive``."""
-        with self._cond:
-            if exclusive:
-                self._waiting += 1
-                try:
-                    self._wait(lambda: self._running == 0 and not self._exclusive)
-                finally:
-                    self._waiting -= 1
-                self._exclusive = True
-            else:
-                self._wait(lambda: not self._exclusive and not self._waiting)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                if exclusive:
-                    self._exclusive = False
-                self._cond.notify_all()
-
-    def _wait(self, ready: Callable[[], bool]) -> None:
-        # In short waits: a Ctrl-C reaches a worker thread only when it runs Python code.
-        while not ready():
-            self._cond.wait(0.2)
-
-
-class _Workers:
-    """``jobs`` threads running the specs of one session, taking them in plan order.
-
-    Results come back to the thread that calls :meth:`run`. A KeyboardInterrupt
-    (Ctrl-C) there is raised in every worker that is inside a trial, where it
-    does what it does in a serial run: the trial cleans up its processes and
-    image directory and gives no result. :meth:`run` re-raises it once every
-    worker has stopped; trials that finished meanwhile are in :attr:`late`.
-    """
-
-    def __init__(self, session: Session, specs: list[TrialSpec], jobs: int):
-        self.session = session
-        self.todo: deque[tuple[int, TrialSpec]] = deque(enumerate(specs))
-        self.n = len(specs)
-        self.done: queue.Queue[tuple[int, TrialResult | None, BaseException | None]] = queue.Queue()
-        self.busy: set[int] = set()  # thread idents of the workers inside a trial
-        self.interrupted: set[int] = set()  # workers already sent their KeyboardInterrupt
-        self.lock = threading.Lock()  # ``busy`` and a result's hand-over change together
-        self.stopping = False
-        self.late: dict[int, TrialResult] = {}
-        self.gate = _ExclusiveGate()
-        self.threads = [threading.Thread(target=self._work, name=f"cutbench-trials-{k + 1}", daemon=True)
-                        for k in range(jobs)]
-
-    def run(self, on_result: Callable[[int, TrialResult], None]) -> None:
-        """Run every spec, calling ``on_result(plan position, result)`` in this thread as each finishes."""
-        for thread in self.threads:
-            thread.start()
-        try:
-            for _ in range(self.n):
-                index, result, error = self._next()
-                if error is not None:  # the harness's own failure: stop, as a serial run stops at it
-                    raise error
-                if result is not None:
-                    on_result(index, result)
-        except BaseException:
-            self._interrupt()
-            self._join()
-            raise
-        if self._join():
-            raise KeyboardInterrupt  # pressed while the last trials finished
-
-    def _next(self) -> tuple[int, TrialResult | None, BaseException | None]:
-        while True:
-            try:
-                return self.done.get(timeout=0.2)  # wakes up: Ctrl-C is seen here at once
-            except queue.Empty:
-                if not any(t.is_alive() for t in self.threads) and self.done.empty():
-                    raise RuntimeError("every trial worker stopped before the run was done") from None
-
-    def _work(self) -> None:
-        me = threading.get_ident()
-        try:
-            while not self.stopping:
-                try:
-                    index, spec = self.todo.popleft()
-                except IndexError:
-                    return
-                with self.lock:
-                    self.busy.add(me)
-                # Checked after joining ``busy``: an interrupt either sees this worker busy or is seen here.
-                if self.stopping:
-                    return
-                item: tuple[int, TrialResult | None, BaseException | None]
-                try:
-                    with self.gate.hold(_needs_gpu_alone(spec)):
-                        item = (index, self.session.run_trial(spec), None)
-                except KeyboardInterrupt:
-                    item = (index, None, None)  # interrupted: cleaned up, no verdict
-                except Exception as exc:
-                    item = (index, None, exc)
-                # Leaving ``busy`` and handing the result over are one step under the lock that
-                # :meth:`_interrupt` takes: an interrupt cannot land inside the hand-over.
-                with self.lock:
-                    self.busy.discard(me)
-                    self.done.put(item)
-        except KeyboardInterrupt:
-            pass  # the interrupt reached this worker between two trials
-        finally:
-            with self.lock:
-                self.busy.discard(me)
-
-    def _interrupt(self) -> None:
-        """Stop taking specs; raise KeyboardInterrupt, once, in every worker inside a trial."""
-        self.stopping = True
-        with self.lock:
-            # A second interrupt in a worker already cleaning up its trial would cut that cleanup short.
-            for ident in self.busy - self.interrupted:
-                self.interrupted.add(ident)
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
-
-    def _join(self) -> bool:
-        """Wait for every worker and keep what finished unread; True when Ctrl-C came meanwhile."""
-        pressed = False
-        for thread in self.threads:
-            while thread.is_alive():
-                try:
-                    thread.join()
-                except KeyboardInterrupt:
-                    # Leaving the workers would leave their processes: stop them and keep waiting.
-                    pressed = True
-                    self._interrupt()
-        while not self.done.empty():
-            index, result, _ = self.done.get()
-            if result is not None:
-                self.late[index] = result
-        return pressed
-
-
-def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, complete: bool, started: float,
+def store_run(run: RunDir, results: list[TrialResult], meta: RunMeta, *, complete: bool,
               mark_latest: bool = True) -> pd.DataFrame:
     """Write the tables (in plan order), the summary and the final ``run.toml``; return the trials frame."""
     results = sorted(results, key=lambda r: r.spec.index)  # a resumed run's kept trials and new ones, interleaved
@@ -698,13 +482,13 @@ def store_run(run: RunDir, results: list[TrialResult], meta: dict[str, Any], *, 
     run.write_table("timeline", timeline)
     run.write_table("effects", effects)
     run.write_table("certificates", [row for r in results for row in certificate_rows(r)])
-    meta = dict(meta)
-    meta.update(status="complete" if complete else "partial", finished=time.time(), duration_s=time.time() - started, n_trials=len(results))
-    run.write_meta(meta)
+    meta.finish(complete=complete, n_trials=len(results))
+    record = meta.render()
+    run.write_meta(record)
     try:
-        report.write_all(run, meta, trials, timeline, effects)  # summary.md, plots/*.png, report.html
+        report.write_all(run, record, trials, timeline, effects)  # summary.md, plots/*.png, report.html
     except Exception as exc:  # the tables are stored: `cutbench report RUN` can retry; never lose a run to a plot
-        run.write_text("summary.md", summary.render(meta, trials))
+        run.write_text("summary.md", summary.render(record, trials))
         run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
     if mark_latest:  # a replay is a side run: results/latest keeps pointing at the run being read
         run.mark_latest()

@@ -1,25 +1,24 @@
 """One trial end to end: spawn the workload, arm its cuts, drive the nemesis,
 watch for deadlock, collect the report and the receiver's records, and judge.
 
-``Session`` holds what a run's trials share (the receiver, a work directory,
-backend instances, the subreaper); ``TrialRunner`` runs one ``TrialSpec``
-to a ``TrialResult`` and never raises for a failing stage or workload.
+``Session`` holds a run's receiver, its work directory and the subreaper, and
+one of each piece the trials share (:mod:`cutbench.harness.runner.shared`);
+``TrialRunner`` runs one ``TrialSpec`` to a ``TrialResult`` and never raises
+for a failing stage or workload; ``Arming`` arms a trial's precise cuts, and
+``NextCut`` arms each cut's successor at the moment the pipeline allows.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import inspect
 import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,16 @@ import numpy as np
 import pandas as pd
 
 from cutbench.errors import HarnessFault
-from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.checker import oracle
 from cutbench.harness.environment.cpu_account import StageSampler
 from cutbench.harness.environment.engines import RUN_LABEL
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
-from cutbench.harness.nemesis.base import CutContext, remove_tree
+from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
+from cutbench.harness.runner.shared import ImageDiscards, References, SupportLookup, ThreadResources
 from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
@@ -46,17 +45,19 @@ POLL_S = 0.005
 
 
 class Session:
-    """Run-level resources: the receiver, a work directory, backends, the subreaper.
+    """Run-level resources: the receiver and a work directory, the subreaper, and what the trials share.
 
-    Use as a context manager; leaving it stops the receiver and removes the
-    work directory, whatever happened inside.
-
-    Several threads may run trials of one session at once (``run.jobs``):
-    each thread gets its own receiver client (the client is single-threaded
-    by design) and its own backend instances (a backend keeps a cut's state
-    on itself). ``pid_namespace``: start each workload tree as the init of a
-    PID namespace of its own where the backend declares that it copes
-    (``pid_namespace`` on the class; see ``cutbench.procs``).
+    Use as a context manager; leaving it waits for the image removals, stops
+    the receiver and removes the work directory, whatever happened inside.
+    What the trials share is one piece per concern
+    (:mod:`cutbench.harness.runner.shared`): :attr:`images` (background
+    removal of cut images), :attr:`threads` (each trial thread's receiver
+    client and backends), :attr:`references` (ground truth) and
+    :attr:`support` (the support matrix). Several threads may run trials of
+    one session at once (``run.jobs``). ``pid_namespace``: start each
+    workload tree as the init of a PID namespace of its own where the backend
+    declares that it copes (``pid_namespace`` on the class; see
+    ``cutbench.procs``).
     """
 
     workdir_tag = ""  # in the work directory's name, after the run id
@@ -71,21 +72,12 @@ class Session:
         self.store_spec = store
         self.pid_namespace = pid_namespace
         self._workdir_arg = workdir
-        self._backends: dict[str, Any] = {}  # instances put here by name serve every thread as they are
-        self._local = threading.local()  # this thread's backends and receiver client
-        self._clients: list[Any] = []  # every thread's client, closed on exit
-        self._clients_lock = threading.Lock()
-        self._discards: list[tuple[int, threading.Thread]] = []  # (worker thread, its removal) of image directories
-        self._discards_lock = threading.Lock()
         # What _open_receiver returns (a ReceiverHandle here, a stand-in for the driver's in a WorkerSession); None until __enter__.
         self.receiver: Any = None
-        # Ground truth recorded on this machine (workloads with ground_truth = "recorded"), by reference_key.
-        self.recordings: dict[str, workload_api.RecordedReference] = {}
-        # The measured support matrix the certificates ask about declared CUDA features (pipeline.support_matrix),
-        # this machine's driver, and per backend what the matrix says ({fault: {feature: (cell, where)}}).
-        self.support_matrix: pd.DataFrame | None = None
-        self.driver = self.criu_version = ""
-        self.supports: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+        self.images = ImageDiscards()
+        self.threads = ThreadResources()
+        self.references = References()
+        self.support = SupportLookup()
 
     def __enter__(self) -> "Session":
         become_subreaper()
@@ -108,107 +100,19 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self.drain_discards()
+            self.images.drain()
         finally:  # a second Ctrl-C during the wait still stops the receiver and removes the work directory
-            with self._clients_lock:
-                clients, self._clients = self._clients, []
-            for client in clients:
-                try:
-                    client.close()
-                except Exception:
-                    pass
+            self.threads.close()
             if self.receiver is not None:
                 self.receiver.stop()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def discard_images(self, path: Path) -> None:
-        """Remove a finished cut's image directory in the background; returns at once.
-
-        Freeing a GiB-sized image (tmpfs pages) takes a tenth of a second or
-        more (0.3–0.4 s at 16 trials at once on the H200), and nothing of the
-        trial waits for it: the next cut has a directory of its own. Before it
-        writes one, a worker waits for all but its latest removal
-        (:meth:`settle_discards`), so it holds at most two images at once:
-        the one it writes and the one being freed. The session waits for every
-        removal before it ends (:meth:`drain_discards`): no image directory
-        outlives the run.
-        """
-        worker = threading.Thread(target=remove_tree, args=(path,), name=f"discard {path.name}")
-        with self._discards_lock:  # started under the lock: a thread in the list has always started
-            try:
-                worker.start()
-            except RuntimeError:  # no thread to be had: remove it here and now
-                remove_tree(path)
-                return
-            self._discards = [(o, t) for o, t in self._discards if t.is_alive()] + [(threading.get_ident(), worker)]
-
-    def settle_discards(self, keep: int = 1) -> None:
-        """Wait until at most ``keep`` of the image directories this thread handed to :meth:`discard_images`
-        are still being removed (the latest ones), none with ``keep = 0``."""
-        me = threading.get_ident()
-        with self._discards_lock:
-            mine = [t for o, t in self._discards if o == me and t.is_alive()]
-        for worker in mine[:max(0, len(mine) - keep)]:
-            worker.join()
-
-    def drain_discards(self) -> None:
-        """Wait until every image directory handed to :meth:`discard_images` is gone."""
-        with self._discards_lock:
-            pending, self._discards = self._discards, []
-        for _, worker in pending:
-            worker.join()
-
-    def reference(self, cls: type[workload_api.Workload], params: dict[str, Any], array: str = "auto") -> Any:
-        """``cls.reference(params)``, built once per parameter set and thread, and kept for the run's trials.
-
-        A reference is ground truth for its parameters alone and caches its
-        answers: a sweep's trials (same parameters) ask it again and again, so
-        one copy answers them instead of each trial recomputing it. One per
-        thread, because a reference may advance a model as it is asked
-        (``ReplayReference``) and the protocol does not ask it to be
-        thread-safe.
-
-        A workload whose ground truth is recorded (``ground_truth =
-        "recorded"``) gets the recording :meth:`record_references` made for
-        ``params`` on ``array``; :class:`~cutbench.errors.HarnessFault` when
-        there is none (the trial is ``unknown``: nothing to judge it by).
-        """
-        if workload_api.records_reference(cls):
-            key = workload_api.reference_key(cls.name, params, workload_api.resolve_array(cls, array))
-            if key not in self.recordings:
-                raise HarnessFault("judge", f"no recorded reference {key} for workload {cls.name!r}: the run records "
-                                            "one before its trials (Session.record_references)")
-            return self.recordings[key]
-        if not hasattr(self._local, "references"):
-            self._local.references = {}
-        references = self._local.references
-        ref_key = (f"{cls.__module__}:{cls.__qualname__}", json.dumps(params, sort_keys=True, default=str))
-        if ref_key not in references:
-            references[ref_key] = cls.reference(params)
-        return references[ref_key]
-
     @property
     def control_client(self) -> Any:
         """This thread's client of the run's receiver (None before the receiver runs)."""
-        from cutbench.receivers.client import ReceiverClient
-
-        client = getattr(self._local, "client", None)
-        if client is None and self.receiver is not None:
-            client = self._local.client = ReceiverClient(self.receiver.address, token=self.token)
-            with self._clients_lock:
-                self._clients.append(client)
-        return client
-
-    def backend(self, name: str) -> Any:
-        """This thread's (cached) backend instance for ``name``."""
-        if name in self._backends:
-            return self._backends[name]
-        if not hasattr(self._local, "backends"):
-            self._local.backends = {}
-        backends = self._local.backends
-        if name not in backends:
-            backends[name] = checkpointers.get(name)
-        return backends[name]
+        if self.receiver is None:
+            return None
+        return self.threads.client(self.receiver.address, self.token)
 
     def effects(self, receiver_trial: str) -> pd.DataFrame:
         """The receiver's stored rows for one trial, read from the store (not the server's memory)."""
@@ -222,105 +126,23 @@ class Session:
             if callable(close):
                 close()
 
-    def support(self, backend: str) -> dict[str, dict[str, tuple[str, str]]]:
-        """What the support matrix says of ``backend`` here: ``{fault: {feature: (cell, where)}}`` (empty
-        without a matrix: every declared feature is then unmeasured)."""
-        if backend not in self.supports:
-            from cutbench.harness.checker.matrix import support_for
-
-            table = self.support_matrix
-            self.supports[backend] = support_for(table, backend, self.driver, self.criu_version) if table is not None else {}
-        return self.supports[backend]
-
     def run_trial(self, spec: TrialSpec) -> TrialResult:
-        """Run one trial to its verdict; never raises for a failing stage or workload."""
+        """Run one trial to its verdict and return its :class:`TrialResult`; never raises for a failing stage or workload."""
         return TrialRunner(self, spec).run()
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
-        """Record the ground truth of every recorded-reference workload among ``specs``; return ``{key: why not}``.
+        """Record the ground truth of the recorded-reference workloads among ``specs``; return ``{key: why not}``.
 
-        For each distinct (workload, parameters, array backend) whose class
-        declares ``ground_truth = "recorded"``, two uninterrupted runs (the
-        spec without cuts, through the same backend's launch) are made, ``jobs``
-        at a time. Where both completed and agree op for op, the recording is
-        kept for :meth:`reference` and handed to ``keep(key, recording)`` (the
-        run stores it); where a run failed, or the two disagree (the workload
-        is not deterministic here), the reason is returned under its key and
-        nothing is kept: the caller runs none of its trials, so a workload
-        that cannot be judged never turns into findings. ``machine`` (the
-        run's :func:`~cutbench.harness.environment.record.fingerprint`) is
-        written into each recording.
+        See :meth:`~cutbench.harness.runner.shared.References.record`. Each
+        control run is started as the harness starts any process, whatever
+        the trials' backend (a container engine may not reach the GPU): the
+        recording is of the workload, not of a tool.
         """
-        todo: dict[str, TrialSpec] = {}
-        for spec in specs:
-            cls = workload_api.load(spec.workload)
-            if workload_api.records_reference(cls):
-                key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
-                if key not in self.recordings:
-                    todo.setdefault(key, spec)
-        failures: dict[str, str] = {}
-        running: set[int] = set()  # idents of the threads inside a control run (a Ctrl-C is raised in each)
-        lock = threading.Lock()
+        def observe(clean: TrialSpec) -> tuple[TrialRecord, pd.DataFrame]:
+            return TrialRunner(self, clean, plain_launch=True).observe()
 
-        def record(key: str, spec: TrialSpec) -> None:
-            with lock:
-                running.add(threading.get_ident())
-            try:
-                control_runs(key, spec)
-            finally:
-                with lock:
-                    running.discard(threading.get_ident())
-
-        def control_runs(key: str, spec: TrialSpec) -> None:
-            cls = workload_api.load(spec.workload)
-            array = workload_api.resolve_array(cls, spec.array)
-            runs: list[workload_api.RecordedReference] = []
-            for n in (1, 2):
-                clean = replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant="")
-                # Started as the harness starts any process, whatever the trials' backend (a container engine
-                # may not reach the GPU): the recording is of the workload, not of a tool.
-                record, effects = TrialRunner(self, clean, plain_launch=True).observe()
-                if record.status != "completed" or record.exit_code != 0:
-                    tail = f"; workload log: {record.log_tail[-1500:]}" if record.log_tail else ""
-                    failures[key] = (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
-                                     f"{record.exit_code}): {record.error or 'no error given'}{tail}")
-                    return
-                try:
-                    runs.append(workload_api.RecordedReference.from_run(cls.name, spec.params, array, effects,
-                                                                        record.report, machine))
-                except workload_api.WorkloadError as exc:
-                    failures[key] = f"its uninterrupted run {n} of 2 cannot be a reference: {exc}"
-                    return
-            differs = runs[0].first_difference(runs[1])
-            if differs:
-                failures[key] = f"not deterministic on this machine: two uninterrupted runs differ at {differs}"
-                return
-            runs[0].runs = 2
-            self.recordings[key] = runs[0]
-            if keep is not None:
-                keep(key, runs[0])
-
-        pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), thread_name_prefix="cutbench-ref")
-        futures = [pool.submit(record, key, spec) for key, spec in todo.items()]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            # Ctrl-C (or a harness error): start no more control runs, and interrupt the running ones, which
-            # clean up as a trial does; wait for them, so none outlives the session's receiver.
-            pool.shutdown(wait=False, cancel_futures=True)
-            with lock:
-                for ident in running:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
-            for future in futures:
-                try:
-                    future.result()
-                except BaseException:
-                    pass
-            raise
-        pool.shutdown()
-        return failures
+        return self.references.record(specs, jobs, observe, machine=machine, keep=keep)
 
 
 class TrialRunner:
@@ -358,7 +180,7 @@ class TrialRunner:
         """Spawn, cut, restore, watch, judge. Always returns a :class:`TrialResult`."""
         record, effects = self.observe()
         try:
-            reference = self.s.reference(self.cls, self.spec.params, self.spec.array)
+            reference = self.s.references.get(self.cls, self.spec.params, self.spec.array)
         except HarnessFault as exc:
             record.status, record.error = "unknown", exc.reason
             reference = None
@@ -372,14 +194,14 @@ class TrialRunner:
         started = time.monotonic()
         self.tdir.mkdir(parents=True)
         control = ControlFile.create(self.tdir / "control")
-        backend = self.s.backend(spec.backend)
+        backend = self.s.threads.backend(spec.backend)
         domains = sorted(workload_api.declared_domains(self.cls, spec.params))
         self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
                                             spec.arm.get("certify", "off"), control, self.phases, tuple(domains),
                                             tuple(sorted(backend.capabilities.covers)),
                                             features=tuple(sorted(workload_api.declared_features(
                                                 self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array)))),
-                                            support=self.s.support(spec.backend))
+                                            support=self.s.support.of(spec.backend))
         state = _TrialState()
         child: Child | None = None
         companions: list[Child] = []
@@ -387,7 +209,8 @@ class TrialRunner:
             self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
             config = self._write_config()
             companions = self._start_companions(config)
-            seq = self._arm(control, spec.cut_plan(), 0)
+            arming = Arming(control, spec.cut_plan(), self.phases)
+            seq = arming.arm(0)
             # A backend that must own the workload's start (a container engine) launches it itself.
             labels = {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id}
             launch = spawn if self.plain_launch else _launcher(backend, labels)
@@ -396,7 +219,7 @@ class TrialRunner:
             with self.timeline.stage("spawn"):
                 child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
                                             cwd=str(self.tdir))
-            self._cuts(control, child, backend, seq, state)
+            self._cuts(arming, child, backend, seq, state)
             if state.status not in ("unknown", "deadlock") and not state.down:
                 self._run_to_end(control, child, state)
             if state.status in ("completed", "refused"):
@@ -457,12 +280,13 @@ class TrialRunner:
         shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
 
-    def _cuts(self, control: ControlFile, child: Child, backend: Any, seq: int | None, state: "_TrialState") -> None:
-        """Carry out the plan's cuts in order; stop at the first that hangs, fails or is refused."""
-        spec, plan = self.spec, self.spec.cut_plan()
+    def _cuts(self, arming: "Arming", child: Child, backend: Any, seq: int | None, state: "_TrialState") -> None:
+        """Carry out the plan's cuts in order (``seq``: the first one's arm sequence); stop at the first that
+        hangs, fails or is refused."""
+        spec, plan, control = self.spec, arming.plan, arming.control
         for i, cut in enumerate(plan.cuts):
             # All but this worker's latest image are gone before it writes another: at most two at once.
-            self.s.settle_discards()
+            self.s.images.settle()
             reached = self._reach(control, child, cut, seq, i)
             if reached == "deadlock":
                 state.status, state.error = "deadlock", f"no progress for {spec.watchdog_s:g}s before cut {i} at {cut.op}/{cut.phase}"
@@ -481,11 +305,11 @@ class TrialRunner:
                 certifier=self.coordinator.for_cut(i, cut),
                 phases=self.phases,
             )
-            arming = _NextCut(self, control, plan, i, seq, cut.fault)
+            following = NextCut(arming, i, seq, cut.fault)
             target = self._cut_target(control, child)
             at_cut = (control.get("progress_op"), control.get("progress_phase"))
-            outcome = execute_cut(backend, target, ctx, release=arming.release, before_resume=arming.before_resume,
-                                  keep_images=spec.keep_images, discard=self.s.discard_images)
+            outcome = execute_cut(backend, target, ctx, release=following.release, before_resume=following.before_resume,
+                                  keep_images=spec.keep_images, discard=self.s.images.discard)
             # Until the resumed workload passes a point, the slots may show where a
             # crashed (leave_running) process got to; it really stands at the cut.
             state.resumed_at = (at_cut, control.get("progress_count"))
@@ -510,12 +334,12 @@ class TrialRunner:
                 state.status = {"refused": "refused", "failed": "lost", "error": "unknown"}[outcome.status]
                 state.error, state.failed_stage = outcome.error, outcome.stage
                 state.down = state.down or outcome.status == "failed"
-                if arming.next_seq is not None:  # the plan stops here: do not leave the next cut armed
-                    control.release(arming.next_seq)
+                if following.next_seq is not None:  # the plan stops here: do not leave the next cut armed
+                    control.release(following.next_seq)
                 return
             if outcome.status == "resumed":
-                arming.ensure_armed()
-            seq = arming.next_seq
+                following.ensure_armed()
+            seq = following.next_seq
 
     def _run_to_end(self, control: ControlFile, child: Child, state: "_TrialState") -> None:
         """Let the workload finish after the last cut and fold how it ended into the status."""
@@ -618,13 +442,6 @@ class TrialRunner:
         from cutbench.workloads.xp import DEVICE_BACKENDS
 
         return bool(self.spec.cut_plan().cuts) and workload_api.resolve_array(self.cls, self.spec.array) not in DEVICE_BACKENDS
-
-    def _arm(self, control: ControlFile, plan: CutPlan, index: int) -> int | None:
-        """Arm cut ``index`` if it is precise; return its sequence (None: async or none left)."""
-        if index >= len(plan.cuts) or plan.cuts[index].mode != "precise":
-            return None
-        cut = plan.cuts[index]
-        return control.arm(cut.op, self.phases.index(cut.phase))
 
     def _reach(self, control: ControlFile, child: Child, cut: Any, seq: int | None, i: int) -> str:
         """Wait until the workload is at the cut (parked, or past the async point + offset).
@@ -743,37 +560,52 @@ class _TrialState:
 
 
 @dataclass
-class _NextCut:
-    """Arming cut ``index + 1`` around cut ``index``: the pipeline calls ``before_resume`` or ``release``."""
+class Arming:
+    """Arms a trial's precise cuts in its control file: the workload parks at an armed ``(op, phase)``."""
 
-    runner: TrialRunner
     control: ControlFile
     plan: CutPlan
+    phases: tuple[str, ...]  # the workload's phases, in order: a cut's phase is armed by its index
+
+    def arm(self, index: int) -> int | None:
+        """Arm cut ``index`` if it is precise; return its arm sequence (None: asynchronous, or no cut left)."""
+        if index >= len(self.plan.cuts) or self.plan.cuts[index].mode != "precise":
+            return None
+        cut = self.plan.cuts[index]
+        return self.control.arm(cut.op, self.phases.index(cut.phase))
+
+
+@dataclass
+class NextCut:
+    """Arming cut ``index + 1`` around cut ``index``: the pipeline calls ``before_resume`` or ``release``."""
+
+    arming: Arming
     index: int
     seq: int | None  # this cut's arm sequence (None: nothing parked)
     fault: str
     next_seq: int | None = None
 
     def ensure_armed(self) -> None:
-        """Arm the next cut once."""
+        """Arm the next cut once; returns None."""
         if self.next_seq is None:
-            self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
+            self.next_seq = self.arming.arm(self.index + 1)
 
     def before_resume(self) -> None:
-        """After the fault, before the restored process runs: hold it, a new incarnation, then the next cut."""
+        """After the fault, before the restored process runs: hold it, a new incarnation, then the next cut; returns None."""
+        control = self.arming.control
         if self.seq is not None:
             # After ``leave_running`` the original was released, so the copy would
             # leave its park as soon as CRIU restores it: on the GPU, a CUDA call
             # before the CUDA restore kills it (benchmarks/repro/). It waits for release().
-            self.control.hold(self.seq)
-        self.control.set("incarnation", self.control.get("incarnation") + 1)
-        self.next_seq = self.runner._arm(self.control, self.plan, self.index + 1)
+            control.hold(self.seq)
+        control.set("incarnation", control.get("incarnation") + 1)
+        self.next_seq = self.arming.arm(self.index + 1)
 
     def release(self) -> None:
-        """Let the parked workload go on."""
+        """Let the parked workload go on; returns None."""
         if self.fault == "none":
             # No restore follows: arm the next cut before the parked workload
             # moves on, or it may run past it first.
             self.ensure_armed()
         if self.seq is not None:
-            self.control.release(self.seq)
+            self.arming.control.release(self.seq)

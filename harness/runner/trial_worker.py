@@ -132,9 +132,9 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
                            pid_namespace=bool(request["pid_namespace"]), token=request["token"]) as session:
             # The driver recorded the ground truth of a recorded-reference workload; the verdict is judged here.
             for key, data in (request.get("references") or {}).items():
-                session.recordings[key] = workload_api.RecordedReference.from_dict(data)
+                session.references.recordings[key] = workload_api.RecordedReference.from_dict(data)
             for backend, by_fault in (request.get("support") or {}).items():  # JSON made the (cell, where) pairs lists
-                session.supports[backend] = {fault: {f: tuple(v) for f, v in cells.items()} for fault, cells in by_fault.items()}
+                session.support.known[backend] = {fault: {f: tuple(v) for f, v in cells.items()} for fault, cells in by_fault.items()}
             result = session.run_trial(spec)
     finally:
         if request["pid_namespace"]:

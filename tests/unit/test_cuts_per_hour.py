@@ -13,7 +13,7 @@ import pytest
 from cutbench.errors import InvalidArgument
 from cutbench.harness.generator.scheduler import plans
 from cutbench.harness.model.scenario import parse_scenario
-from cutbench.harness.runner.run import resolve_jobs
+from cutbench.harness.runner.executors import resolve_jobs
 from tests.conftest import REPO
 
 _spec = importlib.util.spec_from_file_location("cuts_per_hour", REPO / "benchmarks" / "cuts_per_hour.py")

@@ -11,7 +11,7 @@ import pytest
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.scenario import LIMITS, check_jobs, load_scenario, parse_scenario
-from cutbench.harness.runner.run import resolve_jobs
+from cutbench.harness.runner.executors import resolve_jobs
 from tests.conftest import REPO
 from tests.fixtures.run_fixtures import MIXED_SCENARIO
 

@@ -83,16 +83,16 @@ def test_a_cuts_images_go_to_the_discard_it_is_given_and_a_session_waits_for_its
     finally:
         child.kill()
     session = Session("r")
-    session.discard_images(images)
-    session.settle_discards(keep=0)  # this thread's removals (a worker's next cut waits for all but its latest)
+    session.images.discard(images)
+    session.images.settle(keep=0)  # this thread's removals (a worker's next cut waits for all but its latest)
     assert not images.exists()
     older, latest = tmp_path / "older", tmp_path / "latest"
     for d in (older, latest):
         d.mkdir()
-        session.discard_images(d)
-    session.settle_discards()  # before a cut: all but the latest are gone (at most two images per worker)
+        session.images.discard(d)
+    session.images.settle()  # before a cut: all but the latest are gone (at most two images per worker)
     assert not older.exists()
-    session.drain_discards()  # every thread's: what the session waits for before it ends
+    session.images.drain()  # every thread's: what the session waits for before it ends
     assert not latest.exists()
 
 
@@ -104,12 +104,12 @@ def test_a_session_builds_one_reference_per_parameter_set_and_thread():
     from cutbench.workloads.counter import Counter
 
     session = Session("r")
-    one = session.reference(Counter, {"seed": 1, "state_size": 64})
-    assert session.reference(Counter, {"state_size": 64, "seed": 1}) is one
-    other = session.reference(Counter, {"seed": 2, "state_size": 64})
+    one = session.references.get(Counter, {"seed": 1, "state_size": 64})
+    assert session.references.get(Counter, {"state_size": 64, "seed": 1}) is one
+    other = session.references.get(Counter, {"seed": 2, "state_size": 64})
     assert other is not one and other.checksum(3) != one.checksum(3)
     elsewhere = []
-    thread = threading.Thread(target=lambda: elsewhere.append(session.reference(Counter, {"seed": 1, "state_size": 64})))
+    thread = threading.Thread(target=lambda: elsewhere.append(session.references.get(Counter, {"seed": 1, "state_size": 64})))
     thread.start()
     thread.join()
     assert elsewhere[0] is not one and elsewhere[0].checksum(3) == one.checksum(3)

@@ -1,0 +1,462 @@
+"""How a run's trials are run: one :class:`Executor` per way, chosen once per run by :func:`choose_executor`.
+
+- :class:`SerialExecutor`: the planned trials one after another, in this thread.
+- :class:`ThreadExecutor`: ``run.jobs`` > 1 worker threads of the one session (one receiver serves them
+  all); a worker takes the next spec in plan order.
+- :class:`RayExecutor`: ``run.executor = "ray"``, each trial a Ray task in a fresh process of its own
+  (:mod:`cutbench.harness.runner.ray_executor`); this process keeps the receiver.
+- :class:`DriverExecutor`: an adaptive :data:`~cutbench.harness.runner.adaptive.Driver` (the
+  ``hypothesis`` source, stop-at-first-invalid) that decides each trial from the one before, one at a time.
+
+Whatever runs the trials, this thread alone writes each trial's file as the trial finishes
+(:class:`TrialLog`; files are named, and read, in plan order), so a parallel run stores what a serial run
+of the same plans stores. An executor writes nothing else: ``run.py`` owns the run directory and
+``run.toml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cutbench.errors import Unavailable
+from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.environment import record as environment
+from cutbench.harness.model.scenario import Scenario
+from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.runner.adaptive import Driver
+from cutbench.harness.runner.trial import Session
+from cutbench.harness.store.rundir import RunDir
+from cutbench.harness.store.tables import trial_file
+from cutbench.procs import kill_namespace_inits, pid_namespace_error
+from cutbench.workloads import api as workload_api
+
+if TYPE_CHECKING:
+    from cutbench.harness.runner.ray_executor import RayCluster
+
+ProgressFn = Callable[[TrialResult, int, int], None]
+LOOPBACK = "127.0.0.1:0"
+
+
+# -- where finished trials go -------------------------------------------------
+
+
+@dataclass
+class TrialLog:
+    """The run's finished trials: each one's file, written as it finishes, and the list the tables are made of.
+
+    A trial counts exactly when its file is written, even when a Ctrl-C lands
+    just after the write: a resumed run keeps the trials whose file is there,
+    so the tables must say the same.
+    """
+
+    run: RunDir
+    store: str  # the scenario's receiver store, recorded in each trial's file
+    results: list[TrialResult]  # a resumed run's kept trials first, then this session's
+    progress: ProgressFn | None = None
+    total: int = 0  # the trials the progress display expects in all
+
+    def write(self, result: TrialResult, count: Callable[[TrialResult], None]) -> None:
+        """Write ``result``'s trial file and call ``count(result)`` once the file is there; returns None."""
+        try:
+            self.run.write_trial(result.spec.trial_id, trial_file(result, self.run.run_id, self.store))
+        finally:  # even on a Ctrl-C here: the tables count a trial exactly when its file is there
+            if self.run.trial_path(result.spec.trial_id).exists():
+                count(result)
+
+    def run_one(self, session: Session, spec: TrialSpec) -> TrialResult:
+        """Run ``spec`` in ``session`` in this thread, keep it, report progress; return its :class:`TrialResult`."""
+        result = session.run_trial(spec)
+        self.write(result, self.results.append)
+        if self.progress:
+            self.progress(result, len(self.results), max(self.total, len(self.results)))
+        return result
+
+    def run_pool(self, pool: Any, n: int) -> None:
+        """Run a pool's ``n`` trials (anything with ``run(on_result)`` and ``late``); returns None.
+
+        ``on_result(plan position, result)`` comes in this thread as each trial
+        finishes; the results join :attr:`results` in plan order. A finished
+        trial is on disk at once, whatever happens to the run next; when the
+        run stops early, every trial that finished is kept (an interrupted
+        trial, as in a serial run, has no result).
+        """
+        finished: dict[int, TrialResult] = {}
+
+        def keep(index: int, result: TrialResult) -> None:
+            self.write(result, lambda r: finished.__setitem__(index, r))
+
+        def on_result(index: int, result: TrialResult) -> None:
+            keep(index, result)
+            if self.progress:  # as trials finish: the whole run's count, whichever worker ran it
+                self.progress(result, len(finished), n)
+
+        try:
+            pool.run(on_result)
+        finally:
+            try:
+                # No trial runs now: a tree that an interrupted restore left has no handle; remove it.
+                kill_namespace_inits()
+                for index, result in pool.late.items():
+                    keep(index, result)
+            finally:  # whatever stopped the above: the tables hold every trial whose file is written
+                self.results.extend(finished[i] for i in sorted(finished))
+
+
+# -- the protocol -------------------------------------------------------------
+
+
+class Executor(Protocol):
+    """One way of running a run's trials. :func:`choose_executor` picks it before the run directory exists."""
+
+    jobs: int  # trials at once: run.toml's ``jobs``, and how many control runs record references at once
+    # The planned trials, in plan order (the recorded-reference step may drop some); None: a driver decides.
+    specs: list[TrialSpec] | None
+    # Whether the session's workload trees each start in a PID namespace of their own (trials side by side here).
+    pid_namespaces: bool
+
+    def receiver_exposure(self) -> tuple[str, str | None]:
+        """Return where the run's receiver listens and the secret its clients present (None: no secret)."""
+        ...
+
+    def describe(self, session: Session | None = None) -> dict[str, Any]:
+        """Return the top-level ``run.toml`` keys that say what ran the trials (empty for this process's own)."""
+        ...
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Run the trials in ``session``, keeping each in ``log``; return more top-level ``run.toml`` keys."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (a Ray it started); returns None. Called once, however the run ends."""
+        ...
+
+
+class _Local:
+    """What the executors that run trials in this process share: a loopback receiver, nothing to close."""
+
+    jobs = 1
+    pid_namespaces = False
+
+    def receiver_exposure(self) -> tuple[str, str | None]:
+        """Return the loopback address and no secret: every client is on this machine."""
+        return LOOPBACK, None
+
+    def describe(self, session: Session | None = None) -> dict[str, Any]:
+        """Return no keys: ``run.toml``'s ``jobs`` says all there is."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to release; returns None."""
+
+
+class SerialExecutor(_Local):
+    """The planned trials one after another in this thread (``run.jobs`` = 1, or one trial)."""
+
+    def __init__(self, specs: list[TrialSpec]):
+        self.specs: list[TrialSpec] | None = specs
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Run every spec in plan order; return no ``run.toml`` keys."""
+        for spec in self.specs or ():
+            log.run_one(session, spec)
+        return {}
+
+
+class ThreadExecutor(_Local):
+    """``jobs`` worker threads of the one session, taking the specs in plan order (see :class:`_Workers`).
+
+    Each workload tree runs in a PID namespace of its own where the backend
+    copes (``criu``; see ``cutbench.procs``): CRIU restores the pids a tree
+    had, and another trial's process may hold one by then.
+    """
+
+    pid_namespaces = True
+
+    def __init__(self, specs: list[TrialSpec], jobs: int):
+        self.specs: list[TrialSpec] | None = specs
+        self.jobs = jobs
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Run every spec on the worker threads; return no ``run.toml`` keys."""
+        specs = self.specs or []
+        log.run_pool(_Workers(session, specs, self.jobs), len(specs))
+        return {}
+
+
+class DriverExecutor(_Local):
+    """An adaptive driver, called as ``driver(run_one, run)``: it decides each trial from the one before."""
+
+    specs: list[TrialSpec] | None = None
+
+    def __init__(self, driver: Driver):
+        self.driver = driver
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Let the driver run its trials one at a time; return the ``run.toml`` keys it returns."""
+        return self.driver(lambda spec: log.run_one(session, spec), log.run) or {}
+
+
+class RayExecutor:
+    """Each trial a Ray task in a fresh process of its own; this process runs no trial, only the receiver.
+
+    The cluster is connected before the run directory exists (no run without
+    Ray) and closed when the run ends: a Ray this run started stops, so its
+    processes do not outlive the trials.
+    """
+
+    pid_namespaces = False  # this process's session runs no workload; each trial's process asks for its own
+
+    def __init__(self, cluster: "RayCluster", specs: list[TrialSpec], jobs: int, scenario: Scenario,
+                 workdir: str | Path | None):
+        self.cluster = cluster
+        self.specs: list[TrialSpec] | None = specs
+        self.jobs = jobs
+        self.trials_per_gpu = scenario.trials_per_gpu
+        self.store = scenario.store
+        self.workdir = workdir
+        self.listen, self.token = cluster.receiver_exposure()
+
+    @classmethod
+    def connect(cls, scenario: Scenario, specs: list[TrialSpec], workdir: str | Path | None) -> "RayExecutor":
+        """Connect to (or start) the scenario's Ray; return the executor. :class:`Unavailable` without Ray."""
+        from cutbench.harness.runner.ray_executor import RayCluster
+
+        cluster = RayCluster.connect(scenario.ray_address)
+        cap = cluster.capacity(scenario.trials_per_gpu) if scenario.jobs == "auto" else int(scenario.jobs)
+        return cls(cluster, specs, max(1, min(cap, len(specs))), scenario, workdir)
+
+    def receiver_exposure(self) -> tuple[str, str | None]:
+        """Return the receiver's address and secret: loopback and none on one node, routable with one on several."""
+        return self.listen, self.token
+
+    def describe(self, session: Session | None = None) -> dict[str, Any]:
+        """Return ``executor = "ray"`` and the ``ray`` table; with ``session``, where the trials reached its receiver."""
+        table = self.cluster.describe(self.trials_per_gpu)
+        if session is not None:
+            table.update(receiver=session.receiver.address, receiver_token=self.token is not None)
+        return {"executor": "ray", "ray": table}
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Run every spec as a Ray task, at most ``jobs`` at once; return no more ``run.toml`` keys."""
+        specs = self.specs or []
+        pool = self.cluster.trials(specs, self.jobs, run_id=session.run_id, receiver=session.receiver.address,
+                                   store=self.store, workdir=self.workdir, trials_per_gpu=self.trials_per_gpu,
+                                   token=self.token, recordings=session.references.recordings,
+                                   supports={b: session.support.of(b) for b in {s.backend for s in specs}})
+        log.run_pool(pool, len(specs))
+        return {}
+
+    def close(self) -> None:
+        """Shut down a Ray this run started (or only disconnect); returns None."""
+        self.cluster.close()
+
+
+def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: dict[str, Any], *,
+                    workdir: str | Path | None = None) -> Executor:
+    """Return the executor for ``work`` (the planned specs, or a driver) under ``scenario``'s ``run`` table.
+
+    ``env`` is the run's environment record (its GPUs, for ``run.jobs =
+    "auto"``). Raises :class:`Unavailable` before anything is written when
+    the chosen way cannot run here: no Ray, or trials side by side that need
+    PID namespaces this process cannot make.
+    """
+    if not isinstance(work, list):  # a driver decides trial by trial: one at a time, in this process
+        return DriverExecutor(work)
+    if scenario.executor == "ray":
+        return RayExecutor.connect(scenario, work, workdir)
+    jobs = max(1, min(resolve_jobs(scenario, env), len(work)))
+    if jobs == 1:
+        return SerialExecutor(work)
+    check_pid_namespaces(work)
+    return ThreadExecutor(work, jobs)
+
+
+def resolve_jobs(scenario: Scenario, env: dict[str, Any] | None = None) -> int:
+    """Return how many trials ``scenario`` runs at once here: ``run.jobs``, or for "auto"
+    the GPUs × ``run.trials_per_gpu`` on a GPU host and the CPUs this process
+    may use elsewhere. ``env`` is the run's environment record (its GPU list)."""
+    if scenario.jobs != "auto":
+        return int(scenario.jobs)
+    gpu = (env if env is not None else environment.collect()).get("gpu") or {}
+    gpus = len(gpu.get("gpus") or ()) or int((gpu.get("cupy") or {}).get("device_count") or 0)
+    if gpus:
+        return gpus * scenario.trials_per_gpu
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
+    """Return None, or raise :class:`Unavailable` when a parallel run needs PID namespaces (an arm's
+    backend declares ``pid_namespace``) and this process cannot make one."""
+    names = sorted({s.backend for s in specs})
+    if not any(getattr(checkpointers.CHECKPOINTERS.load(n), "pid_namespace", False) for n in names):
+        return
+    error = pid_namespace_error()
+    if error:
+        raise Unavailable(f"run.jobs > 1: each trial's workload needs a PID namespace of its own (CRIU restores the pids "
+                          f"a tree had, and another trial's process may hold one by then), and none can be made here "
+                          f"({error}): run as root, as CRIU needs, or with --jobs 1")
+
+
+# -- worker threads -----------------------------------------------------------
+
+
+def _needs_gpu_alone(spec: TrialSpec) -> bool:
+    """Whether ``spec``'s workload declares that it needs the GPUs to itself (``exclusive_gpu``: it fills their memory)."""
+    return bool(getattr(workload_api.load(spec.workload), "exclusive_gpu", False))
+
+
+class _ExclusiveGate:
+    """Trials share the machine, except one that needs it alone: it waits until no trial runs, and none
+    starts while it does (a readers-writer lock; waiting exclusive trials go first)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        """Run the ``with`` body as a shared trial, or alone when ``exclusive``; yields nothing."""
+        with self._cond:
+            if exclusive:
+                self._waiting += 1
+                try:
+                    self._wait(lambda: self._running == 0 and not self._exclusive)
+                finally:
+                    self._waiting -= 1
+                self._exclusive = True
+            else:
+                self._wait(lambda: not self._exclusive and not self._waiting)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if exclusive:
+                    self._exclusive = False
+                self._cond.notify_all()
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        # In short waits: a Ctrl-C reaches a worker thread only when it runs Python code.
+        while not ready():
+            self._cond.wait(0.2)
+
+
+class _Workers:
+    """``jobs`` threads running the specs of one session, taking them in plan order.
+
+    Results come back to the thread that calls :meth:`run`. A KeyboardInterrupt
+    (Ctrl-C) there is raised in every worker that is inside a trial, where it
+    does what it does in a serial run: the trial cleans up its processes and
+    image directory and gives no result. :meth:`run` re-raises it once every
+    worker has stopped; trials that finished meanwhile are in :attr:`late`.
+    """
+
+    def __init__(self, session: Session, specs: list[TrialSpec], jobs: int):
+        self.session = session
+        self.todo: deque[tuple[int, TrialSpec]] = deque(enumerate(specs))
+        self.n = len(specs)
+        self.done: queue.Queue[tuple[int, TrialResult | None, BaseException | None]] = queue.Queue()
+        self.busy: set[int] = set()  # thread idents of the workers inside a trial
+        self.interrupted: set[int] = set()  # workers already sent their KeyboardInterrupt
+        self.lock = threading.Lock()  # ``busy`` and a result's hand-over change together
+        self.stopping = False
+        self.late: dict[int, TrialResult] = {}
+        self.gate = _ExclusiveGate()
+        self.threads = [threading.Thread(target=self._work, name=f"cutbench-trials-{k + 1}", daemon=True)
+                        for k in range(jobs)]
+
+    def run(self, on_result: Callable[[int, TrialResult], None]) -> None:
+        """Run every spec, calling ``on_result(plan position, result)`` in this thread as each finishes; returns None."""
+        for thread in self.threads:
+            thread.start()
+        try:
+            for _ in range(self.n):
+                index, result, error = self._next()
+                if error is not None:  # the harness's own failure: stop, as a serial run stops at it
+                    raise error
+                if result is not None:
+                    on_result(index, result)
+        except BaseException:
+            self._interrupt()
+            self._join()
+            raise
+        if self._join():
+            raise KeyboardInterrupt  # pressed while the last trials finished
+
+    def _next(self) -> tuple[int, TrialResult | None, BaseException | None]:
+        while True:
+            try:
+                return self.done.get(timeout=0.2)  # wakes up: Ctrl-C is seen here at once
+            except queue.Empty:
+                if not any(t.is_alive() for t in self.threads) and self.done.empty():
+                    raise RuntimeError("every trial worker stopped before the run was done") from None
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        try:
+            while not self.stopping:
+                try:
+                    index, spec = self.todo.popleft()
+                except IndexError:
+                    return
+                with self.lock:
+                    self.busy.add(me)
+                # Checked after joining ``busy``: an interrupt either sees this worker busy or is seen here.
+                if self.stopping:
+                    return
+                item: tuple[int, TrialResult | None, BaseException | None]
+                try:
+                    with self.gate.hold(_needs_gpu_alone(spec)):
+                        item = (index, self.session.run_trial(spec), None)
+                except KeyboardInterrupt:
+                    item = (index, None, None)  # interrupted: cleaned up, no verdict
+                except Exception as exc:
+                    item = (index, None, exc)
+                # Leaving ``busy`` and handing the result over are one step under the lock that
+                # :meth:`_interrupt` takes: an interrupt cannot land inside the hand-over.
+                with self.lock:
+                    self.busy.discard(me)
+                    self.done.put(item)
+        except KeyboardInterrupt:
+            pass  # the interrupt reached this worker between two trials
+        finally:
+            with self.lock:
+                self.busy.discard(me)
+
+    def _interrupt(self) -> None:
+        """Stop taking specs; raise KeyboardInterrupt, once, in every worker inside a trial."""
+        self.stopping = True
+        with self.lock:
+            # A second interrupt in a worker already cleaning up its trial would cut that cleanup short.
+            for ident in self.busy - self.interrupted:
+                self.interrupted.add(ident)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+    def _join(self) -> bool:
+        """Wait for every worker and keep what finished unread; True when Ctrl-C came meanwhile."""
+        pressed = False
+        for thread in self.threads:
+            while thread.is_alive():
+                try:
+                    thread.join()
+                except KeyboardInterrupt:
+                    # Leaving the workers would leave their processes: stop them and keep waiting.
+                    pressed = True
+                    self._interrupt()
+        while not self.done.empty():
+            index, result, _ = self.done.get()
+            if result is not None:
+                self.late[index] = result
+        return pressed
