@@ -14,6 +14,7 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.checker.matrix import RECEIVER_MODE
+from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import Scenario, parse_scenario
 from cutbench.registry import CHECKPOINTERS
 from cutbench.workloads import api as workload_api
@@ -90,8 +91,9 @@ def grid(rows: list[tuple[str, type, workload_api.MatrixRow]], tools: tuple[str,
             "tools": list(tools), "faults": list(faults)}
 
 
-def scenario(matrix: dict[str, Any], *, jobs: int | str = 1, stage_timeout_s: float = 60.0,
-             images_dir: str = "/dev/shm") -> Scenario:
+def scenario(matrix: dict[str, Any], *, jobs: int | str = schema.default("run.jobs"),
+             stage_timeout_s: float = schema.default("run.stage_timeout_s"),
+             images_dir: str = schema.default("pipeline.images_dir")) -> Scenario:
     """The scenario that measures ``matrix`` (a :func:`grid`): one variant per row, each arm one trial."""
     variants = []
     for row in matrix["rows"]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import InvalidArgument, Unavailable
+from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import Arm, Scenario, load_scenario, toml_value
 from cutbench.harness.reports.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
@@ -213,10 +214,14 @@ def parse_plan(plan: Any, arm: Arm) -> Any:
     raise InvalidArgument(f"plan = {plan!r}: expected 'OP/PHASE', a plan dict or a CutPlan")
 
 
-def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: str = "counter", params: dict[str, Any] | None = None,
-              array: str = "auto", backend: str = "criu", receiver_mode: str = "at_least_once", fault: str = "kill",
-              crash_after_ms: float = 100.0, split_window_ms: float = 0.0, watchdog_s: float = 20.0,
-              trial_timeout_s: float = 120.0, stage_timeout_s: float = 60.0) -> TrialOutcome:
+# The defaults are a scenario file's (harness/model/schema.py); a list field's is its first value.
+def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: str = schema.default("workload.name"),
+              params: dict[str, Any] | None = None, array: str = schema.default("workload.array"),
+              backend: str = schema.default("pipeline.backends")[0], receiver_mode: str = schema.default("receiver.modes")[0],
+              fault: str = schema.default("pipeline.faults")[0], crash_after_ms: float = schema.default("pipeline.crash_after_ms")[0],
+              split_window_ms: float = schema.default("pipeline.split_window_ms")[0],
+              watchdog_s: float = schema.default("run.watchdog_s"), trial_timeout_s: float = schema.default("run.trial_timeout_s"),
+              stage_timeout_s: float = schema.default("run.stage_timeout_s")) -> TrialOutcome:
     """Run one trial and store it as a run of one trial; return its :class:`TrialOutcome`.
 
     Arguments are validated as a scenario file's would be (InvalidArgument

@@ -5,6 +5,11 @@ and the allowed values (``InvalidArgument``), so a typo never surfaces later
 as a failed trial. ``include = ["base.toml"]`` merges other files first (this
 file's tables win), and ``overrides`` (``--set plan.source=random`` on the
 command line) are applied last. See ``scenarios/README.md`` for the reference.
+
+Each field's type, default, bounds and allowed values are declared once, in
+:mod:`cutbench.harness.model.schema`; this module adds what the schema cannot
+say of one field alone: includes, overrides, ``[[variants]]``, and the checks
+of a field against another or against the workload.
 """
 
 from __future__ import annotations
@@ -19,45 +24,17 @@ from typing import Any
 import tomli_w
 
 from cutbench.errors import InvalidArgument
-from cutbench.harness.model.certificate import CERTIFY_MODES
-from cutbench.workloads.xp import ARRAY_BACKENDS
-from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
 from cutbench.files import read_document
-from cutbench.registry import CHECKPOINTERS, backend_capabilities
-from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
-
-RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
-PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis", "periodic")
-# Upper bounds of the numeric fields (documented in scenarios/README.md): beyond
-# them a run would exhaust memory or time in planning before its first trial.
-LIMITS: dict[str, int | float] = {
-    "plan.ops": 1_000_000,
-    "plan.trials": 1_000_000,
-    "plan.cuts_per_trial": 8,
-    "plan.exhaustive_plans": 1_000_000,
-    "plan.periodic_cuts": 10_000,
-    "run.watchdog_s": 86_400,
-    "run.trial_timeout_s": 86_400,
-    "run.stage_timeout_s": 86_400,
-    "run.prepare_timeout_s": 3_600,
-    "run.jobs": 1024,
-    "run.trials_per_gpu": 64,
-    "pipeline.ms": 3_600_000,
-}
-EXECUTORS: tuple[str, ...] = ("threads", "ray")  # what runs a run's trials (run.executor)
-PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
-ARRAYS: tuple[str, ...] = ARRAY_BACKENDS  # the workloads' runtime decides which array libraries exist
-
-_SECTIONS: dict[str, tuple[str, ...]] = {
-    "": ("name", "description", "include", "workload", "receiver", "pipeline", "plan", "run", "variants"),
-    "workload": ("name", "array", "params"),
-    "receiver": ("store", "modes"),
-    "pipeline": ("backends", "faults", "crash_after_ms", "split_window_ms", "keep_images", "images_dir", "skip_unavailable",
-                 "rank_skew_ms", "restore_targets", "certify", "support_matrix"),
-    "plan": ("source", "ops", "phases", "trials", "seed", "cuts_per_trial", "cut_mode", "async_offset_ms", "profile",
-             "interval_ops"),
-    "run": ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "prepare_timeout_s", "jobs", "trials_per_gpu", "executor", "ray_address"),
-}
+from cutbench.harness.model import schema
+# Re-exported: the rooms above name these vocabularies and bounds through the scenario (schema.py declares them).
+from cutbench.harness.model.schema import ARRAYS as ARRAYS
+from cutbench.harness.model.schema import EXECUTORS as EXECUTORS
+from cutbench.harness.model.schema import LIMITS as LIMITS
+from cutbench.harness.model.schema import PLAN_SOURCES as PLAN_SOURCES
+from cutbench.harness.model.schema import PROFILES as PROFILES
+from cutbench.harness.model.schema import RECEIVER_MODES as RECEIVER_MODES
+from cutbench.registry import backend_capabilities
+from cutbench.validate import check_choice, check_choices
 
 
 @dataclass(frozen=True)
@@ -98,49 +75,51 @@ class Arm:
 class Scenario:
     """A validated scenario. ``arms()`` gives the sweep; the plan fields feed the scheduler."""
 
+    # Each default is the schema's (harness/model/schema.py), where every field is declared once.
     name: str
-    description: str = ""
-    workload: str = "counter"
-    array: str = "auto"
-    params: dict[str, Any] = field(default_factory=dict)
-    store: str = "sqlite"
-    modes: tuple[str, ...] = ("at_least_once",)
-    backends: tuple[str, ...] = ("criu",)
-    faults: tuple[str, ...] = ("kill",)
-    crash_after_ms: tuple[float, ...] = (100.0,)
-    split_window_ms: tuple[float, ...] = (0.0,)
-    rank_skew_ms: tuple[float, ...] = (0.0,)
-    restore_targets: tuple[str, ...] = ("same",)
-    certify: tuple[str, ...] = ("off",)
-    keep_images: bool = False
-    images_dir: str = "/dev/shm"
+    description: str = schema.default("description")
+    workload: str = schema.default("workload.name")
+    array: str = schema.default("workload.array")
+    params: dict[str, Any] = field(default_factory=dict)  # the schema's {}, one dict per scenario
+    store: str = schema.default("receiver.store")
+    modes: tuple[str, ...] = schema.default("receiver.modes")
+    backends: tuple[str, ...] = schema.default("pipeline.backends")
+    faults: tuple[str, ...] = schema.default("pipeline.faults")
+    crash_after_ms: tuple[float, ...] = schema.default("pipeline.crash_after_ms")
+    split_window_ms: tuple[float, ...] = schema.default("pipeline.split_window_ms")
+    rank_skew_ms: tuple[float, ...] = schema.default("pipeline.rank_skew_ms")
+    restore_targets: tuple[str, ...] = schema.default("pipeline.restore_targets")
+    certify: tuple[str, ...] = schema.default("pipeline.certify")
+    keep_images: bool = schema.default("pipeline.keep_images")
+    images_dir: str = schema.default("pipeline.images_dir")
     # A measured support matrix (a `cutbench matrix` run directory or its matrix.parquet): the certificate's
     # verdict on each CUDA feature a workload declares. "" = none given (such features are unmeasured).
-    support_matrix: str = ""
-    skip_unavailable: bool = False
-    plan_source: str = "exhaustive"
-    plan_ops: tuple[int, int] = (1, 1)
+    support_matrix: str = schema.default("pipeline.support_matrix")
+    skip_unavailable: bool = schema.default("pipeline.skip_unavailable")
+    plan_source: str = schema.default("plan.source")
+    plan_ops: tuple[int, int] = schema.default("plan.ops")
+    # The parser resolves plan.phases ("all" by default) against the workload; () only in a Scenario built by hand.
     plan_phases: tuple[str, ...] = ()
-    trials: int = 10
-    seed: int = 0
-    cuts_per_trial: int = 1
+    trials: int = schema.default("plan.trials")
+    seed: int = schema.default("plan.seed")
+    cuts_per_trial: int = schema.default("plan.cuts_per_trial")
     # The periodic source: a cut every ``interval_ops`` ops over plan.ops (0: no cut, the native run).
-    interval_ops: int = 0
-    cut_mode: str = "precise"
-    async_offset_ms: tuple[float, ...] = (0.0,)
-    profile: str = "ci"
-    watchdog_s: float = 20.0
-    trial_timeout_s: float = 120.0
-    stage_timeout_s: float = 60.0
+    interval_ops: int = schema.default("plan.interval_ops")
+    cut_mode: str = schema.default("plan.cut_mode")
+    async_offset_ms: tuple[float, ...] = schema.default("plan.async_offset_ms")
+    profile: str = schema.default("plan.profile")
+    watchdog_s: float = schema.default("run.watchdog_s")
+    trial_timeout_s: float = schema.default("run.trial_timeout_s")
+    stage_timeout_s: float = schema.default("run.stage_timeout_s")
     # How long the workload's semantic adapters have to join a cut (prepare) before it is called off.
-    prepare_timeout_s: float = 5.0
+    prepare_timeout_s: float = schema.default("run.prepare_timeout_s")
     # Trials run at once (``run.jobs``): an integer, or "auto" (see check_jobs); the runner resolves "auto".
-    jobs: int | str = 1
-    trials_per_gpu: int = 1
+    jobs: int | str = schema.default("run.jobs")
+    trials_per_gpu: int = schema.default("run.trials_per_gpu")
     # What runs the trials: worker threads of this process, or Ray tasks (``run.executor``,
     # see check_executor); ``ray_address`` empty starts a local Ray.
-    executor: str = "threads"
-    ray_address: str = ""
+    executor: str = schema.default("run.executor")
+    ray_address: str = schema.default("run.ray_address")
     source_path: str = ""
     # ``[[variants]]``: named overlays of this scenario (e.g. one per workload),
     # each a complete scenario; a run runs all of them instead of this one.
@@ -214,27 +193,35 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 
 def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[str] | None = None) -> Scenario:
-    """Validate a scenario mapping (already parsed TOML) into a :class:`Scenario`.
+    """Validate a scenario mapping (already parsed TOML) into a :class:`Scenario`; return it.
 
     Each ``[[variants]]`` table is merged over the rest of ``data``, then
     ``overrides`` are applied again (the command line wins over a variant).
+    Types, defaults, bounds and allowed values are the schema's
+    (:mod:`cutbench.harness.model.schema`); what this adds is the checks of one
+    field against another and against the workload. Raises
+    :class:`InvalidArgument` naming the first bad field.
     """
     _check_keys(data, "")
     variants = _parse_variants(data, source_path, overrides or [])
-    wl = _table(data, "workload")
-    rc = _table(data, "receiver")
-    pl = _table(data, "pipeline")
-    pn = _table(data, "plan")
-    rn = _table(data, "run")
+    tables = {"": data, **{section: _table(data, section) for section in schema.SECTIONS}}
 
-    name = _get(data, "", "name", str, Path(source_path).stem or "scenario")
-    workload = _get(wl, "workload", "name", str, "counter")
-    params = _get(wl, "workload", "params", dict, {})
-    params = _validate_workload(workload, params)
-    store = _get(rc, "receiver", "store", str, "sqlite")
+    def get(key: str, *absent: Any) -> Any:
+        """Field ``key`` as the schema checks it; when the file leaves it out, ``absent`` or else the schema's default."""
+        f = schema.lookup(key)
+        table = tables[f.section]
+        if f.name not in table:
+            return absent[0] if absent else f.default
+        return schema.check(f, table[f.name])
+
+    # First the fields with a form or a dependency of their own, in the order they have always been checked.
+    name = get("name", Path(source_path).stem or "scenario")
+    workload = get("workload.name")
+    params = _validate_workload(workload, dict(get("workload.params")))
+    store = get("receiver.store")
     if store != "sqlite" and not store.startswith(("postgresql://", "postgres://", "sqlite:")):
         raise InvalidArgument(f"receiver.store = {store!r}: allowed 'sqlite', 'sqlite:PATH' or a postgresql:// URL")
-    plan_ops = _get(pn, "plan", "ops", list, [1, 1])
+    plan_ops = get("plan.ops")
     if (
         len(plan_ops) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in plan_ops)
@@ -245,56 +232,21 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
     if isinstance(ops_total, int) and plan_ops[1] > ops_total:
         raise InvalidArgument(f"plan.ops = {plan_ops!r}: last op exceeds workload.params.ops = {ops_total}")
     phases_allowed = _workload_phases(workload)
-    phases = _get(pn, "plan", "phases", (list, str), "all")
+    phases = get("plan.phases")
     if phases == "all":
         phases = list(phases_allowed)
     if isinstance(phases, str):
         raise InvalidArgument(f"plan.phases = {phases!r}: use \"all\" or a list of {', '.join(phases_allowed)}")
     phases = check_choices("plan.phases", phases, phases_allowed)
-    executor, ray_address = check_executor(_get(rn, "run", "executor", str, "threads"),
-                                           _get(rn, "run", "ray_address", str, None))
-
-    return Scenario(
-        name=name,
-        description=_get(data, "", "description", str, ""),
-        workload=workload,
-        array=check_choice("workload.array", _get(wl, "workload", "array", str, "auto"), ARRAYS),
-        params=params,
-        store=store,
-        modes=tuple(check_choices("receiver.modes", _get(rc, "receiver", "modes", list, ["at_least_once"]), RECEIVER_MODES)),
-        backends=tuple(check_choices("pipeline.backends", _get(pl, "pipeline", "backends", list, ["criu"]), CHECKPOINTERS.names())),
-        faults=tuple(check_choices("pipeline.faults", _get(pl, "pipeline", "faults", list, ["kill"]), FAULTS)),
-        crash_after_ms=_ms("pipeline.crash_after_ms", _get(pl, "pipeline", "crash_after_ms", (list, int, float), [100.0])),
-        split_window_ms=_ms("pipeline.split_window_ms", _get(pl, "pipeline", "split_window_ms", (list, int, float), [0.0])),
-        rank_skew_ms=_ms("pipeline.rank_skew_ms", _get(pl, "pipeline", "rank_skew_ms", (list, int, float), [0.0])),
-        restore_targets=tuple(check_choices("pipeline.restore_targets", _get(pl, "pipeline", "restore_targets", list, ["same"]), RESTORE_TARGETS)),
-        certify=tuple(check_choices("pipeline.certify", _as_list(_get(pl, "pipeline", "certify", (list, str), ["off"])), CERTIFY_MODES)),
-        keep_images=_get(pl, "pipeline", "keep_images", bool, False),
-        images_dir=_get(pl, "pipeline", "images_dir", str, "/dev/shm"),
-        support_matrix=_get(pl, "pipeline", "support_matrix", str, ""),
-        skip_unavailable=_get(pl, "pipeline", "skip_unavailable", bool, False),
-        plan_source=check_choice("plan.source", _get(pn, "plan", "source", str, "exhaustive"), PLAN_SOURCES),
-        plan_ops=(plan_ops[0], plan_ops[1]),
-        plan_phases=tuple(phases),
-        trials=_bounded("plan.trials", _get(pn, "plan", "trials", int, 10)),
-        seed=_get(pn, "plan", "seed", int, 0),
-        cuts_per_trial=_bounded("plan.cuts_per_trial", _get(pn, "plan", "cuts_per_trial", int, 1)),
-        interval_ops=check_range("plan.interval_ops", _get(pn, "plan", "interval_ops", int, 0), 0, LIMITS["plan.ops"]),
-        cut_mode=check_choice("plan.cut_mode", _get(pn, "plan", "cut_mode", str, "precise"), ("precise", "async", "mixed")),
-        async_offset_ms=_ms("plan.async_offset_ms", _get(pn, "plan", "async_offset_ms", (list, int, float), [0.0])),
-        profile=check_choice("plan.profile", _get(pn, "plan", "profile", str, "ci"), PROFILES),
-        watchdog_s=float(_bounded("run.watchdog_s", _get(rn, "run", "watchdog_s", (int, float), 20.0))),
-        trial_timeout_s=float(_bounded("run.trial_timeout_s", _get(rn, "run", "trial_timeout_s", (int, float), 120.0))),
-        stage_timeout_s=float(_bounded("run.stage_timeout_s", _get(rn, "run", "stage_timeout_s", (int, float), 60.0))),
-        prepare_timeout_s=float(_bounded("run.prepare_timeout_s", _get(rn, "run", "prepare_timeout_s", (int, float), 5.0))),
-        # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
-        jobs=check_jobs("run.jobs", rn.get("jobs", "auto" if executor == "ray" else 1)),
-        trials_per_gpu=_bounded("run.trials_per_gpu", _get(rn, "run", "trials_per_gpu", int, 1)),
-        executor=executor,
-        ray_address=ray_address,
-        source_path=source_path,
-        variants=variants,
-    )
+    # An absent address is not an empty one: check_executor refuses any address given without Ray.
+    executor, ray_address = check_executor(get("run.executor"), get("run.ray_address", None))
+    own = {"name": name, "workload": workload, "params": params, "store": store, "plan_ops": (plan_ops[0], plan_ops[1]),
+           "plan_phases": tuple(phases), "executor": executor, "ray_address": ray_address}
+    # Every other field is the schema's alone, checked in the order it is declared.
+    rest = {f.attr: get(f.key) for f in schema.FIELDS if f.attr and f.attr not in own and f.attr != "jobs"}
+    # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
+    jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
+    return Scenario(**own, **rest, jobs=jobs, source_path=source_path, variants=variants)
 
 
 # Tables a variant may overlay. The receiver store is the run's (one session, one store).
@@ -446,7 +398,7 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
 
 
 def _check_keys(data: dict[str, Any], section: str) -> None:
-    allowed = _SECTIONS[section]
+    allowed = schema.keys(section)
     for key in data:
         if key not in allowed:
             where = f"{section}.{key}" if section else key
@@ -459,13 +411,6 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
         raise InvalidArgument(f"{name} = {table!r}: expected a table [{name}]")
     _check_keys(table, name)
     return table
-
-
-def _get(table: dict[str, Any], section: str, key: str, types: Any, default: Any) -> Any:
-    """``table[key]`` checked against ``types``, or ``default`` when absent."""
-    if key not in table:
-        return default
-    return check_type(f"{section}.{key}" if section else key, table[key], types)
 
 
 def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -485,20 +430,3 @@ def _workload_phases(name: str) -> tuple[str, ...]:
     return tuple(api.load(name).phases)
 
 
-def _as_list(value: Any) -> list[Any]:
-    """A scalar field that may also be a list of values (``certify = "audit"`` or ``["audit", "enforce"]``)."""
-    return value if isinstance(value, list) else [value]
-
-
-def _bounded(where: str, value: Any) -> Any:
-    """``value`` if it is > 0 and at most the field's :data:`LIMITS` entry."""
-    check_positive(where, value)
-    return check_range(where, value, high=LIMITS[where])
-
-
-def _ms(where: str, value: Any) -> tuple[float, ...]:
-    """A number or list of numbers of milliseconds, each in 0..``LIMITS["pipeline.ms"]`` (an hour)."""
-    values = check_numbers(where, value)
-    for v in values:
-        check_range(where, v, 0, LIMITS["pipeline.ms"])
-    return values

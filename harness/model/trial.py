@@ -15,6 +15,7 @@ import pandas as pd
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.model.certificate import EXTERNAL
+from cutbench.harness.model import schema
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.scenario import Arm, Scenario
 from cutbench.workloads import api as workload_api
@@ -92,12 +93,13 @@ class TrialSpec:
     receiver_mode: str
     arm: dict[str, Any]
     plan: dict[str, Any]
-    watchdog_s: float = 20.0
-    trial_timeout_s: float = 120.0
-    stage_timeout_s: float = 60.0
-    prepare_timeout_s: float = 5.0
-    images_dir: str = "/dev/shm"
-    keep_images: bool = False
+    # A stored spec without these fields reads them at the scenario's defaults (harness/model/schema.py).
+    watchdog_s: float = schema.default("run.watchdog_s")
+    trial_timeout_s: float = schema.default("run.trial_timeout_s")
+    stage_timeout_s: float = schema.default("run.stage_timeout_s")
+    prepare_timeout_s: float = schema.default("run.prepare_timeout_s")
+    images_dir: str = schema.default("pipeline.images_dir")
+    keep_images: bool = schema.default("pipeline.keep_images")
     variant: str = ""  # the sweep point (``state_size=4096``) when a sweep runs several in one run
 
     def cut_plan(self) -> CutPlan:

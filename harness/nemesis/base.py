@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from cutbench.errors import InvalidArgument
+from cutbench.harness.model import schema
 from cutbench.harness.model.plan import FAULTS, Cut
 from cutbench.procs import Child
 from cutbench.harness.model.timeline import Timeline
@@ -29,9 +30,9 @@ class CutContext:
     timeline: Timeline
     cut_index: int
     cut: Cut
-    stage_timeout_s: float = 60.0
+    stage_timeout_s: float = schema.default("run.stage_timeout_s")
     # The deadline of the adapters' prepare (and of each later adapter request), run.prepare_timeout_s.
-    prepare_timeout_s: float = 5.0
+    prepare_timeout_s: float = schema.default("run.prepare_timeout_s")
     # Whether the workload's semantic adapters join this cut (the backend's ``capabilities.semantic_adapters``),
     # and whether they were prepared and neither committed, aborted nor restored yet (the pipeline aborts them).
     semantic_adapters: bool = True

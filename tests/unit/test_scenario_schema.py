@@ -1,0 +1,193 @@
+"""The scenario schema is the one place a field is declared (harness/model/schema.py).
+
+- ``scenarios/README.md``'s field tables are ``python -m cutbench.harness.model.schema --markdown``;
+- the parser, ``Scenario``, ``TrialSpec``, ``CutContext``, the gate's ``run_trial`` and the support
+  matrix's scenario take their defaults from it, so an empty file loads to the schema's defaults;
+- a bad value of any field gives a message that names the field and says what it takes instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.generator import matrix
+from cutbench.harness.integrations import gate
+from cutbench.harness.model import schema
+from cutbench.harness.model.scenario import Scenario, parse_scenario
+from cutbench.harness.model.trial import TrialSpec
+from cutbench.harness.nemesis.base import CutContext
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "scenarios" / "README.md"
+BEGIN = re.compile(r"^<!-- The tables from here to the end marker are the output of .*?-->\n", re.M | re.S)
+END = "<!-- End of the tables made from harness/model/schema.py. -->"
+# Scenario attributes that are no field of a file: where it was read from, and the variant it is.
+NOT_FIELDS = {"source_path", "variant", "variants"}
+
+
+def readme_tables() -> str:
+    """The text between the README's two markers (what the schema printed when it was pasted)."""
+    text = README.read_text()
+    begin = BEGIN.search(text)
+    assert begin and END in text, f"{README}: the markers around the generated tables are gone"
+    return text[begin.end():text.index(END)].strip("\n")
+
+
+def test_the_readme_tables_are_the_schemas():
+    expected = schema.markdown().strip("\n")
+    assert readme_tables() == expected, (
+        "scenarios/README.md's field tables differ from harness/model/schema.py: replace the text between the "
+        "markers with the output of `python -m cutbench.harness.model.schema --markdown`")
+
+
+def test_the_command_prints_the_tables(capsys):
+    assert schema.main(["--markdown"]) == 0
+    assert capsys.readouterr().out == schema.markdown()
+
+
+def test_the_readme_error_examples_are_the_parsers():
+    text = README.read_text()
+    for data in ({"pipeline": {"faults": ["explode"]}}, {"plan": {"phase": ["admit"]}}):
+        with pytest.raises(InvalidArgument) as info:
+            parse_scenario(data)
+        assert f"error: {info.value}\n" in text
+
+
+def test_every_field_is_declared_once_and_well():
+    keys = [f.key for f in schema.FIELDS]
+    assert len(keys) == len(set(keys))
+    for f in schema.FIELDS:
+        assert f.help and "\n" not in f.help and "|" not in f.help, f"{f.key}: help must be one Markdown table cell"
+        assert f.section in ("",) + schema.SECTIONS, f.key
+        if "{choices}" in f.help or f.meanings:
+            assert not callable(f.choices) and f.choices, f"{f.key}: {{choices}} needs a fixed list of choices"
+            assert set(f.meanings) <= set(f.choices), f"{f.key}: meanings of values it does not take"
+        if f.kind in (schema.CHOICE, schema.CHOICES):
+            assert f.default is not None and all(v in f.allowed() for v in (f.default if f.kind == schema.CHOICES else (f.default,)))
+        elif f.attr and f.kind != schema.CUSTOM and f.default is not None:
+            assert schema.check(f, _as_toml(f.default)) == f.default, f"{f.key}: its default is not a value it takes"
+
+
+def _as_toml(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_scenario_takes_every_default_from_the_schema():
+    attrs = {f.attr: f for f in schema.FIELDS if f.attr}
+    declared = {f.name: f for f in dataclasses.fields(Scenario)}
+    assert set(declared) - NOT_FIELDS == set(attrs), "a Scenario attribute without a schema field, or the reverse"
+    for attr, f in attrs.items():
+        d = declared[attr]
+        if attr == "params":
+            assert d.default_factory() == f.default
+        elif attr not in ("name", "plan_phases"):  # the file's stem; the workload's phases
+            assert d.default == f.default, f"Scenario.{attr} = {d.default!r}, the schema says {f.default!r}"
+
+
+def test_an_empty_file_is_the_schemas_defaults():
+    scen = parse_scenario({}, "some/where.toml")
+    for f in schema.FIELDS:
+        if f.attr and f.attr not in ("name", "params", "plan_phases"):
+            assert getattr(scen, f.attr) == f.default, f.key
+    assert scen.name == "where" and scen.plan_phases  # the stem; every phase of the workload
+    assert parse_scenario({"run": {"executor": "ray"}}).jobs == "auto"  # the one default that depends on another field
+
+
+def test_the_runner_side_takes_its_defaults_from_the_schema():
+    spec = {f.name: f.default for f in dataclasses.fields(TrialSpec)}
+    ctx = {f.name: f.default for f in dataclasses.fields(CutContext)}
+    trial = {k: p.default for k, p in inspect.signature(gate.run_trial).parameters.items()}
+    mat = {k: p.default for k, p in inspect.signature(matrix.scenario).parameters.items()}
+    d = schema.default
+    for key in ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "prepare_timeout_s"):
+        assert spec[key] == d(f"run.{key}")
+    assert (spec["images_dir"], spec["keep_images"]) == (d("pipeline.images_dir"), d("pipeline.keep_images"))
+    assert (ctx["stage_timeout_s"], ctx["prepare_timeout_s"]) == (d("run.stage_timeout_s"), d("run.prepare_timeout_s"))
+    assert (mat["jobs"], mat["stage_timeout_s"], mat["images_dir"]) == (d("run.jobs"), d("run.stage_timeout_s"),
+                                                                        d("pipeline.images_dir"))
+    assert trial == {**trial, "workload": d("workload.name"), "array": d("workload.array"),
+                     "backend": d("pipeline.backends")[0], "receiver_mode": d("receiver.modes")[0],
+                     "fault": d("pipeline.faults")[0], "crash_after_ms": d("pipeline.crash_after_ms")[0],
+                     "split_window_ms": d("pipeline.split_window_ms")[0], "watchdog_s": d("run.watchdog_s"),
+                     "trial_timeout_s": d("run.trial_timeout_s"), "stage_timeout_s": d("run.stage_timeout_s")}
+
+
+def test_limits_are_the_fields_bounds():
+    for f in schema.FIELDS:
+        if f.high is not None and f.kind != schema.MS:
+            assert schema.LIMITS[f.key] == f.high
+    assert schema.LIMITS["pipeline.ms"] == schema.lookup("pipeline.crash_after_ms").high
+
+
+def bad_values(f: schema.Field) -> list[tuple[Any, str]]:
+    """Values field ``f`` refuses, each with the part of the message that says what to give instead."""
+    out: list[tuple[Any, str]] = []
+    if f.kind == schema.TEXT:
+        out.append((3, "expected str"))
+    elif f.kind == schema.FLAG:
+        out.append(("yes", "expected bool"))
+    elif f.kind == schema.MAPPING:
+        out.append(([1], "expected dict"))
+    elif f.kind == schema.CHOICE:
+        out += [(1, "expected str"), ("bogus", "allowed " + ", ".join(f.allowed()))]
+    elif f.kind == schema.CHOICES:
+        out += [(["bogus"], "allowed " + ", ".join(f.allowed())), ([], "give at least one of")]
+    elif f.kind == schema.MS:
+        out += [("10", "expected list or int or float"), ([-1], "expected numbers >= 0"), ([f.high + 1], f"in 0..{f.high}")]
+    elif f.kind in (schema.INTEGER, schema.NUMBER):
+        out.append(("1", "expected int" if f.kind == schema.INTEGER else "expected int or float"))
+        if f.kind == schema.INTEGER:
+            out.append((1.5, "expected int"))
+        if f.positive:
+            out.append((0, "must be > 0"))
+        if f.high is not None:
+            out.append((f.high + 1, f"{f.high}"))
+        if f.low is not None:
+            out.append((f.low - 1, f"in {f.low}..{f.high}"))
+    return out
+
+
+GENERIC = [(f, value, fix) for f in schema.FIELDS if f.attr for value, fix in bad_values(f)]
+
+
+@pytest.mark.parametrize("f, value, fix", GENERIC, ids=[f"{f.key}={v!r}" for f, v, _ in GENERIC])
+def test_a_bad_value_names_the_field_and_the_fix(f: schema.Field, value: Any, fix: str):
+    data: dict[str, Any] = {f.name: value} if not f.section else {f.section: {f.name: value}}
+    with pytest.raises(InvalidArgument) as info:
+        parse_scenario(data)
+    message = str(info.value)
+    assert message.startswith(f.key + " "), message
+    assert fix in message, message
+
+
+@pytest.mark.parametrize("data, field, fix", [
+    ({"plan": {"ops": [0, 1]}}, "plan.ops", f"1 <= first <= last <= {schema.MAX_OPS:,}"),
+    ({"plan": {"ops": [1, 2, 3]}}, "plan.ops", "expected [first, last]"),
+    ({"plan": {"ops": "1"}}, "plan.ops", "expected list"),
+    ({"plan": {"phases": "some"}}, "plan.phases", 'use "all" or a list of admit'),
+    ({"run": {"jobs": 0}}, "run.jobs", f"1 to {schema.MAX_JOBS}"),
+    ({"run": {"jobs": "many"}}, "run.jobs", '"auto"'),
+    ({"run": {"ray_address": "h:1"}}, "run.ray_address", 'only read with run.executor = "ray"'),
+    ({"receiver": {"store": "mysql://x"}}, "receiver.store", "allowed 'sqlite', 'sqlite:PATH' or a postgresql:// URL"),
+    ({"workload": {"name": "nope"}}, "workload.name", "counter"),
+    ({"workload": {"params": {"opz": 3}}}, "workload.params", "allowed: "),
+    ({"plan": {"phase": ["admit"]}}, "plan.phase", "allowed in [plan]: " + ", ".join(schema.keys("plan"))),
+    ({"runs": {}}, "runs", "allowed in the top level: " + ", ".join(schema.keys(""))),
+    ({"run": 3}, "run", "expected a table [run]"),
+])
+def test_a_bad_value_of_a_field_of_its_own_form_names_it_and_the_fix(data: dict[str, Any], field: str, fix: str):
+    with pytest.raises(InvalidArgument) as info:
+        parse_scenario(data)
+    assert field in str(info.value) and fix in str(info.value), str(info.value)
+
+
+def test_the_top_level_keys_name_every_table():
+    assert set(schema.SECTIONS) == {"workload", "receiver", "pipeline", "plan", "run"}
+    assert schema.keys("") == ("name", "description", "include", *schema.SECTIONS, "variants")
