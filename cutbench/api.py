@@ -16,8 +16,10 @@ values, for a notebook or a script::
 :func:`open_run` checks the directory first, as ``cutbench analyze`` does:
 a missing or damaged table, a trial file that does not belong, or a trials
 table that lists other trials than ``trials/`` holds raise
-:class:`cutbench.errors.InvalidArgument` naming the file. Nothing here
-writes: :meth:`Run.reanalyze` recomputes verdicts in memory.
+:class:`cutbench.errors.InvalidArgument` naming the file. A packed run
+(``cutbench pack``: the trial files in one ``trials.tar.xz``) reads the same,
+and a damaged archive is named likewise. Nothing here writes:
+:meth:`Run.reanalyze` recomputes verdicts in memory.
 
 This module is the package's front door for code, as ``cutbench.__main__``
 is for the shell: it may import every room, and nothing inside the package
@@ -117,7 +119,8 @@ class Run:
         return list(self._records)
 
     def trial(self, trial_id: str) -> dict[str, Any]:
-        """Trial ``trial_id``'s stored file: ``spec`` (what ``cutbench replay`` reruns), ``record`` and ``verdict``.
+        """Trial ``trial_id``'s stored file (loose or packed): ``spec`` (what ``cutbench replay`` reruns), ``record``
+        and ``verdict``.
 
         :class:`InvalidArgument` when the run has no such trial (with the ids it has).
         """

@@ -219,6 +219,25 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print what was packed as JSON.")
+def pack(run_dir: str, as_json: bool) -> None:
+    """Pack RUN_DIR's per-trial records (trials/, references/) into one trials.tar.xz, in place.
+
+    replay, analyze, report and cutbench.open_run read a packed run as before.
+    A damaged run is refused (the file named, nothing changed); packing a
+    packed run changes nothing.
+    """
+    from cutbench.harness.store.pack import pack as pack_run
+
+    result = pack_run(run_dir)
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    else:
+        say(result.text())
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 def analyze(run_dir: str, as_json: bool) -> None:
     """Recompute every verdict of RUN_DIR from stored data; exit 1 if any differs."""

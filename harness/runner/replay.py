@@ -1,4 +1,4 @@
-"""Replay: rerun a stored trial from its spec, as a new run, and compare verdicts."""
+"""Replay: rerun a stored trial from its spec (a trial file, or a packed run's member), as a new run, and compare verdicts."""
 
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ class Replay:
 def replay(trial_file: str | Path, results_root: str | Path, *, workdir: str | Path | None = None) -> Replay:
     """Rerun the trial stored in ``trial_file`` as a new run under ``results_root``; return the :class:`Replay`.
 
+    ``<run>/trials/<id>.json`` of a packed run (``cutbench pack``) is read from
+    ``<run>/trials.tar.xz``: the command a summary or report printed still works.
     Raises :class:`~cutbench.errors.InvalidArgument` when the file is not a
     stored trial or its spec no longer validates.
     """

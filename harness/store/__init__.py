@@ -1,6 +1,8 @@
-"""The store: the run directory, its table layouts, and re-analysis of a stored run.
+"""The store: the run directory, its table layouts, re-analysis and packing of a stored run.
 
 ``rundir.RunDir`` is the only writer of results; ``tables`` says what one
 row of each table holds; ``analysis.reanalyze`` re-judges a stored run with
-the current checker. Nothing else in cutbench writes under ``results/``.
+the current checker; ``pack.pack`` moves a run's per-trial records into one
+``trials.tar.xz`` (``archive``: the format), which ``RunDir`` reads as it
+reads the files. Nothing else in cutbench writes under ``results/``.
 """

@@ -1,7 +1,7 @@
 """Re-analysis of stored runs and replay of stored trials.
 
 ``reanalyze`` recomputes every verdict of a run from what the run stored
-(``trials/<id>.json`` records and ``effects.parquet``) with the current
+(``trials/<id>.json`` records, loose or packed in ``trials.tar.xz``, and ``effects.parquet``) with the current
 oracle: pure reads, so the same data must give the same verdict. ``replay``
 reruns one stored trial exactly (same spec, same plan) as a new run and says
 whether its verdict reproduced.
@@ -98,7 +98,8 @@ def check_run(run: RunDir) -> list[dict[str, Any]]:
     listed = set(table["trial_id"]) if not table.empty else set()
     recorded = {r["spec"]["trial_id"] for r in records}
     if listed != recorded:
-        raise InvalidArgument(f"{run.path}: trials.parquet lists {len(listed)} trials and trials/ holds {len(recorded)} "
+        held = "trials/ and trials.tar.xz hold" if run.archive_path.exists() else "trials/ holds"
+        raise InvalidArgument(f"{run.path}: trials.parquet lists {len(listed)} trials and {held} {len(recorded)} "
                               f"records; they differ in {', '.join(sorted(listed ^ recorded)[:5])}")
     return records
 

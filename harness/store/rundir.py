@@ -12,6 +12,8 @@ Layout of ``results/<run-id>/``::
     trials/<id>.json    the trial's spec (for ``cutbench replay``), record and verdict, its timeline and
                         receiver rows (what ``cutbench run --resume`` keeps of it)
     references/<key>.json the ground truth recorded on this machine (workloads with ground_truth = "recorded")
+    trials.tar.xz       trials/ and references/ packed into one archive (``cutbench pack``; harness/store/archive.py):
+                        every reader below reads a record from it exactly as from its file
     summary.md          the human summary
 
 ``results/latest`` is a symlink to the newest run.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ import tomli_w
 from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 from cutbench.harness.model.timeline import CPU_COLUMNS
+from cutbench.harness.store import archive as _archive
 
 TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
@@ -66,9 +69,17 @@ def new_run_id(name: str) -> str:
 
 @dataclass
 class RunDir:
-    """A run directory being written or read."""
+    """A run directory being written or read.
+
+    Its per-trial records are files (``trials/<id>.json``, ``references/<key>.json``) as a run writes them,
+    or members of ``trials.tar.xz`` once packed (:mod:`~cutbench.harness.store.pack`), or both (a packed run
+    resumed): every reader here sees one set of records either way.
+    """
 
     path: Path
+    # The archive's members, read once per version of the file: (its mtime and size, the members).
+    _packed_cache: tuple[tuple[int, int], dict[str, bytes]] | None = field(default=None, init=False, repr=False,
+                                                                          compare=False)
 
     @property
     def run_id(self) -> str:
@@ -104,7 +115,8 @@ class RunDir:
         self.write_meta(meta)
 
     def trial_path(self, trial_id: str) -> Path:
-        """Where trial ``trial_id``'s file is (``trials/<trial_id>.json``), written or not."""
+        """Where trial ``trial_id``'s file is (``trials/<trial_id>.json``), written or not (packed: read it with
+        :func:`read_trial_file`, which finds it in the archive)."""
         return self.path / "trials" / f"{trial_id}.json"
 
     def write_trial(self, trial_id: str, record: dict[str, Any]) -> Path:
@@ -196,33 +208,77 @@ class RunDir:
         return None
 
     def trial_records(self) -> list[dict[str, Any]]:
-        """Every ``trials/*.json``, in trial order; :class:`InvalidArgument` naming a damaged or foreign one."""
-        # Plan order: t0001 … t9999, then t10000 … (a longer name is a later trial).
-        files = sorted((self.path / "trials").glob("*.json"), key=lambda p: (len(p.stem), p.stem))
+        """Every trial record (``trials/*.json``, loose or packed), in trial order; :class:`InvalidArgument`
+        naming a damaged or foreign one."""
+        files = self.record_files("trials")
         meta = self.meta()
         expected, run_id = meta.get("n_trials"), meta.get("run_id", self.run_id)  # a copied run keeps its run_id
         if expected is not None and len(files) != expected:
-            raise InvalidArgument(f"{self.path / 'trials'}: holds {len(files)} trial files, run.toml counts {expected} "
-                                  "(a damaged run directory)")
+            where = " and ".join(str(p) for p in (self.path / "trials", self.archive_path) if p.exists())
+            raise InvalidArgument(f"{where or self.path / 'trials'}: holds {len(files)} trial files, run.toml counts "
+                                  f"{expected} (a damaged run directory)")
         records = []
-        for p in files:
-            data = read_trial_file(p)
+        for label, raw in files.values():
+            data = _trial_document(label, raw)
             if data.get("run_id") not in (None, run_id):
-                raise InvalidArgument(f"{p}: belongs to run {data.get('run_id')!r}, not {run_id!r}")
+                raise InvalidArgument(f"{label}: belongs to run {data.get('run_id')!r}, not {run_id!r}")
             records.append(data)
         return records
 
-
     def references(self) -> dict[str, dict[str, Any]]:
-        """Every stored recorded reference, by key (none: ``{}``); :class:`InvalidArgument` naming a damaged file."""
+        """Every stored recorded reference (``references/*.json``, loose or packed), by key (none: ``{}``);
+        :class:`InvalidArgument` naming a damaged file."""
         out = {}
-        for path in sorted((self.path / "references").glob("*.json")):
-            data = read_document(path, json.loads, what="recorded reference", fmt="JSON",
-                                 errors=(json.JSONDecodeError, UnicodeDecodeError))
+        for name, (label, raw) in sorted(self.record_files("references").items()):
+            data = _json_document(label, raw, "recorded reference")
             if not isinstance(data, dict) or "payloads" not in data:
-                raise InvalidArgument(f"{path}: not a recorded reference (no 'payloads')")
-            out[path.stem] = data
+                raise InvalidArgument(f"{label}: not a recorded reference (no 'payloads')")
+            out[name.removesuffix(".json")] = data
         return out
+
+    # -- the records, loose or packed --------------------------------------
+    @property
+    def archive_path(self) -> Path:
+        """Where the run's packed records are (``trials.tar.xz``), packed or not."""
+        return self.path / _archive.ARCHIVE
+
+    def loose_records(self) -> list[Path]:
+        """The record files not (yet) packed: ``trials/*.json`` in trial order, then ``references/*.json``."""
+        return sorted([*(self.path / "trials").glob("*.json"), *(self.path / "references").glob("*.json")],
+                      key=lambda p: _archive.member_order(f"{p.parent.name}/{p.name}"))
+
+    def packed_records(self) -> dict[str, bytes]:
+        """The members of ``trials.tar.xz`` by name (``trials/t0001.json``); ``{}`` when the run is not packed.
+        :class:`InvalidArgument` naming the archive when it is damaged."""
+        path = self.archive_path
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return {}
+        version = (st.st_mtime_ns, st.st_size)
+        if self._packed_cache is None or self._packed_cache[0] != version:
+            self._packed_cache = (version, _archive.read(path))
+        return self._packed_cache[1]
+
+    def record_files(self, folder: str) -> dict[str, tuple[str, bytes]]:
+        """Every ``<folder>/*.json`` record of the run (``trials`` or ``references``), in trial order, by file name:
+        where it is (a path, or ``<run>/trials.tar.xz:trials/t0001.json``) and its bytes.
+
+        A record both packed and loose (a pack interrupted before it removed the files: pack again) must be the
+        same bytes; :class:`InvalidArgument` names both when they differ.
+        """
+        found: dict[str, tuple[str, bytes]] = {}
+        for member, raw in self.packed_records().items():
+            top, _, name = member.partition("/")
+            if top == folder:
+                found[name] = (f"{self.archive_path}:{member}", raw)
+        for p in sorted((self.path / folder).glob("*.json")):
+            raw = p.read_bytes()
+            if p.name in found and found[p.name][1] != raw:
+                raise InvalidArgument(f"{p}: differs from {found[p.name][0]}, the same record packed "
+                                      "(a damaged run directory)")
+            found[p.name] = (str(p), raw)
+        return dict(sorted(found.items(), key=lambda item: _archive.member_order(f"{folder}/{item[0]}")))
 
 
 def read_matrix(path: str | Path) -> pd.DataFrame:
@@ -250,10 +306,38 @@ def read_matrix(path: str | Path) -> pd.DataFrame:
 
 
 def read_trial_file(path: str | Path) -> dict[str, Any]:
-    """Load one stored trial JSON (for replay); raise InvalidArgument if it is not one."""
+    """Load one stored trial JSON (for replay); raise InvalidArgument if it is not one.
+
+    ``<run>/trials/<id>.json`` of a packed run is read from ``<run>/trials.tar.xz``: the path a summary or
+    report gives for a trial stays the one to replay after ``cutbench pack``.
+    """
+    p = Path(path)
+    packed = p.parent.parent / _archive.ARCHIVE
+    if p.parent.name == "trials" and not p.exists() and packed.is_file():
+        member = f"trials/{p.name}"
+        raw = _archive.read(packed).get(member)
+        if raw is None:
+            raise InvalidArgument(f"trial file {str(path)!r} does not exist, and {packed} does not hold {member}")
+        return _trial_document(f"{packed}:{member}", raw)
     data = read_document(path, json.loads, what="trial file", fmt="JSON", errors=(json.JSONDecodeError, UnicodeDecodeError))
+    return _trial_checked(str(path), data)
+
+
+def _json_document(label: str, raw: bytes, what: str) -> Any:
+    """A record's bytes parsed as JSON; :class:`InvalidArgument` naming ``what`` and where it is (``label``)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{what} {label!r} is not valid JSON: {exc}") from None
+
+
+def _trial_document(label: str, raw: bytes) -> dict[str, Any]:
+    return _trial_checked(label, _json_document(label, raw, "trial file"))
+
+
+def _trial_checked(label: str, data: Any) -> dict[str, Any]:
     if not isinstance(data, dict) or "spec" not in data:
-        raise InvalidArgument(f"{path}: not a cutbench trial file (no 'spec')")
+        raise InvalidArgument(f"{label}: not a cutbench trial file (no 'spec')")
     return data
 
 
