@@ -72,9 +72,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def criu():
     """The CRIU install the tests use; raises (fails the test) when CRIU is unusable."""
-    from cutbench.harness.environment import criu_tool
+    from cutbench.harness.environment.criu import locate
 
-    return criu_tool.require_criu()
+    return locate.require_criu()
 
 
 @pytest.fixture

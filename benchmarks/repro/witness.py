@@ -144,9 +144,9 @@ def witnesses(names: list[str]) -> list[Any]:
 
 def criu_argv() -> list[str]:
     """CRIU as cutbench finds it."""
-    from cutbench.harness.environment import criu_tool
+    from cutbench.harness.environment.criu import locate
 
-    return list(criu_tool.require_criu().argv)
+    return list(locate.require_criu().argv)
 
 
 @dataclass

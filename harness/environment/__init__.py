@@ -1,6 +1,6 @@
 """The environment: what this machine offers, and how to provision what it lacks.
 
-``criu_tool`` finds, checks and installs CRIU; ``gpu_probe`` and
+``criu/`` finds, checks and installs CRIU (its ``__init__`` maps the modules); ``gpu_probe`` and
 ``gpu_mem`` ask the GPU and driver; ``doctor`` turns all of it into a list of
 checks with fixes; ``record`` is the environment stored with every run;
 ``cpu_account`` reads what a trial's processes spend, per stage (their CPU

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cutbench
-from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment.criu import locate, plugin
 from cutbench.harness.environment import gpu_probe
 
 OK, MISSING, WARN, FAIL = "ok", "missing", "warn", "fail"
@@ -86,20 +86,20 @@ def check_kernel() -> Check:
     return Check("kernel", OK, detail)
 
 
-def check_criu(prefix: Path | None = None) -> tuple[Check, criu_tool.CriuInstall | None]:
+def check_criu(prefix: Path | None = None) -> tuple[Check, locate.CriuInstall | None]:
     """CRIU path, version, source and `criu check` verdict; also returns the install found."""
-    cand = criu_tool.find_criu(prefix)
+    cand = locate.find_criu(prefix)
     if cand is None:
-        return Check("criu", MISSING, criu_tool.diagnose(prefix).split("\nFix:")[0], criu_tool.FIX), None
+        return Check("criu", MISSING, locate.diagnose(prefix).split("\nFix:")[0], locate.FIX), None
     # find_criu only returns an install that passed `criu check`.
     return Check("criu", OK, f"{cand.version} ({cand.source}) {cand.argv[-1]}; criu check: Looks good."), cand
 
 
-def check_network_lock(install: criu_tool.CriuInstall | None) -> Check:
+def check_network_lock(install: locate.CriuInstall | None) -> Check:
     """Whether CRIU can lock the network around a TCP dump: nftables (built in) or iptables."""
     if install is None:
         return Check("network lock", MISSING, "no CRIU to ask", "install CRIU first (see criu)")
-    nft = criu_tool.check_feature(install, "network_lock_nftables")
+    nft = locate.check_feature(install, "network_lock_nftables")
     ipt = shutil.which("iptables-restore") is not None
     if nft:
         return Check("network lock", OK, "nftables (use --network-lock nftables)"
@@ -157,21 +157,21 @@ def install_hint(extra: str = "") -> str:
     return f"pip install -e '.{spec}'" if cutbench.source_checkout() else f"pip install 'cutbench{spec}'"
 
 
-def check_criu_cuda_plugin(prefix: Path | None = None, install: criu_tool.CriuInstall | None = None) -> Check:
+def check_criu_cuda_plugin(prefix: Path | None = None, install: locate.CriuInstall | None = None) -> Check:
     """CRIU's CUDA plugin for the ``criu-cuda-plugin`` backend: found at PATH or not built; missing is fine.
 
     With the CRIU ``install`` found, a plugin built for another CRIU version is a warning.
     """
     name = "criu cuda plugin"
-    missing = criu_tool.plugin_missing(prefix)
+    missing = plugin.plugin_missing(prefix)
     if missing:
         problem, fix = missing
         return Check(name, MISSING, problem, f"{fix} (only for the `criu-cuda-plugin` backend; needs gcc, make, libc6-dev)")
-    env = os.environ.get(criu_tool.PLUGIN_ENV)
-    found = criu_tool.plugin_dir(prefix)
+    env = os.environ.get(plugin.PLUGIN_ENV)
+    found = plugin.plugin_dir(prefix)
     assert found is not None  # plugin_missing found it
-    record = criu_tool.plugin_record(found)
-    detail = f"found at {found / criu_tool.PLUGIN}" + (f" (from ${criu_tool.PLUGIN_ENV})" if env else "")
+    record = plugin.plugin_record(found)
+    detail = f"found at {found / plugin.PLUGIN}" + (f" (from ${plugin.PLUGIN_ENV})" if env else "")
     if record:
         detail += f"; built for CRIU {record.get('criu_version')} from {record.get('source')}"
     if install is not None and record and record.get("criu_version") != install.version:

@@ -182,9 +182,9 @@ def criu_path_env() -> dict[str, str]:
     install``) has a wrapper in ``PREFIX/bin``. Raises
     :class:`~cutbench.errors.Unavailable` (with the fix) without a CRIU >= 4.2.
     """
-    from cutbench.harness.environment import criu_tool
+    from cutbench.harness.environment.criu import locate
 
-    install = criu_tool.require_criu()
+    install = locate.require_criu()
     if install.source == "bundled" and install.prefix is not None:
         bindir = str(install.prefix / "bin")
     else:

@@ -56,9 +56,9 @@ def collect() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        from cutbench.harness.environment import criu_tool
+        from cutbench.harness.environment.criu import locate
 
-        install = criu_tool.require_criu()  # cached: the run already found it
+        install = locate.require_criu()  # cached: the run already found it
         env["criu"] = {"version": install.version, "source": install.source, "argv": " ".join(install.argv)}
     except Unavailable:
         pass  # no usable CRIU: nothing to record (doctor says why)

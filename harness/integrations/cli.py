@@ -482,13 +482,14 @@ def criu_install(prefix: str | None, download_only: str | None, from_dir: str | 
     """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
     import os
 
-    from cutbench.harness.environment import criu_tool
+    from cutbench.harness.environment.criu.install import install
+    from cutbench.harness.environment.criu.plugin import PLUGIN, PLUGIN_ENV, installed_plugin_dir
 
     prefix_path = Path(prefix) if prefix else None
-    result = criu_tool.install(prefix_path, download_only=Path(download_only) if download_only else None,
-                               from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror,
-                               with_cuda_plugin=with_cuda_plugin)
-    plugin = criu_tool.installed_plugin_dir(prefix_path) / criu_tool.PLUGIN if with_cuda_plugin and result else None
+    result = install(prefix_path, download_only=Path(download_only) if download_only else None,
+                     from_dir=Path(from_dir) if from_dir else None, suite=suite, force=force, mirror=mirror,
+                     with_cuda_plugin=with_cuda_plugin)
+    plugin = installed_plugin_dir(prefix_path) / PLUGIN if with_cuda_plugin and result else None
     if as_json:
         click.echo(json.dumps({"downloaded_to": download_only} if result is None else
                               {"version": result.version, "source": result.source, "argv": list(result.argv),
@@ -500,9 +501,9 @@ def criu_install(prefix: str | None, download_only: str | None, from_dir: str | 
     say(f"CRIU {result.version} ready ({result.source}): {' '.join(result.argv)}")
     if plugin:
         say(f"CRIU CUDA plugin ready: {plugin}")
-        env = os.environ.get(criu_tool.PLUGIN_ENV)
+        env = os.environ.get(PLUGIN_ENV)
         if env and Path(env) != plugin.parent:
-            say(f"note: {criu_tool.PLUGIN_ENV}={env} is set and wins over it; unset it to use this plugin")
+            say(f"note: {PLUGIN_ENV}={env} is set and wins over it; unset it to use this plugin")
 
 
 @cli.group()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment.criu import install, locate, unpack
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 
@@ -24,7 +24,7 @@ PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 def debs(tmp_path_factory) -> Path:
     """criu and its dependencies downloaded once from the machine's Debian mirror."""
     d = tmp_path_factory.mktemp("debs")
-    assert criu_tool.install(download_only=d) is None
+    assert install.install(download_only=d) is None
     return d
 
 
@@ -39,44 +39,44 @@ def test_download_only_fetches_criu_and_its_libraries(debs):
 @pytest.mark.criu
 def test_install_from_dir_into_prefix(debs, tmp_path):
     prefix = tmp_path / "prefix"
-    inst = criu_tool.install(prefix, from_dir=debs, force=True)
+    inst = install.install(prefix, from_dir=debs, force=True)
     assert inst is not None and inst.source == "bundled" and inst.prefix == prefix
-    assert criu_tool.version_ok(inst)
+    assert locate.version_ok(inst)
     assert inst.argv[0].startswith(str(prefix)) and "--library-path" in inst.argv
-    ok, out = criu_tool.check(inst)
+    ok, out = locate.check(inst)
     assert ok, out
     # The relocatable wrapper runs the same CRIU.
     p = subprocess.run([str(prefix / "bin" / "criu"), "--version"], capture_output=True, text=True)
     assert f"Version: {inst.version}" in p.stdout
     # Idempotent: a second call finds the working install and does not unpack again.
     mtime = (prefix / "root").stat().st_mtime_ns
-    assert criu_tool.install(prefix, from_dir=debs) is not None
+    assert install.install(prefix, from_dir=debs) is not None
     assert (prefix / "root").stat().st_mtime_ns == mtime
-    assert criu_tool.find_criu(prefix) == inst
+    assert locate.find_criu(prefix) == inst
 
 
 @pytest.mark.criu
 def test_python_unpacker_matches_dpkg_deb(debs, tmp_path):
     deb = next(debs.glob("libcompel1_*.deb"))
     a, b = tmp_path / "a", tmp_path / "b"
-    criu_tool.unpack_deb(deb, a)
-    criu_tool._unpack_deb_python(deb, b)
+    unpack.unpack_deb(deb, a)
+    unpack._unpack_deb_python(deb, b)
     files = lambda r: sorted(str(p.relative_to(r)) for p in r.rglob("*"))  # noqa: E731
     assert files(a) == files(b) and files(a)
 
 
 @pytest.mark.criu
 def test_require_criu_passes_criu_check():
-    inst = criu_tool.require_criu()  # raises (test fails) when CRIU is not provisioned
-    assert criu_tool.version_ok(inst)
-    ok, out = criu_tool.check(inst)
+    inst = locate.require_criu()  # raises (test fails) when CRIU is not provisioned
+    assert locate.version_ok(inst)
+    ok, out = locate.check(inst)
     assert ok, out
-    assert criu_tool.require_criu() is inst  # cached per process
+    assert locate.require_criu() is inst  # cached per process
 
 
 @pytest.mark.criu
 def test_dump_and_restore_a_sleeping_process(tmp_path):
-    inst = criu_tool.require_criu()
+    inst = locate.require_criu()
     libc = ctypes.CDLL(None, use_errno=True)
     was = ctypes.c_int(0)
     libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)

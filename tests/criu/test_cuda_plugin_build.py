@@ -19,21 +19,22 @@ from pathlib import Path
 import pytest
 
 from cutbench.errors import Unavailable
-from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment.criu import apt, install, locate, plugin_build
+from cutbench.harness.environment.criu import plugin as criu_plugin
 from tests.fixtures.run_fixtures import cli
 
-CACHE = criu_tool.default_prefix() / "test-cuda-plugin"
+CACHE = locate.default_prefix() / "test-cuda-plugin"
 
 
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory) -> Path:
     """What an offline machine needs, downloaded once per run from the machine's Debian mirror."""
     d = tmp_path_factory.mktemp("offline")
-    assert criu_tool.install(download_only=d, with_cuda_plugin=True) is None
+    assert install.install(download_only=d, with_cuda_plugin=True) is None
     return d
 
 
-def _dump_log_with(criu: criu_tool.CriuInstall, libdir: Path, tmp_path: Path) -> str:
+def _dump_log_with(criu: locate.CriuInstall, libdir: Path, tmp_path: Path) -> str:
     """CRIU's -v4 log of a `criu dump --libdir LIBDIR --leave-running` of a sleeping process."""
     child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -51,14 +52,14 @@ def _dump_log_with(criu: criu_tool.CriuInstall, libdir: Path, tmp_path: Path) ->
 
 def test_download_only_fetches_the_source_of_the_same_criu(source_dir):
     deb = next(source_dir.glob("criu_*.deb"))
-    version = criu_tool.upstream_version(deb.name.split("_")[1])
+    version = apt.upstream_version(deb.name.split("_")[1])
     assert (source_dir / f"criu_{version}.orig.tar.xz").is_file()
     assert list((source_dir / "build-deps").glob("libcap-dev_*.deb"))
     assert not list(source_dir.glob("libcap-dev_*.deb"))  # kept out of the CRIU tree --from unpacks
 
 
 def test_install_from_dir_builds_a_plugin_that_criu_loads(source_dir, monkeypatch, tmp_path):
-    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
+    monkeypatch.delenv(criu_plugin.PLUGIN_ENV, raising=False)
     t0 = time.monotonic()
     proc = cli("criu", "install", "--prefix", str(CACHE), "--from", str(source_dir), "--with-cuda-plugin", "--json")
     took = time.monotonic() - t0
@@ -66,13 +67,13 @@ def test_install_from_dir_builds_a_plugin_that_criu_loads(source_dir, monkeypatc
     said = json.loads(proc.stdout)
     plugin = CACHE / "lib" / "criu" / "cuda_plugin.so"
     assert said["cuda_plugin"] == str(plugin) and plugin.is_file()
-    criu = criu_tool.bundled(CACHE)
+    criu = locate.bundled(CACHE)
     assert criu is not None and said["version"] == criu.version
-    record = criu_tool.plugin_record(plugin.parent)
+    record = criu_plugin.plugin_record(plugin.parent)
     assert record["criu_version"] == criu.version and record["source"] == f"criu_{criu.version}.orig.tar.xz"
     print(f"criu install --from DIR --with-cuda-plugin: {took:.1f} s (plugin: {record['took_s']} s)")
     # Found where the backend looks, without CUTBENCH_CRIU_PLUGIN_DIR.
-    assert criu_tool.plugin_dir(CACHE) == plugin.parent
+    assert criu_plugin.plugin_dir(CACHE) == plugin.parent
     # CRIU itself loads it: the dump would fail on a plugin it cannot dlopen or verify.
     assert 'Plugin "cuda_plugin"' in _dump_log_with(criu, plugin.parent, tmp_path)
 
@@ -83,20 +84,20 @@ def _identity(path: Path) -> tuple[int, int]:
 
 
 def test_a_second_install_keeps_the_plugin_and_force_rebuilds_from_the_cache(source_dir):
-    plugin = criu_tool.install_cuda_plugin(CACHE, from_dir=source_dir)  # built by the test above
+    plugin = plugin_build.install_cuda_plugin(CACHE, from_dir=source_dir)  # built by the test above
     before = _identity(plugin)
-    assert criu_tool.install(CACHE, from_dir=source_dir, with_cuda_plugin=True) is not None
+    assert install.install(CACHE, from_dir=source_dir, with_cuda_plugin=True) is not None
     assert _identity(plugin) == before  # untouched
     # The kept build: the source tree unpacked under PREFIX/build/<name>-<sha256 prefix>/src, and the plugin
-    # make built in it (criu_tool.build_cuda_plugin's layout).
-    tarball = criu_tool.plugin_source_in(source_dir, criu_tool.bundled(CACHE).version)
+    # make built in it (plugin_build.build_cuda_plugin's layout).
+    tarball = plugin_build.plugin_source_in(source_dir, locate.bundled(CACHE).version)
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
     tree = CACHE / "build" / f"{tarball.name.split('.orig.tar')[0]}-{digest}" / "src"
-    built = tree / "plugins" / "cuda" / criu_tool.PLUGIN
+    built = tree / "plugins" / "cuda" / criu_plugin.PLUGIN
     assert built.is_file(), f"no kept build at {built}"
     kept_tree, kept_built = tree.stat().st_ino, _identity(built)
     t0 = time.monotonic()
-    assert criu_tool.install_cuda_plugin(CACHE, from_dir=source_dir, force=True) == plugin
+    assert plugin_build.install_cuda_plugin(CACHE, from_dir=source_dir, force=True) == plugin
     took = time.monotonic() - t0
     assert _identity(plugin) != before  # checked again and swapped in
     # The rebuild used the cache: the tree was not unpacked again, and make found the plugin up to date
@@ -107,7 +108,7 @@ def test_a_second_install_keeps_the_plugin_and_force_rebuilds_from_the_cache(sou
 
 
 def test_verify_rejects_a_plugin_criu_cannot_load(tmp_path):
-    criu = criu_tool.require_criu()
+    criu = locate.require_criu()
     (tmp_path / "cuda_plugin.so").write_bytes(b"not an ELF file\n")
     with pytest.raises(Unavailable, match="does not load"):
-        criu_tool.verify_plugin(criu, tmp_path)
+        plugin_build.verify_plugin(criu, tmp_path)

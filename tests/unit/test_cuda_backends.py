@@ -10,7 +10,7 @@ import pytest
 
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import gpu_mem
-from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment.criu import plugin
 from cutbench.harness.nemesis.backends.cuda import CudaCallError, CudaProcs, CudaStages
 from cutbench.harness.nemesis.backends.cuda_checkpoint_util import UtilityDriver
 from cutbench.errors import StageRefused
@@ -56,16 +56,16 @@ def test_utility_driver_reads_state_and_maps_errors(tmp_path):
 
 
 def test_plugin_backend_says_what_is_missing(monkeypatch, tmp_path):
-    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
-    assert criu_tool.PLUGIN_ENV in criu_tool.plugin_unavailable_reason()
-    monkeypatch.setenv(criu_tool.PLUGIN_ENV, str(tmp_path))
-    assert "holds no cuda_plugin.so" in criu_tool.plugin_unavailable_reason()
+    monkeypatch.delenv(plugin.PLUGIN_ENV, raising=False)
+    assert plugin.PLUGIN_ENV in plugin.plugin_unavailable_reason()
+    monkeypatch.setenv(plugin.PLUGIN_ENV, str(tmp_path))
+    assert "holds no cuda_plugin.so" in plugin.plugin_unavailable_reason()
     (tmp_path / "cuda_plugin.so").write_bytes(b"")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert "cuda-checkpoint" in criu_tool.plugin_unavailable_reason()
+    assert "cuda-checkpoint" in plugin.plugin_unavailable_reason()
     fake_tool(tmp_path, "exit 0\n")
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ.get("PATH", ""))
-    assert criu_tool.plugin_unavailable_reason() is None
+    assert plugin.plugin_unavailable_reason() is None
     assert checkpointers.get("criu-cuda-plugin").extra_args == ("--libdir", str(tmp_path))
 
 

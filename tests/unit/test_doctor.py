@@ -6,7 +6,7 @@ import sys
 import types
 
 
-from cutbench.harness.environment import criu_tool
+from cutbench.harness.environment.criu import locate, plugin
 from cutbench.harness.environment import doctor
 from cutbench.harness.environment import gpu_probe
 from tests.conftest import REPO
@@ -128,7 +128,7 @@ def test_probe_with_fake_cuda_modules(monkeypatch):
 
 
 def test_criu_cuda_plugin_not_built_names_the_install_command(monkeypatch, tmp_path):
-    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
+    monkeypatch.delenv(plugin.PLUGIN_ENV, raising=False)
     c = doctor.check_criu_cuda_plugin(tmp_path)
     assert c.status == "missing" and str(tmp_path / "lib" / "criu" / "cuda_plugin.so") in c.detail
     assert "cutbench criu install --with-cuda-plugin" in c.fix
@@ -136,16 +136,16 @@ def test_criu_cuda_plugin_not_built_names_the_install_command(monkeypatch, tmp_p
 
 
 def test_criu_cuda_plugin_found_at_its_path_with_its_record(monkeypatch, tmp_path):
-    monkeypatch.delenv(criu_tool.PLUGIN_ENV, raising=False)
+    monkeypatch.delenv(plugin.PLUGIN_ENV, raising=False)
     lib = tmp_path / "lib" / "criu"
     lib.mkdir(parents=True)
     (lib / "cuda_plugin.so").write_bytes(b"")
     (lib / "cuda_plugin.json").write_text('{"criu_version": "4.2.1", "source": "criu_4.2.1.orig.tar.xz"}')
-    criu = criu_tool.CriuInstall(("criu",), "4.2.1", "bundled", tmp_path)
+    criu = locate.CriuInstall(("criu",), "4.2.1", "bundled", tmp_path)
     c = doctor.check_criu_cuda_plugin(tmp_path, criu)
     assert c.status == "ok" and c.detail.startswith(f"found at {lib / 'cuda_plugin.so'}")
     assert "built for CRIU 4.2.1 from criu_4.2.1.orig.tar.xz" in c.detail
-    newer = criu_tool.CriuInstall(("criu",), "4.3", "bundled", tmp_path)
+    newer = locate.CriuInstall(("criu",), "4.3", "bundled", tmp_path)
     c = doctor.check_criu_cuda_plugin(tmp_path, newer)
     assert c.status == "warn" and "the CRIU found is 4.3" in c.detail
     assert "--with-cuda-plugin --force" in c.fix
@@ -154,11 +154,11 @@ def test_criu_cuda_plugin_found_at_its_path_with_its_record(monkeypatch, tmp_pat
 def test_criu_cuda_plugin_variable_wins(monkeypatch, tmp_path):
     (tmp_path / "lib" / "criu").mkdir(parents=True)
     (tmp_path / "lib" / "criu" / "cuda_plugin.so").write_bytes(b"")
-    monkeypatch.setenv(criu_tool.PLUGIN_ENV, str(tmp_path / "elsewhere"))
+    monkeypatch.setenv(plugin.PLUGIN_ENV, str(tmp_path / "elsewhere"))
     c = doctor.check_criu_cuda_plugin(tmp_path)
-    assert c.status == "missing" and f"{criu_tool.PLUGIN_ENV}={tmp_path / 'elsewhere'} holds no cuda_plugin.so" in c.detail
+    assert c.status == "missing" and f"{plugin.PLUGIN_ENV}={tmp_path / 'elsewhere'} holds no cuda_plugin.so" in c.detail
     assert "cutbench criu install --with-cuda-plugin" in c.fix
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "cuda_plugin.so").write_bytes(b"")
     c = doctor.check_criu_cuda_plugin(tmp_path)
-    assert c.status == "ok" and str(tmp_path / "elsewhere") in c.detail and criu_tool.PLUGIN_ENV in c.detail
+    assert c.status == "ok" and str(tmp_path / "elsewhere") in c.detail and plugin.PLUGIN_ENV in c.detail

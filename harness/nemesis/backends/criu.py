@@ -33,9 +33,9 @@ NETWORK_LOCK = "nftables"
 
 
 def _criu_argv() -> tuple[str, ...]:
-    from cutbench.harness.environment import criu_tool
+    from cutbench.harness.environment.criu import locate
 
-    return criu_tool.require_criu().argv
+    return locate.require_criu().argv
 
 
 def criu_error_tail(log: Path, limit: int = 6) -> str:
