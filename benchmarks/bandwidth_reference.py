@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
+from cutbench.harness.environment.doctor import mount_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -97,21 +98,7 @@ def parse_size(text: str) -> int:
 def fs_type(path: str | Path) -> str:
     """The file system type of the mount holding ``path`` (``tmpfs``, ``ext4``, …; "" when /proc/self/mounts says
     nothing of it)."""
-    target = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                point = parts[1].replace("\\040", " ")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, parts[2]
-    except OSError:
-        return ""
-    return kind
+    return mount_of(path)[1]
 
 
 def measure(fn: Callable[[], Any], repeat: int, *, before: Callable[[], Any] | None = None,

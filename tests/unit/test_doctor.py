@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
 
 from cutbench.harness.environment.criu import locate, plugin
 from cutbench.harness.environment import doctor
@@ -162,3 +163,30 @@ def test_criu_cuda_plugin_variable_wins(monkeypatch, tmp_path):
     (tmp_path / "elsewhere" / "cuda_plugin.so").write_bytes(b"")
     c = doctor.check_criu_cuda_plugin(tmp_path)
     assert c.status == "ok" and str(tmp_path / "elsewhere") in c.detail and plugin.PLUGIN_ENV in c.detail
+
+
+MOUNTS = """tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0
+/dev/vda / ext4 rw,relatime 0 0
+cutbench-images /mnt/cutbench-images tmpfs rw,relatime,size=100663296k,huge=always 0 0
+tmpfs /mnt/small tmpfs rw,huge=within_size 0 0
+"""
+
+
+@pytest.mark.parametrize("path, status, words", [
+    ("/mnt/cutbench-images/run1", "ok", "huge=always"),
+    ("/mnt/small", "ok", "huge=within_size"),
+    ("/dev/shm", "warn", "without huge pages (huge=never)"),
+    ("/var/tmp/images", "warn", "on ext4, not tmpfs"),
+])
+def test_the_images_dir_check_wants_a_tmpfs_with_huge_pages(path, status, words):
+    c = doctor.check_images_dir(path, MOUNTS)
+    assert c.status == status and words in c.detail
+    if status == "warn":
+        assert "pipeline.images_dir" in c.fix and c not in doctor.problems([c])  # advice, not a problem
+
+
+def test_mount_of_takes_the_innermost_mount_and_nothing_for_unknown_text():
+    assert doctor.mount_of("/mnt/cutbench-images/a/b", MOUNTS) == ("/mnt/cutbench-images", "tmpfs",
+                                                                   ("rw", "relatime", "size=100663296k", "huge=always"))
+    assert doctor.mount_of("/x", "") == ("", "", ())
+    assert doctor.check_images_dir("/x", "").status == "warn"
