@@ -69,7 +69,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_driver_calls_free_the_gpu_and_restore_contents_in_place(tmp_path):
-    from cutbench.harness.nemesis.backends.cuda import CudaDriver
+    from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver
 
     go = tmp_path / "go"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(go)], stdout=subprocess.PIPE, text=True)
@@ -222,7 +222,7 @@ def test_driver_remap_onto_a_full_gpu(tmp_path):
     """The driver's own answer to a remap that cannot fit, and whether the process comes back afterwards."""
     import os
 
-    from cutbench.harness.nemesis.backends.cuda import CudaCallError, CudaDriver
+    from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, CudaDriver
 
     drv = CudaDriver()
     gpus = drv.gpu_uuids()

@@ -11,7 +11,9 @@ import pytest
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.environment.criu import plugin
-from cutbench.harness.nemesis.backends.cuda import CudaCallError, CudaProcs, CudaStages
+from cutbench.harness.nemesis.backends.cuda import CudaStages
+from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs
+from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError
 from cutbench.harness.nemesis.backends.cuda_checkpoint_util import UtilityDriver
 from cutbench.errors import StageRefused
 

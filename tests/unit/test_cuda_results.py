@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cutbench.harness.nemesis.backends.cuda import RESULTS, CudaCallError, classify
+from cutbench.harness.nemesis.backends.cuda import classify
+from cutbench.harness.nemesis.backends.cuda_driver import RESULTS, CudaCallError
 from cutbench.errors import StageFailed, StageRefused
 
 

@@ -1,12 +1,22 @@
-"""``cuda``: the CUDA driver's process checkpoint calls, in place.
+"""``cuda``: the CUDA stages every CUDA backend runs, and the ``cuda`` backend (the driver's checkpoint calls, in place).
 
 The harness process drives ``cuCheckpointProcess{GetState,Lock,Checkpoint,
-Restore,Unlock}`` (``cuda.bindings.driver``) on the workload's CUDA processes:
-every process of the workload's tree that the driver knows (one per rank for
-multi-GPU workloads). On its own this backend suspends and resumes in place
-(fault ``none``): after ``Checkpoint`` the process holds no GPU memory, after
-``Restore`` + ``Unlock`` it runs on. ``cuda+criu`` (``cuda_criu.py``) and
-``cuda-checkpoint`` reuse the stages defined here.
+Restore,Unlock}`` on the workload's CUDA processes: every process of the
+workload's tree that the driver knows (one per rank for multi-GPU workloads).
+On its own this backend suspends and resumes in place (fault ``none``): after
+``Checkpoint`` the process holds no GPU memory, after ``Restore`` + ``Unlock``
+it runs on. ``cuda+criu`` (``cuda_criu.py``) and ``cuda-checkpoint`` reuse the
+stages defined here.
+
+This module owns the stages (:class:`CudaStages`: ``cuda_discover``,
+``cuda_lock``, ``cuda_checkpoint``, ``cuda_restore``, ``cuda_unlock``, each
+driver call timed and bounded by the stage timeout), what a failed call means
+for the cut (:func:`classify`, :class:`RemapRefused`) and the ``cuda`` backend
+(:class:`CudaCheckpointer`). It must not call cuda-python or hold a copy of
+the driver's error table: every call goes through a
+:class:`~cutbench.harness.nemesis.backends.cuda_driver.DriverApi`
+(``cuda_driver.py``: the binding and its error table), and what there is to
+cut is :mod:`~cutbench.harness.nemesis.backends.cuda_discovery`'s to find.
 
 Failure semantics (issue "the real GPU pipeline"):
 
@@ -29,15 +39,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from cutbench.harness.environment import gpu_mem, gpu_probe
-from cutbench.harness.environment.cpu_account import helper_thread
-from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.errors import HarnessFault, StageFailed, StageRefused, hung_reason
+from cutbench.harness.environment import gpu_mem
+from cutbench.harness.environment.cpu_account import helper_thread
+from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs, bindings_unavailable_reason, find_cuda_processes
+from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, CudaDriver, DriverApi
+from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
+
 
 # A lock waits for in-flight device work; a kernel that never finishes makes it
 # time out. Bounded so that such a cut is refused quickly, not after the whole
@@ -46,50 +57,8 @@ LOCK_TIMEOUT_S = 5.0
 # Head-room a remap target must have beyond the bytes moving onto it.
 REMAP_MARGIN = 256 << 20
 
-# Process states as the driver names them (CUprocessState), lower-cased.
 # The stages this module times (their names are the timeline rows and the `<stage>_s` columns).
 CUDA_STAGES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock")
-
-STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
-
-# Every CUresult the checkpoint calls document, with what it means here. Codes
-# are cuda.h's; the names are checked against cuda-bindings where installed.
-RESULTS: dict[str, tuple[int, str]] = {
-    "CUDA_SUCCESS": (0, "success"),
-    "CUDA_ERROR_INVALID_VALUE": (1, "bad argument, or the pid is not a CUDA process"),
-    "CUDA_ERROR_OUT_OF_MEMORY": (2, "not enough memory on the GPU to restore onto"),
-    "CUDA_ERROR_NOT_INITIALIZED": (3, "the calling process did not initialise the driver (cuInit)"),
-    "CUDA_ERROR_DEINITIALIZED": (4, "the driver is shutting down in the calling process"),
-    "CUDA_ERROR_NO_DEVICE": (100, "no CUDA device is visible"),
-    "CUDA_ERROR_INVALID_DEVICE": (101, "the GPU to restore onto is not usable for this process"),
-    "CUDA_ERROR_INVALID_CONTEXT": (201, "the process's context cannot be restored here"),
-    "CUDA_ERROR_OPERATING_SYSTEM": (304, "an operating-system call inside the driver failed"),
-    "CUDA_ERROR_ILLEGAL_STATE": (401, "the process is not in the state this call needs"),
-    "CUDA_ERROR_NOT_FOUND": (500, "no such process, or it has no CUDA state"),
-    "CUDA_ERROR_NOT_READY": (600, "timed out waiting for in-flight work to finish (lock timeout)"),
-    "CUDA_ERROR_NOT_PERMITTED": (800, "the caller may not checkpoint this process"),
-    "CUDA_ERROR_NOT_SUPPORTED": (801, "the driver cannot checkpoint what this process uses"),
-    "CUDA_ERROR_SYSTEM_NOT_READY": (802, "the driver or fabric is not ready"),
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": (803, "driver and kernel module versions differ"),
-    "CUDA_ERROR_TIMEOUT": (909, "the operation timed out"),
-    "CUDA_ERROR_UNKNOWN": (999, "unknown driver error"),
-}
-_BY_CODE = {code: name for name, (code, _) in RESULTS.items()}
-
-
-class CudaCallError(Exception):
-    """A checkpoint call returned an error (or could not be made)."""
-
-    def __init__(self, call: str, pid: int, code: int, name: str = "", text: str = ""):
-        self.call, self.pid, self.code = call, pid, code
-        self.name = name or _BY_CODE.get(code, f"CUresult {code}")
-        self.meaning = RESULTS.get(self.name, (code, "error not documented for checkpoint calls"))[1]
-        self.text = text
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        extra = f"; driver says: {self.text}" if self.text and self.text not in self.meaning else ""
-        return f"{self.call}(pid {self.pid}) -> {self.name}: {self.meaning}{extra}"
 
 
 def classify(stage: str, error: CudaCallError, states_after: Sequence[str]) -> StageRefused | StageFailed:
@@ -117,166 +86,7 @@ class RemapRefused(StageRefused):
         self.resumed_pid = resumed_pid
 
 
-class DriverApi(Protocol):
-    """The five checkpoint calls, by pid. Errors raise :class:`CudaCallError`."""
-
-    supports_remap: bool
-
-    def get_state(self, pid: int) -> str:
-        """The process state (one of :data:`STATES`)."""
-        ...
-
-    def lock(self, pid: int, timeout_ms: int) -> None: ...
-
-    def checkpoint(self, pid: int) -> None: ...
-
-    def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
-        """Restore; ``pairs`` are (old GPU UUID, new GPU UUID) in nvidia-smi form."""
-        ...
-
-    def unlock(self, pid: int) -> None: ...
-
-    def gpu_uuids(self) -> list[str]:
-        """UUIDs of the GPUs this process can see, in device order."""
-        ...
-
-
-class CudaDriver:
-    """:class:`DriverApi` through ``cuda.bindings.driver`` (cuda-python >= 12.8 bindings)."""
-
-    supports_remap = True
-
-    def __init__(self) -> None:
-        from cuda.bindings import driver as drv  # type: ignore[import-not-found]
-
-        self.drv = drv
-        # Restore needs cuInit in the calling process (or persistence mode).
-        self._check("cuInit", 0, drv.cuInit(0))
-        self._uuids: dict[str, Any] | None = None
-
-    def _check(self, call: str, pid: int, result: Any) -> Any:
-        err = result[0] if isinstance(result, tuple) else result
-        code = int(err)
-        if code != 0:
-            text = ""
-            try:
-                _, msg = self.drv.cuGetErrorString(err)
-                text = msg.decode() if isinstance(msg, bytes) else str(msg)
-            except Exception:
-                pass
-            raise CudaCallError(call, pid, code, getattr(err, "name", ""), text)
-        return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-
-    def get_state(self, pid: int) -> str:
-        """The state of ``pid`` as the driver reports it."""
-        state = self._check("cuCheckpointProcessGetState", pid, self.drv.cuCheckpointProcessGetState(pid))
-        return state.name.removeprefix("CU_PROCESS_STATE_").lower()
-
-    def lock(self, pid: int, timeout_ms: int) -> None:
-        """Block further CUDA calls of ``pid``; gives up after ``timeout_ms`` (process left RUNNING)."""
-        args = self.drv.CUcheckpointLockArgs()
-        args.timeoutMs = int(timeout_ms)
-        self._check("cuCheckpointProcessLock", pid, self.drv.cuCheckpointProcessLock(pid, args))
-
-    def checkpoint(self, pid: int) -> None:
-        """Copy ``pid``'s device memory to host and release the GPU."""
-        self._check("cuCheckpointProcessCheckpoint", pid, self.drv.cuCheckpointProcessCheckpoint(pid, None))
-
-    def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
-        """Bring ``pid``'s device memory back, onto other GPUs when ``pairs`` says so."""
-        args = None
-        if pairs:
-            known = self._uuid_objects()
-            items = []
-            for old, new in pairs:
-                for u in (old, new):
-                    if u not in known:
-                        raise CudaCallError("cuCheckpointProcessRestore", pid, 101, "CUDA_ERROR_INVALID_DEVICE",
-                                            f"GPU {u} is not visible to the harness")
-                pair = self.drv.CUcheckpointGpuPair()
-                pair.oldUuid = known[old]
-                pair.newUuid = known[new]
-                items.append(pair)
-            args = self.drv.CUcheckpointRestoreArgs()
-            args.gpuPairs = items
-            args.gpuPairsCount = len(items)
-        self._check("cuCheckpointProcessRestore", pid, self.drv.cuCheckpointProcessRestore(pid, args))
-
-    def unlock(self, pid: int) -> None:
-        """Let ``pid`` make CUDA calls again."""
-        self._check("cuCheckpointProcessUnlock", pid, self.drv.cuCheckpointProcessUnlock(pid, None))
-
-    def gpu_uuids(self) -> list[str]:
-        """Visible GPUs' UUIDs in device order."""
-        return list(self._uuid_objects())
-
-    def _uuid_objects(self) -> dict[str, Any]:
-        # CUuuid objects cannot be built from bytes in the bindings; take the
-        # driver's own (cuDeviceGetUuid) and match them by their formatted value.
-        if self._uuids is None:
-            from cutbench.workloads.xp import format_uuid
-
-            count = self._check("cuDeviceGetCount", 0, self.drv.cuDeviceGetCount())
-            out = {}
-            for i in range(int(count)):
-                dev = self._check("cuDeviceGet", 0, self.drv.cuDeviceGet(i))
-                uuid = self._check("cuDeviceGetUuid", 0, self.drv.cuDeviceGetUuid(dev))
-                out[format_uuid(uuid.bytes)] = uuid
-            self._uuids = out
-        return self._uuids
-
-
-def bindings_unavailable_reason() -> str | None:
-    """Why the driver checkpoint API cannot be used from this process (with the fix), or None."""
-    try:
-        from cuda.bindings import driver as drv  # type: ignore[import-not-found]
-    except ImportError:
-        return "cuda-bindings is not installed: pip install -e '.[gpu]' (needs an NVIDIA driver >= 570)"
-    except Exception as exc:
-        return f"cuda-bindings does not load: {exc}"
-    missing = [c for c in gpu_probe.CHECKPOINT_CALLS if not hasattr(drv, c)]  # the calls doctor checks too
-    if missing:
-        return f"cuda-bindings lacks {', '.join(missing)}: upgrade to cuda-bindings >= 12.8"
-    try:
-        (err,) = drv.cuInit(0)
-        if int(err) != 0:
-            return f"cuInit failed with {err.name}: no usable NVIDIA GPU/driver"
-        err, version = drv.cuDriverGetVersion()
-        if int(version) < 12080:
-            return f"driver API version {version} has no process checkpointing: needs a driver >= 570"
-    except Exception as exc:  # libcuda.so absent
-        return f"no NVIDIA driver: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return None
-
-
-# -- the workload's CUDA processes -------------------------------------------
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants, parents before children (from /proc/PID/task/*/children)."""
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-    return out
-
-
-@dataclass
-class CudaProcs:
-    """The CUDA processes of one cut, their GPUs and memory at discovery."""
-
-    pids: list[int]
-    gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs it uses
-    gpu_bytes: int = 0
-    usage: dict[int, dict[str, int]] = field(default_factory=dict)  # pid -> {GPU UUID: bytes}
-    # Remap candidates for the restore, decided once before the lock (CudaStages.remap_pairs):
-    # asked again after the checkpoint, the freed memory would be counted twice.
-    pairs: dict[int, list[list[tuple[str, str]]]] = field(default_factory=dict)
+# -- the stages ---------------------------------------------------------------
 
 
 class CudaStages:
@@ -307,28 +117,16 @@ class CudaStages:
         """The CUDA processes of ``root``'s tree, with their GPU memory (NVML) recorded as facts.
 
         Raises :class:`StageRefused` when none of them is a CUDA process (the
-        workload does not use the GPU: nothing for this backend to cut).
+        workload does not use the GPU: nothing for this backend to cut), and
+        :class:`HarnessFault` when one is not RUNNING before the cut
+        (:func:`~cutbench.harness.nemesis.backends.cuda_discovery.find_cuda_processes`).
         """
         with ctx.timeline.stage("cuda_discover", ctx.cut_index) as extra:
-            tree = process_tree(root)
-            pids = []
-            for pid in tree:
-                try:
-                    state = self.driver.get_state(pid)
-                except CudaCallError:
-                    continue  # not a CUDA process
-                if state != "running":
-                    raise HarnessFault("cuda_discover", f"pid {pid} is {state.upper()} before the cut")
-                pids.append(pid)
-            if not pids:
-                raise StageRefused("cuda_lock", f"no CUDA process in the workload's tree {tree}: nothing to checkpoint")
-            usage = gpu_mem.process_gpu_memory(pids)
-            procs = CudaProcs(pids, {p: sorted(usage.get(p, {})) for p in pids},
-                              sum(sum(v.values()) for v in usage.values()), usage)
+            procs = find_cuda_processes(root, self.driver)
             extra["bytes"] = procs.gpu_bytes
-            extra["detail"] = " ".join(f"pid {p}:{','.join(procs.gpus[p]) or '?'}" for p in pids)
+            extra["detail"] = " ".join(f"pid {p}:{','.join(procs.gpus[p]) or '?'}" for p in procs.pids)
         ctx.facts["gpu_bytes"] = procs.gpu_bytes
-        ctx.facts["cuda_processes"] = len(pids)
+        ctx.facts["cuda_processes"] = len(procs.pids)
         self.procs = procs
         return procs
 
@@ -552,7 +350,7 @@ class CudaCheckpointer:
 
     def cuda_cut(self, target: Child, ctx: CutContext) -> CudaProcs:
         """Discover, check the remap is possible, then lock and checkpoint every CUDA process (device work that
-        never ends was drained before, by the workload's adapter at ``prepare``)."""
+        never ends was drained before, by the workload's adapter at ``prepare``); returns the processes cut."""
         procs = self.stages.discover(target.pid, ctx)
         procs.pairs = self.stages.remap_pairs(procs, ctx.cut.restore_target)  # refuse an impossible ask before locking
         self.stages.cut(procs, ctx)

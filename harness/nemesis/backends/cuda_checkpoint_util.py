@@ -17,15 +17,16 @@ from collections.abc import Sequence
 
 from cutbench.errors import hung_reason
 from cutbench.harness.environment.cpu_account import run_measured
-from cutbench.harness.nemesis.backends.cuda import RESULTS, STATES, CudaCallError, CudaCheckpointer, DriverApi
+from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
+from cutbench.harness.nemesis.backends.cuda_driver import RESULTS, STATES, CudaCallError, DriverApi
 
 TOOL = "cuda-checkpoint"
 CALL_TIMEOUT_S = 120.0
 
 
 class UtilityDriver:
-    """:class:`~cutbench.harness.nemesis.backends.cuda.DriverApi` through the ``cuda-checkpoint`` executable."""
+    """:class:`~cutbench.harness.nemesis.backends.cuda_driver.DriverApi` through the ``cuda-checkpoint`` executable."""
 
     supports_remap = False
 

@@ -27,7 +27,9 @@ import time
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
-from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer, DriverApi, RemapRefused, process_tree
+from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer, RemapRefused
+from cutbench.harness.nemesis.backends.cuda_discovery import process_tree
+from cutbench.harness.nemesis.backends.cuda_driver import DriverApi
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
 
