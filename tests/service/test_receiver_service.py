@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cutbench.errors import InvalidArgument
+from cutbench.receivers import client as client_module
 from cutbench.receivers import protocol as P
 from cutbench.receivers.client import ReceiverClient, ReceiverError, ReceiverUnavailable
 from cutbench.receivers.process import start_receiver
@@ -160,16 +161,32 @@ def test_client_rides_through_a_restart_on_the_same_address(receiver) -> None:
     assert c.health()["boot"] == 2
 
 
-def test_unreachable_receiver_raises_after_the_timeout() -> None:
+def test_unreachable_receiver_raises_after_the_timeout(monkeypatch) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens here once closed
     c = ReceiverClient(f"127.0.0.1:{port}", max_backoff=0.05)
     c.send_effect("t", 1, 0, "d")  # does not raise: the effect stays pending
-    t0 = time.monotonic()
+
+    class Clock:
+        """The client's clock, moved on only by the client's own sleeps: when it gives up is a fact of its code,
+        whatever the host's load."""
+
+        now = 1000.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            return cls.now
+
+        @classmethod
+        def sleep(cls, seconds: float) -> None:
+            cls.now += seconds
+
+    monkeypatch.setattr(client_module, "time", Clock)
     with pytest.raises(ReceiverUnavailable):
         c.wait_ack(1, timeout=0.5)  # it raises (a hang would be caught by the test's timeout) ...
-    assert time.monotonic() - t0 > 0.4  # ... and not before its timeout: a bound a loaded machine cannot break
+    # ... and not before its timeout: only once its next retry (at most max_backoff away) would land past it.
+    assert Clock.now - 1000.0 > 0.5 - 0.05
     assert c.pending == [("t", 1)]
 
 

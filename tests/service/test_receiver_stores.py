@@ -61,6 +61,15 @@ def test_round_trip_survives_reopen(store_url: str) -> None:
     assert list(fences.fence) == [9] and list(fences.arrival_seq) == [6]
 
 
+def _integrity_error(url: str) -> type[Exception]:
+    """What the store's database raises for a row whose primary key is taken: the driver's own error, passed on."""
+    if url.startswith("sqlite:"):
+        return sqlite3.IntegrityError
+    import psycopg
+
+    return psycopg.errors.UniqueViolation
+
+
 def test_failed_transaction_leaves_nothing(store_url: str) -> None:
     with open_store(store_url) as store:
         _write(store, _cmd("open_trial", trial="a", mode="at_least_once"))
@@ -68,7 +77,7 @@ def test_failed_transaction_leaves_nothing(store_url: str) -> None:
         ch = Changes()
         led.apply(_pub("a", 1), ch)
         ch.rows.append(ch.rows[0])  # duplicate primary key: the whole batch must roll back
-        with pytest.raises(Exception):
+        with pytest.raises(_integrity_error(store_url), match="UNIQUE constraint failed|duplicate key value"):
             store.write(ch)
         assert len(store.export()) == 0
         assert store.load_ledger().last_seq == 1

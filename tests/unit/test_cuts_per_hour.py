@@ -176,10 +176,29 @@ def test_host_load_is_the_busy_share_and_the_cpu_seconds_per_cut(monkeypatch):
     assert "cpu_s_per_cut" not in cph.host_load((0, 0), (1, 2), cuts=0)
 
 
-def test_host_cpu_reads_this_hosts_counters():
+def test_host_cpu_is_every_jiffy_but_idle_and_iowait_of_the_cpu_line(monkeypatch, tmp_path):
+    """``/proc/stat``'s first line: busy is user, nice, system, irq, softirq and steal; total adds idle and iowait;
+    guest time is inside user already (not counted twice). A kernel with four fields and no file at all read too."""
+    import builtins
+
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(cph, "open", lambda path, *a, **kw: builtins.open(stat if path == "/proc/stat" else path, *a, **kw),
+                        raising=False)
+    #                user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 5 50 1000 20 3 7 9 11 2\ncpu0 50 2 25 500 10 1 3 4 5 1\n")
+    assert cph.host_cpu() == (100 + 5 + 50 + 3 + 7 + 9, 100 + 5 + 50 + 1000 + 20 + 3 + 7 + 9)
+    stat.write_text("cpu  1 2 3 4\n")
+    assert cph.host_cpu() == (6, 10)
+    stat.write_text("cpu  one two\n")
+    assert cph.host_cpu() is None
+    stat.unlink()
+    assert cph.host_cpu() is None
+
+
+def test_host_cpu_reads_this_hosts_counters_which_only_grow():
     busy, total = cph.host_cpu()
     later = cph.host_cpu()
-    assert 0 <= busy <= total and later[1] >= total
+    assert later[0] >= busy and later[1] >= total  # counters since boot
 
 
 def cpu_timeline():

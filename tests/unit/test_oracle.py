@@ -398,10 +398,10 @@ class HashedRun:
         return hashlib.blake2b(f"state {self.op}".encode(), digest_size=16).hexdigest()
 
 
-def test_the_oracle_judges_a_hundred_thousand_effects_in_a_fraction_of_a_second():
-    """The per-op finders take over 2 s of CPU for these 10⁵ effects, the oracle about 0.1 s: it must stay under 1 s.
-
-    CPU time, not wall time, so a busy machine does not fail it; benchmarks/oracle_speed.py measures the rate.
+def test_the_oracle_judges_a_hundred_thousand_effects_asking_the_reference_once_per_op():
+    """10⁵ effects judged whole-column: the findings of the per-op definitions, and ``reference.payload`` asked
+    once per distinct visible op, never per row. The CPU it took is printed as a figure (about 0.1 s, the per-op
+    finders over 2 s); benchmarks/oracle_speed.py measures the rate, since a bound on time fails on a busy host.
     """
     ref = ReplayReference(HashedRun)
     ops = np.arange(1, 99_001)
@@ -412,11 +412,25 @@ def test_the_oracle_judges_a_hundred_thousand_effects_in_a_fraction_of_a_second(
                       "digest": pd.array([ref.payload(op) for op in op_id.tolist()], dtype="str")})
     final = {"host_op": len(ops), "checksum": ref.checksum(len(ops)), "pointers_initial": {}, "pointers_final": {}}
     rec = record(report=final, marker_op=len(ops))
+
+    class Counted:
+        """``ref``, counting the payloads asked of it."""
+
+        asked = 0
+
+        def payload(self, op: int) -> str:
+            Counted.asked += 1
+            return ref.payload(op)
+
+        def __getattr__(self, name: str):
+            return getattr(ref, name)
+
     t0 = time.process_time()
-    v = judge(rec, e, ref)
+    v = judge(rec, e, Counted())
     cpu = time.process_time() - t0
     assert len(e) == 99_891 and v.counts()["duplicate"] == 990 and v.counts()["missing"] == 99 and v.outcome == "invalid"
-    assert cpu < 1.0, f"judging {len(e)} effects took {cpu:.2f} s of CPU"
+    assert Counted.asked == len(np.unique(op_id)) == 98_901
+    print(f"\njudging {len(e)} effects: {cpu:.2f} s of CPU (a figure, not a bound)")
 
 
 # -- the committed reference runs, re-judged ----------------------------------------
