@@ -70,9 +70,18 @@ def hung_reason(what: str, seconds: float) -> str:
     return f"{what} {HUNG_MARK} {seconds:g} s (still running when the harness gave up on it)"
 
 
-# CLI exit codes (DESIGN.md, Results).
+# CLI exit codes (DESIGN.md, Results; README, "Commands and exit codes"): the one definition.
 EXIT_VALID = 0
 EXIT_INVALID = 1
 EXIT_UNKNOWN_ONLY = 2
+EXIT_NOT_REPRODUCED = 3  # `cutbench replay`: the rerun's verdict differs from the stored one
 EXIT_BAD_ARGUMENTS = 254
 EXIT_INTERNAL = 255
+# A command that judges no run ended well: it did what was asked, or the check it was asked to make passed.
+EXIT_OK = 0
+# A check a command was asked to make failed: `analyze` (a verdict differs), `compare --fail-on-regression`,
+# `matrix --fail-on-wrong`, `doctor` (a problem found). The same number as EXIT_INVALID, named for what it says.
+EXIT_CHECK_FAILED = 1
+# Interrupted by a signal: 128 + its number, as a shell reports it (SIGINT 130, SIGTERM 143, SIGHUP 129).
+EXIT_SIGNAL_BASE = 128
+EXIT_INTERRUPTED = EXIT_SIGNAL_BASE + 2  # SIGINT (Ctrl-C): a partial run, stored and marked partial

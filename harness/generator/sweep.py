@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import InvalidArgument
+from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.model.scenario import Scenario, load_scenario, toml_value
 
 ARM_AXES = frozenset({"pipeline.backends", "receiver.modes", "pipeline.faults", "pipeline.crash_after_ms", "pipeline.split_window_ms"})
@@ -104,4 +105,18 @@ def expand(path: str | Path, axes: list[Axis], overrides: list[str] | None = Non
     first = points[0].scenario
     if first.plan_source == "hypothesis":
         raise InvalidArgument("plan.source = 'hypothesis': a sweep runs static plans; use exhaustive or random")
+    return points
+
+
+def plan_points(path: str | Path, axes: list[Axis], overrides: list[str] | None = None) -> list[dict[str, Any]]:
+    """Return each point of the sweep as ``{"variant", "arms", "trials"}`` (what ``sweep --dry-run`` lists).
+
+    A scenario's own ``[[variants]]`` run at every point and count there; the
+    base point is labelled ``(base)``. Runs nothing.
+    """
+    points: list[dict[str, Any]] = []
+    for point in expand(path, axes, overrides):
+        subs = point.scenario.variants or (point.scenario,)
+        points.append({"variant": point.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
+                       "trials": sum(len(build_specs(s, s.arms())) for s in subs)})
     return points

@@ -1,7 +1,10 @@
-"""The ``cutbench`` command line.
+"""The ``cutbench`` command line: options in, the rooms' functions called, their results shown.
 
-Exit codes (DESIGN.md): 0 all valid, 1 invalid found, 2 unknown only,
-254 bad arguments or an unusable environment, 255 internal error.
+It decides nothing about runs, verdicts or files itself. Exit codes are
+``cutbench.errors``'s (README, "Commands and exit codes"): 0 all valid,
+1 invalid found, 2 unknown only, 3 a replay that did not reproduce,
+254 bad arguments or an unusable environment, 255 internal error, 128 + N
+interrupted by signal N.
 """
 
 from __future__ import annotations
@@ -15,19 +18,19 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from cutbench.errors import EXIT_BAD_ARGUMENTS, EXIT_INTERNAL, CutbenchError, InvalidArgument, Unavailable
+from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED,
+                             EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_SIGNAL_BASE, CutbenchError, InvalidArgument,
+                             Unavailable)
 
 console = Console(stderr=True, soft_wrap=True)
-EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: a partial run, stored and marked partial
-EXIT_NOT_REPRODUCED = 3  # `cutbench replay`: the rerun's verdict differs from the stored one
 # The signal that interrupted the run (SIGINT, SIGTERM or SIGHUP): the exit code is 128 + its number,
 # as a shell reports a process a signal stopped (130, 143, 129).
 _INTERRUPTED_BY = [0]
 
 
 def interrupted_code() -> int:
-    """The exit code of an interrupted command: 128 + the signal (130 for Ctrl-C)."""
-    return 128 + _INTERRUPTED_BY[0] if _INTERRUPTED_BY[0] else EXIT_INTERRUPTED
+    """Return the exit code of an interrupted command: 128 + the signal (130 for Ctrl-C)."""
+    return EXIT_SIGNAL_BASE + _INTERRUPTED_BY[0] if _INTERRUPTED_BY[0] else EXIT_INTERRUPTED
 
 
 def say(text: str, style: str | None = None) -> None:
@@ -80,35 +83,20 @@ def _progress_printer(as_json: bool):
     return callback
 
 
-def _figures(trials: Any) -> dict[str, Any]:
-    """What a CI job reads from ``run --json``: the run's invalid recovery rate with its interval, and per arm."""
-    from cutbench.harness.reports.summary import rates, run_verdict
-
-    v = run_verdict(trials)
-    nan = v.rate != v.rate
-    out: dict[str, Any] = {"invalid_rate": None if nan else v.rate, "rate_low": v.low, "rate_high": v.high}
-    if not trials.empty:
-        table = rates(trials, ["arm"])
-        out["arms"] = [{k: (None if isinstance(val, float) and val != val else val) for k, val in row.items()}
-                       for row in table.to_dict("records")]
-    return out
-
-
 def _report_run(outcome: Any, as_json: bool) -> int:
-    trials = outcome.trials
+    """Show a finished (or interrupted) run; return the command's exit code."""
+    from cutbench.harness.reports.summary import figures
+
     for line in outcome.run.meta().get("swept", []):  # what killed runs had left, removed before this one
         say(f"removed, left by a run whose harness is gone: {line}", "yellow")
-    # An interrupted run is never a verdict, even if what finished was all valid.
-    code = outcome.exit_code() if outcome.complete else interrupted_code()
-    if outcome.complete and trials.empty and outcome.skipped_arms:
-        code = EXIT_BAD_ARGUMENTS  # nothing could run here: an unusable environment, not "unknown only"
-    counts = trials["outcome"].value_counts().to_dict() if not trials.empty else {}
+    code = outcome.command_exit_code(interrupted_code())
     report_html = outcome.run.path / "report.html"
     if as_json:
-        click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete, "outcomes": counts,
-                               "exit_code": code, "skipped_arms": outcome.skipped_arms,
+        click.echo(json.dumps({"run_dir": str(outcome.run.path), "complete": outcome.complete,
+                               "outcomes": outcome.outcome_counts(), "exit_code": code,
+                               "skipped_arms": outcome.skipped_arms,
                                "report": str(report_html) if report_html.exists() else None,
-                               **_figures(trials)}))
+                               **figures(outcome.trials)}))
     else:
         text = (outcome.run.path / "summary.md").read_text()
         if console.is_terminal:  # tables and the verdict rendered; piped output stays plain Markdown
@@ -214,7 +202,7 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
                                     ("verdict reproduced", "green") if result.reproduced else ("verdict differs", "red")),
                       highlight=False)
         say(f"replay run: {result.run.path}")
-    sys.exit(0 if result.reproduced else EXIT_NOT_REPRODUCED)
+    sys.exit(EXIT_OK if result.reproduced else EXIT_NOT_REPRODUCED)
 
 
 @cli.command()
@@ -252,7 +240,7 @@ def analyze(run_dir: str, as_json: bool) -> None:
         say(f"{len(result.rows)} trials re-analysed, {len(diffs)} verdicts differ")
         for d in diffs:
             say(f"  {d['trial_id']}: stored {d['stored']}, recomputed {d['recomputed']}")
-    sys.exit(1 if diffs else 0)
+    sys.exit(EXIT_CHECK_FAILED if diffs else EXIT_OK)
 
 
 @cli.command()
@@ -277,20 +265,14 @@ def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, 
         overrides += (f"run.jobs={toml_value(parse_jobs('--jobs', jobs))}",)
     parsed = [sw.parse_axis(a) for a in axes]
     if dry_run:
-        from cutbench.harness.generator.scheduler import build_specs
-
-        points: list[dict[str, Any]] = []
-        for point in sw.expand(scenario, parsed, list(overrides)):
-            subs = point.scenario.variants or (point.scenario,)  # a scenario's own [[variants]] run at every point
-            points.append({"variant": point.variant or "(base)", "arms": sum(len(s.arms()) for s in subs),
-                           "trials": sum(len(build_specs(s, s.arms())) for s in subs)})
+        points = sw.plan_points(scenario, parsed, list(overrides))
         if as_json:
             click.echo(json.dumps({"points": points, "trials": sum(p["trials"] for p in points)}))
         else:
             for p in points:
                 click.echo(f"{p['variant']}\t{p['arms']} arms\t{p['trials']} trials")
             click.echo(f"total\t{sum(p['trials'] for p in points)} trials")
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     progress = _progress_printer(as_json)
     try:
         outcome = run_sweep(scenario, parsed, out, overrides=list(overrides), progress=progress)
@@ -306,7 +288,7 @@ def report(run_dir: str, as_json: bool) -> None:
     """Regenerate summary.md, plots/*.png and report.html of RUN_DIR from its stored data."""
     from cutbench.harness.reports import html as rep
     from cutbench.harness.store.rundir import RunDir
-    from cutbench.harness.reports.summary import run_verdict
+    from cutbench.harness.reports.summary import figures, run_verdict
 
     run = RunDir.open(run_dir)
     files = rep.build(run)
@@ -314,7 +296,7 @@ def report(run_dir: str, as_json: bool) -> None:
     v = run_verdict(trials, run.meta())
     if as_json:
         click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
-                               **_figures(trials)}))
+                               **figures(trials)}))
     else:
         say(f"{v.text}: report {files.report}")
         say(f"summary {files.summary}; plots in {files.report.parent / 'plots'}")
@@ -342,7 +324,7 @@ def compare(run_a: str, run_b: str, fail_on_regression: bool, as_json: bool) -> 
         click.echo(cmp.render(result))
         for t in regressions["trial_b"]:
             click.echo(f"regressed: {replay_command(b.path, t)}")
-    sys.exit(1 if fail_on_regression and len(regressions) else 0)
+    sys.exit(EXIT_CHECK_FAILED if fail_on_regression and len(regressions) else EXIT_OK)
 
 
 @cli.command()
@@ -414,11 +396,11 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
                 extra = "".join([f"  [{r['min_gpus']} GPUs]" if r["min_gpus"] > 1 else "",
                                  "  [GPU alone]" if r["exclusive_gpu"] else ""])
                 click.echo(f"{r['row']}\t{r['feature']}\t{r['probe']} ({r['array']}) cut {r['cut']}\t{r['description']}{extra}")
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     if compare_with:
         table, env, text = runner.compare_matrices(*compare_with)
         click.echo(json.dumps({"changed": render.as_records(table), "environment": env}) if as_json else text)
-        sys.exit(0)
+        sys.exit(EXIT_OK)
     if from_runs:
         run, table = runner.from_runs(list(from_runs))
     else:
@@ -444,7 +426,7 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
     else:
         console.print((run.path / "matrix.md").read_text(), highlight=False, markup=False)
         say(f"matrix: {run.path / 'matrix.parquet'}; report: {run.path / 'report.html'}")
-    sys.exit(1 if fail_on_wrong and counts["wrong"] else 0)
+    sys.exit(EXIT_CHECK_FAILED if fail_on_wrong and counts["wrong"] else EXIT_OK)
 
 
 @cli.command()
@@ -458,7 +440,7 @@ def doctor(as_json: bool) -> None:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
         click.echo(doc.format_checks(checks))
-    sys.exit(1 if doc.problems(checks) else 0)
+    sys.exit(EXIT_CHECK_FAILED if doc.problems(checks) else EXIT_OK)
 
 
 @cli.group()
@@ -558,44 +540,17 @@ def engine_status() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
 def list_(what: str, as_json: bool) -> None:
     """List known workloads, backends (with availability) or scenario files."""
-    items: list[dict[str, Any]] = []
-    if what == "workloads":
-        from cutbench.workloads import api
+    from cutbench.harness.runner import catalog
 
-        for name, target in sorted(api.available().items()):
-            try:
-                cls = api.load(name)
-                doc = (cls.__doc__ or "").strip()
-                if not doc or "see module docstring" in doc:  # the module says what the workload is
-                    doc = (sys.modules[cls.__module__].__doc__ or doc).strip()
-                doc = " ".join(doc.split("\n\n")[0].split())  # its first paragraph, on one line
-            except api.WorkloadError as exc:
-                doc = f"(cannot load: {exc})"
-            items.append({"name": name, "target": target, "description": doc})
+    items: list[dict[str, Any]]
+    if what == "workloads":
+        items = catalog.workloads()
         lines = [f"{i['name']}\t{i['description']}\t{i['target']}" for i in items]
     elif what == "backends":
-        from cutbench.harness import nemesis
-
-        for name in nemesis.CHECKPOINTERS.names():
-            try:
-                reason = nemesis.get(name).unavailable_reason()
-            except Unavailable as exc:
-                reason = str(exc)
-            items.append({"name": name, "available": reason is None, "reason": reason,
-                          "target": nemesis.CHECKPOINTERS.target(name)})
+        items = catalog.backends()
         lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
     else:
-        import cutbench
-
-        # ./scenarios first (a project's own), then those of the cutbench checkout in use.
-        checkout = cutbench.source_checkout()
-        roots = [Path("scenarios")] + ([checkout / "scenarios"] if checkout else [])
-        seen: set[Path] = set()
-        for root in roots:
-            for path in sorted(root.glob("*.toml")):
-                if path.resolve() not in seen:
-                    seen.add(path.resolve())
-                    items.append({"path": str(path)})
+        items = catalog.scenario_files()
         lines = [i["path"] for i in items] or ["no scenario files under ./scenarios; the examples are in the cutbench "
                                                "source repository's scenarios/ (scenarios/README.md documents the format)"]
     click.echo(json.dumps(items) if as_json else "\n".join(lines))
@@ -646,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
 
         traceback.print_exc()
         _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

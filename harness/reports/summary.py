@@ -75,6 +75,19 @@ def run_verdict(trials: pd.DataFrame, meta: dict[str, Any] | None = None) -> Run
     return RunVerdict(label, text, rate, lo, hi, counts, not_run)
 
 
+def figures(trials: pd.DataFrame) -> dict[str, Any]:
+    """Return what a CI job reads of a run (``run --json``, ``report --json``): the invalid recovery rate with
+    its Wilson 95% bounds, and the same figures per arm under ``arms`` (NaN as None: JSON has no NaN)."""
+    v = run_verdict(trials)
+    nan = v.rate != v.rate
+    out: dict[str, Any] = {"invalid_rate": None if nan else v.rate, "rate_low": v.low, "rate_high": v.high}
+    if not trials.empty:
+        table = rates(trials, ["arm"])
+        out["arms"] = [{k: (None if isinstance(val, float) and val != val else val) for k, val in row.items()}
+                       for row in table.to_dict("records")]
+    return out
+
+
 def group_columns(trials: pd.DataFrame) -> list[str]:
     """How trials are grouped in tables: by ``arm``, and first by sweep ``variant`` when a run has several."""
     if "variant" in trials and trials["variant"].fillna("").astype(str).str.len().gt(0).any():

@@ -24,7 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import InvalidArgument, Unavailable
+from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
+                             InvalidArgument, Unavailable)
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
@@ -57,9 +58,7 @@ class RunOutcome:
     skipped_arms: list[dict[str, str]] = field(default_factory=list)
 
     def exit_code(self) -> int:
-        """DESIGN.md's exit codes: 0 all valid (or refused), 1 invalid found, 2 unknown only."""
-        from cutbench.errors import EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID
-
+        """Return the verdict's exit code: 0 all valid (or refused), 1 invalid found, 2 unknown only."""
         if self.trials.empty:
             return EXIT_UNKNOWN_ONLY
         outcomes = set(self.trials["outcome"])
@@ -68,6 +67,21 @@ class RunOutcome:
         if "unknown" in outcomes:
             return EXIT_UNKNOWN_ONLY
         return EXIT_VALID
+
+    def command_exit_code(self, interrupted: int = EXIT_INTERRUPTED) -> int:
+        """Return the exit code of the command that made this run: ``interrupted`` (the signal's code) for a
+        partial run, which is never a verdict even if what finished was all valid; 254 for a complete run in
+        which nothing could run here (every arm skipped: an unusable environment, not "unknown only"); else
+        :meth:`exit_code`."""
+        if not self.complete:
+            return interrupted
+        if self.trials.empty and self.skipped_arms:
+            return EXIT_BAD_ARGUMENTS
+        return self.exit_code()
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Return how many trials ended in each outcome (``{"valid": 21, "invalid": 7}``; empty: no trial)."""
+        return self.trials["outcome"].value_counts().to_dict() if not self.trials.empty else {}
 
 
 def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]:

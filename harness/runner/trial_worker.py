@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.errors import EXIT_INTERRUPTED, CutbenchError, InvalidArgument, Unavailable
 from cutbench.files import atomic_write
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialResult, TrialSpec
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_request(read_request(request_path))
         payload: dict[str, Any] = {"checked": True} if result is None else {"result": result}
     except KeyboardInterrupt:
-        payload, code = {"interrupted": True}, 130
+        payload, code = {"interrupted": True}, EXIT_INTERRUPTED
     except CutbenchError as exc:
         payload, code = {"error": (type(exc).__name__, str(exc))}, 1
     except Exception as exc:
