@@ -16,6 +16,7 @@ import pytest
 
 import cutbench
 from cutbench.errors import InvalidArgument
+from cutbench.harness.store import archive
 from tests.conftest import REPO
 
 REFERENCE = REPO / "results" / "reference" / "containers" / "quick"
@@ -27,7 +28,7 @@ def run() -> cutbench.api.Run:
 
 
 def test_the_run_s_tables_and_headline(run):
-    assert run.run_id == json.loads((REFERENCE / "trials" / "t0001.json").read_text())["run_id"]
+    assert run.run_id == json.loads(archive.read(REFERENCE / archive.ARCHIVE)["trials/t0001.json"])["run_id"]
     assert run.complete and run.scenario["name"] == "quick"
     assert len(run.trials) == 84 == len(run.trial_ids)
     assert set(run.trials["backend"]) == {"criu", "docker", "podman"}
@@ -94,7 +95,9 @@ def test_not_a_run_directory_is_named(tmp_path):
 def test_a_trial_file_missing_from_a_copy_is_named(tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(REFERENCE, copy)
-    (copy / "trials" / "t0005.json").unlink()
+    members = archive.read(copy / archive.ARCHIVE)  # the reference run is packed (cutbench pack)
+    del members["trials/t0005.json"]
+    archive.write(copy / archive.ARCHIVE, members)
     with pytest.raises(InvalidArgument, match="holds 83 trial files, run.toml counts 84"):
         cutbench.open_run(copy)
 
