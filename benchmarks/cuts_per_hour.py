@@ -402,17 +402,8 @@ def bandwidth_bound(per_cut: dict[str, float], bandwidth: dict[str, Any]) -> flo
     hour over the seconds the reference's parallel copies (``bandwidth_reference.py --processes N``) take to move
     them, every copy of every cut sharing the host's memory. None when the reference has no parallel figures for
     some kind of bytes the cut moves."""
-    results = (bandwidth.get("parallel") or {}).get("results") or {}
-    seconds = 0.0
-    for kind, name in TRANSFERS.items():
-        n = per_cut.get(kind) or 0.0
-        if n <= 0:
-            continue
-        r = results.get(name)
-        if not r or not r.get("gb_s"):
-            return None
-        seconds += n / (r["gb_s"] * 1e9)
-    return 3600.0 / seconds if seconds > 0 else None
+    need = bytes_need(per_cut, {"results": (bandwidth.get("parallel") or {}).get("results") or {}})
+    return 3600.0 / need["wall_s"] if not need["missing"] and need["wall_s"] > 0 else None
 
 
 def cost_ratio(stages: pd.DataFrame, per_cut: dict[str, float], bandwidth: dict[str, Any]) -> dict[str, Any]:
