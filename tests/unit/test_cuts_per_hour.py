@@ -269,7 +269,8 @@ def test_the_cost_of_a_cut_is_a_ratio_to_what_its_bytes_need_at_the_reference_ra
 
 def test_the_bytes_bound_rate_prices_a_cut_at_the_parallel_rates_and_needs_every_kind():
     per_cut = {"image_bytes": 2e9, "restored_bytes": 1e9, "gpu_bytes": 1e9, "gpu_restored_bytes": 0.0}
-    parallel = {"tmpfs_write": {"gb_s": 20.0}, "tmpfs_read": {"gb_s": 40.0}, "d2h_pageable": {"gb_s": 50.0}}
+    parallel = {"tmpfs_write": {"gb_s": 20.0, "cpu_s_per_gib": 0.7}, "tmpfs_read": {"gb_s": 40.0, "cpu_s_per_gib": 1.5},
+                "d2h_pageable": {"gb_s": 50.0, "cpu_s_per_gib": 0.6}}
     seconds = 2e9 / 20e9 + 1e9 / 40e9 + 1e9 / 50e9
     assert cph.bandwidth_bound(per_cut, {**BANDWIDTH, "parallel": {"processes": 16, "results": parallel}}) == pytest.approx(3600 / seconds)
     # A reference without parallel figures, or lacking one the cut needs, gives no bound rather than a wrong one.
