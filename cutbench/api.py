@@ -1,191 +1,93 @@
-"""The Python API over stored runs: ``cutbench.open_run(path)``.
+"""The public Python API: every name code outside cutbench needs, from one module.
 
-A finished (or interrupted) run directory as pandas DataFrames and plain
-values, for a notebook or a script::
+- **Stored runs** (``docs/python-api.md``): ``open_run``, ``Run`` and what its
+  methods return (``Comparison``, ``Reanalysis``, ``RunVerdict``);
+  ``cutbench.open_run`` is the same function.
+- **A backend** (``docs/backends.md``): the ``Checkpointer`` protocol,
+  ``Capabilities``, ``CutContext``, ``Child`` (the process handle a stage gets
+  and ``launch`` returns), the errors a stage raises (``StageRefused``,
+  ``StageFailed``, ``HarnessFault``) and the registry ``CHECKPOINTERS``.
+- **A workload** (``docs/workload-api.md``): the ``Workload`` and ``Reference``
+  protocols, ``PHASES`` and ``DOMAINS``, the ``Runtime`` a workload gets as
+  ``rt``, the built-ins' base classes (``BaseWorkload``, ``RecordedWorkload``)
+  and ``ReplayReference``, ``MatrixRow``, semantic adapters (``Adapter``,
+  ``Ready``, ``ConsumerOffset``, ``RequestLog``), the array helpers
+  (``pointer``, ``synchronize``, ``to_host``, …) and the registry ``WORKLOADS``.
+- **Errors**: ``CutbenchError`` and the ones above, ``InvalidArgument``,
+  ``Unavailable``, ``WorkloadError``.
 
-    import cutbench
+Each name is imported on first use from the module that defines it (PEP 562),
+so a name costs only what its module loads: a workload process that imports
+``BaseWorkload`` from here loads the workload runtime, not pandas and not the
+harness (``tests/unit/test_layout.py`` checks that); only the stored-run names
+load pandas.
 
-    run = cutbench.open_run("results/latest")
-    run.counts                     # {"valid": 40, "invalid": 4, "refused": 0, "unknown": 0}
-    run.rates()                    # invalid rate with Wilson 95% bounds, per arm
-    run.trials[run.trials.outcome == "invalid"]
-    run.trial("t0007")["verdict"]  # one trial's stored spec, record and verdict
-    run.effects_of("t0007")        # what the receiver recorded for it
-    run.compare(cutbench.open_run("results/other"))
-
-:func:`open_run` checks the directory first, as ``cutbench analyze`` does:
-a missing or damaged table, a trial file that does not belong, or a trials
-table that lists other trials than ``trials/`` holds raise
-:class:`cutbench.errors.InvalidArgument` naming the file. A packed run
-(``cutbench pack``: the trial files in one ``trials.tar.xz``) reads the same,
-and a damaged archive is named likewise. Nothing here writes:
-:meth:`Run.reanalyze` recomputes verdicts in memory.
-
-This module is the package's front door for code, as ``cutbench.__main__``
-is for the shell: it may import every room, and nothing inside the package
+This module is the package's front door for code, as ``cutbench.__main__`` is
+for the shell: it may import every room, and nothing inside the package
 imports it.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
-from pathlib import Path
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+# Every public name and the module that defines it. The block under TYPE_CHECKING below names the same
+# (tests/unit/test_layout.py keeps the two equal), so that a type checker sees each name's real type.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("open_run", "Run", "Comparison", "Reanalysis", "RunVerdict"), "cutbench.harness.integrations.runs"),
+    **dict.fromkeys(("CutbenchError", "InvalidArgument", "Unavailable", "StageRefused", "StageFailed", "HarnessFault"),
+                    "cutbench.errors"),
+    **dict.fromkeys(("Checkpointer", "Capabilities", "CutContext"), "cutbench.harness.nemesis.base"),
+    "Child": "cutbench.procs",
+    "CHECKPOINTERS": "cutbench.registry",
+    **dict.fromkeys(("Workload", "Reference", "WorkloadError", "MatrixRow", "DOMAINS", "WORKLOADS"), "cutbench.workloads.api"),
+    "PHASES": "cutbench.workloads.control",
+    "Runtime": "cutbench.workloads.runtime",
+    **dict.fromkeys(("BaseWorkload", "RecordedWorkload", "ReplayReference"), "cutbench.workloads.common"),
+    **dict.fromkeys(("Adapter", "Ready", "ConsumerOffset", "RequestLog"), "cutbench.workloads.adapters"),
+    **dict.fromkeys(("pointer", "synchronize", "to_host", "release_cached_memory", "is_device", "backend_name", "device_uuid",
+                     "word_dtype", "word", "shift_right", "host_words", "ArrayTypeError", "ArrayBackendUnavailable"),
+                    "cutbench.workloads.xp"),
+}
 
-from cutbench.errors import InvalidArgument
-from cutbench.harness.reports import compare as _compare
-from cutbench.harness.reports import explain as _explain
-from cutbench.harness.reports import summary as _summary
-from cutbench.harness.store import analysis as _analysis
-from cutbench.harness.store.rundir import RunDir, read_matrix
-
-__all__ = ["Run", "open_run", "Comparison", "Reanalysis", "RunVerdict"]
-
-Comparison = _compare.Comparison
-Reanalysis = _analysis.Reanalysis
-RunVerdict = _summary.RunVerdict
-
-
-class Run:
-    """One stored run, read lazily: each table is read on first use and kept (see :func:`open_run`)."""
-
-    def __init__(self, store: RunDir, records: list[dict[str, Any]]):
-        self._store = store
-        self._records = {r["spec"]["trial_id"]: r for r in records}
-
-    def __repr__(self) -> str:
-        return f"<cutbench run {self.run_id}: {len(self.trials)} trials, {self.verdict.label}>"
-
-    # -- what the run is -------------------------------------------------------
-    @property
-    def path(self) -> Path:
-        """The run directory (``results/latest`` resolved)."""
-        return self._store.path
-
-    @property
-    def run_id(self) -> str:
-        """The run's id (``20261202T014646Z-quick-84e4``)."""
-        return str(self.meta.get("run_id", self._store.run_id))
-
-    @cached_property
-    def meta(self) -> dict[str, Any]:
-        """All of ``run.toml``: status (``complete`` or ``partial``), environment, planned arms, the scenario."""
-        return self._store.meta()
-
-    @property
-    def scenario(self) -> dict[str, Any]:
-        """The resolved scenario the run ran (the ``[scenario]`` table of ``run.toml``)."""
-        return dict(self.meta.get("scenario") or {})
-
-    @property
-    def complete(self) -> bool:
-        """False for a run that was interrupted (``status = "partial"``)."""
-        return self.meta.get("status") == "complete"
-
-    # -- tables ----------------------------------------------------------------
-    @cached_property
-    def trials(self) -> pd.DataFrame:
-        """One row per trial: arm, plan, status, outcome, finding counts, stage timings (``trials.parquet``)."""
-        return self._store.table("trials")
-
-    @cached_property
-    def timeline(self) -> pd.DataFrame:
-        """One row per stage or event of every trial, seconds since the trial's start, with each stage's
-        CPU-seconds by process role, faults and bytes written (``timeline.parquet``; docs/cpu-accounting.md: NaN
-        in a run stored before them)."""
-        return self._store.table("timeline")
-
-    @cached_property
-    def effects(self) -> pd.DataFrame:
-        """Every delivery the receiver recorded, with its decision and ``trial_id`` (``effects.parquet``)."""
-        return self._store.table("effects")
-
-    @cached_property
-    def certificates(self) -> pd.DataFrame:
-        """One row per recovery-cut certificate (empty for a run without ``pipeline.certify``)."""
-        return self._store.table("certificates")
-
-    @cached_property
-    def matrix(self) -> pd.DataFrame:
-        """The CUDA support matrix of a ``cutbench matrix`` run (empty for any other run)."""
-        return read_matrix(self.path) if (self.path / "matrix.parquet").exists() else pd.DataFrame()
-
-    # -- one trial -------------------------------------------------------------
-    @property
-    def trial_ids(self) -> list[str]:
-        """Every trial's id, in trial order."""
-        return list(self._records)
-
-    def trial(self, trial_id: str) -> dict[str, Any]:
-        """Trial ``trial_id``'s stored file (loose or packed): ``spec`` (what ``cutbench replay`` reruns), ``record``
-        and ``verdict``.
-
-        :class:`InvalidArgument` when the run has no such trial (with the ids it has).
-        """
-        try:
-            return self._records[trial_id]
-        except KeyError:
-            ids = list(self._records)
-            raise InvalidArgument(f"{self.path}: no trial {trial_id!r}; it has {len(ids)} "
-                                  f"({', '.join(ids[:3])}{' …' if len(ids) > 3 else ''})") from None
-
-    def effects_of(self, trial_id: str) -> pd.DataFrame:
-        """The receiver's rows of one trial, in arrival order."""
-        self.trial(trial_id)  # an unknown id is an error, not an empty frame
-        fx = _analysis.trial_effects(self.effects, trial_id)
-        return fx.sort_values("arrival_seq") if "arrival_seq" in fx else fx
-
-    def timeline_of(self, trial_id: str) -> pd.DataFrame:
-        """The stages and events of one trial, in start order."""
-        self.trial(trial_id)
-        tl = self.timeline
-        return tl[tl["trial_id"] == trial_id].sort_values("t_start") if not tl.empty else tl
-
-    def explain(self, trial_id: str) -> str:
-        """Trial ``trial_id``'s verdict in plain words, as the report gives it beside its timeline ("" when valid)."""
-        self.trial(trial_id)
-        row = self.trials[self.trials["trial_id"] == trial_id].iloc[0].to_dict()
-        return _explain.explain(row, self.effects_of(trial_id))
-
-    # -- verdicts --------------------------------------------------------------
-    @property
-    def verdict(self) -> RunVerdict:
-        """The run's headline, as ``summary.md`` and the exit code give it: label, invalid rate and Wilson bounds."""
-        return _summary.run_verdict(self.trials, self.meta)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Trials per outcome: ``valid``, ``invalid``, ``refused``, ``unknown`` (zeros included)."""
-        return dict(self.verdict.counts)
-
-    def rates(self, by: list[str] | None = None) -> pd.DataFrame:
-        """Per group (default: per arm, and per sweep variant where there are several): trials, outcome counts,
-        finding totals and the invalid rate with its Wilson 95% interval (``invalid_rate``, ``rate_low``, ``rate_high``)."""
-        return _summary.rates(self.trials, by or _summary.group_columns(self.trials))
-
-    def failing(self, limit: int | None = None) -> pd.DataFrame:
-        """The invalid trials, then the unknown ones, in trial order (the first ``limit``)."""
-        return _summary.failing_trials(self.trials, limit)
-
-    def compare(self, other: "Run | str | Path") -> Comparison:
-        """``other`` beside this run on the plans both ran (as ``cutbench compare THIS OTHER``): per-plan
-        changes (``regressions``: valid here, invalid there), rates per group and stage timings."""
-        other = other if isinstance(other, Run) else open_run(other)
-        return _compare.compare(self.trials, other.trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")
-
-    def reanalyze(self) -> Reanalysis:
-        """Every verdict recomputed from the stored data by the current oracle (as ``cutbench analyze``);
-        ``.differences`` lists the trials whose verdict changed."""
-        return _analysis.reanalyze(self._store)
+__all__ = list(_HOMES)
 
 
-def open_run(path: str | Path) -> Run:
-    """The run stored at ``path`` (a run directory, or ``results/latest``), checked; returns a :class:`Run`.
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` and return it; later look-ups find it here directly."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'cutbench.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
-    Raises :class:`cutbench.errors.InvalidArgument` naming the file when
-    ``path`` is not a run directory or the run is damaged.
-    """
-    store = RunDir.open(path)
-    return Run(store, _analysis.check_run(store))
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # `X as X`: a re-export, for type checkers (each name's type) and linters (not unused)
+    from cutbench.errors import (CutbenchError as CutbenchError, HarnessFault as HarnessFault,
+                                 InvalidArgument as InvalidArgument, StageFailed as StageFailed, StageRefused as StageRefused,
+                                 Unavailable as Unavailable)
+    from cutbench.harness.integrations.runs import (Comparison as Comparison, Reanalysis as Reanalysis, Run as Run,
+                                                    RunVerdict as RunVerdict, open_run as open_run)
+    from cutbench.harness.nemesis.base import (Capabilities as Capabilities, Checkpointer as Checkpointer,
+                                               CutContext as CutContext)
+    from cutbench.procs import Child as Child
+    from cutbench.registry import CHECKPOINTERS as CHECKPOINTERS
+    from cutbench.workloads.adapters import (Adapter as Adapter, ConsumerOffset as ConsumerOffset, Ready as Ready,
+                                             RequestLog as RequestLog)
+    from cutbench.workloads.api import (DOMAINS as DOMAINS, WORKLOADS as WORKLOADS, MatrixRow as MatrixRow,
+                                        Reference as Reference, Workload as Workload, WorkloadError as WorkloadError)
+    from cutbench.workloads.common import (BaseWorkload as BaseWorkload, RecordedWorkload as RecordedWorkload,
+                                           ReplayReference as ReplayReference)
+    from cutbench.workloads.control import PHASES as PHASES
+    from cutbench.workloads.runtime import Runtime as Runtime
+    from cutbench.workloads.xp import (ArrayBackendUnavailable as ArrayBackendUnavailable, ArrayTypeError as ArrayTypeError,
+                                       backend_name as backend_name, device_uuid as device_uuid, host_words as host_words,
+                                       is_device as is_device, pointer as pointer,
+                                       release_cached_memory as release_cached_memory, shift_right as shift_right,
+                                       synchronize as synchronize, to_host as to_host, word as word, word_dtype as word_dtype)

@@ -19,3 +19,7 @@ never one below it; ``tests/unit/test_layout.py`` enforces the order
 8. ``runner``: trial and run execution, adaptive drivers, replay.
 9. ``integrations``: the command line, the pytest plugin and the CI gate.
 """
+
+if __name__ != "cutbench.harness":  # e.g. ``import harness`` with a checkout's root on sys.path
+    raise ImportError(f"{__name__!r} is cutbench's harness folder under another name: import cutbench.harness "
+                      "(a module imported under two names is two modules, and its classes are not themselves)")

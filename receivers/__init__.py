@@ -12,3 +12,7 @@ Modules, one concern each:
 - ``pgcluster``: a throwaway PostgreSQL cluster for tests and the benchmark;
 - ``bench``: throughput and latency figures.
 """
+
+if __name__ != "cutbench.receivers":  # e.g. ``import receivers`` with a checkout's root on sys.path
+    raise ImportError(f"{__name__!r} is cutbench's receivers folder under another name: import cutbench.receivers "
+                      "(a module imported under two names is two modules, and its classes are not themselves)")

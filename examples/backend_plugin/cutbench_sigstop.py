@@ -13,9 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from cutbench.errors import StageFailed
-from cutbench.harness.nemesis import Capabilities, CutContext
-from cutbench.procs import Child
+from cutbench.api import Capabilities, Child, CutContext, StageFailed
 
 
 def _stopped(pid: int) -> bool:

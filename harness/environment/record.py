@@ -27,11 +27,11 @@ def code_digest() -> str:
     import hashlib
 
     import cutbench
+    from cutbench import harness, receivers, workloads
 
-    root = Path(cutbench.__file__).resolve().parent
-    files = [(f.name, f) for f in sorted(root.glob("*.py"))]
-    for part in ("harness", "workloads", "receivers"):
-        base = (root / part).resolve()  # links in a checkout, folders in an installed copy
+    files = [(f.name, f) for f in sorted(Path(cutbench.__file__).resolve().parent.glob("*.py"))]
+    for part, package in (("harness", harness), ("workloads", workloads), ("receivers", receivers)):
+        base = Path(package.__path__[0]).resolve()  # inside cutbench/ in an installed copy, beside it in a checkout
         files += [(f"{part}/{f.relative_to(base)}", f) for f in sorted(base.rglob("*.py")) if "__pycache__" not in f.parts]
     digest = hashlib.sha256()
     for rel, f in files:

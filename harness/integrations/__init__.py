@@ -1,6 +1,7 @@
 """Integrations: the ways in. They depend on every room; no room depends on them.
 
 ``cli`` (the ``cutbench`` command), ``pytest_plugin`` (entry point
-``pytest11``) and ``gate`` (a scenario judged against a threshold, used by
-the plugin and by any CI script).
+``pytest11``), ``gate`` (a scenario judged against a threshold, used by
+the plugin and by any CI script) and ``runs`` (a stored run for code:
+``cutbench.open_run``, reached through ``cutbench.api``).
 """

@@ -16,15 +16,27 @@ door for code) rank with integrations; the package's ``__init__`` reaches
 import the ground floor makes, and not an edge of the import graph: it runs
 after the package is loaded). No module may import the bare names ``harness``, ``workloads`` or
 ``receivers``, and the module graph has no cycles.
+
+One name per module: the three folders are ``cutbench.harness``, ``cutbench.workloads`` and
+``cutbench.receivers`` (``package-dir`` in the wheel, ``cutbench.__path__`` in a checkout) and refuse
+their bare names. ``cutbench.api`` holds every public name, each imported on first use.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import pytest
+
+import cutbench
+import cutbench.api
 
 from tests.conftest import REPO
 
@@ -194,6 +206,79 @@ def test_the_checkpointed_process_loads_no_server_side_code():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"loaded in the workload process: {proc.stdout.strip()}"
+
+
+def test_the_wheel_s_package_list_is_the_tree():
+    """pyproject.toml lists every package (a folder with an ``__init__.py``) under its cutbench name, and maps the
+    three folders into ``cutbench``: a new subpackage left off the list would be missing from the wheel."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {f"cutbench.{pkg}": pkg for pkg in PACKAGES}
+    tree = ["cutbench"] + [module_name(REPO, init) for pkg in PACKAGES for init in (REPO / pkg).rglob("__init__.py")]
+    assert sorted(config["packages"]) == sorted(tree)
+    assert not any((REPO / "cutbench" / pkg).exists() for pkg in PACKAGES), "cutbench/ holds the ground floor only"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_a_bare_name_is_refused(pkg):
+    """``import harness`` with the repository root on sys.path: an ImportError that names the one name to use."""
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); import {pkg}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 1
+    assert f"ImportError: '{pkg}' is cutbench's {pkg} folder under another name: import cutbench.{pkg} " in proc.stderr
+
+
+def test_every_module_has_one_name():
+    """A class reached through ``cutbench.*`` is itself, and nothing loaded in this process holds a file of the three
+    folders under a name other than its cutbench one."""
+    from cutbench.harness import nemesis
+    from cutbench.harness.nemesis import base
+
+    assert cutbench.api.Capabilities is nemesis.Capabilities is base.Capabilities
+    assert cutbench.api.Child is importlib.import_module("cutbench.procs").Child
+    assert cutbench.api.BaseWorkload is importlib.import_module("cutbench.workloads.common").BaseWorkload
+    # The folders beside the package in use (this checkout, or the one an editable install points at).
+    assert Path(base.__file__) == cutbench.IMPORT_ROOT / "harness" / "nemesis" / "base.py"
+    folders = tuple(str(cutbench.IMPORT_ROOT / pkg) + os.sep for pkg in PACKAGES)
+    strays = [name for name, m in list(sys.modules.items())
+              if (getattr(m, "__file__", None) or "").startswith(folders) and not name.startswith("cutbench.")]
+    assert strays == []
+
+
+def test_a_checkout_on_pythonpath_alone_finds_every_folder(tmp_path):
+    """No install: a copy of the tree on PYTHONPATH (as the GPU machine runs it) loads its own folders under their
+    cutbench names (an editable install's finder would have answered with this checkout's)."""
+    root = copy_tree(tmp_path)
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    code = ("import cutbench, cutbench.harness.model.plan as p, cutbench.workloads.control as c, cutbench.receivers.protocol as r\n"
+            "print(cutbench.source_checkout()); print(p.__file__); print(c.__file__); print(r.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/",
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(root), str(root / "harness" / "model" / "plan.py"), str(root / "workloads" / "control.py"),
+                                   str(root / "receivers" / "protocol.py")]
+
+
+def test_a_workload_importing_the_api_loads_no_pandas():
+    """``cutbench.api`` imports each name on first use: a workload's names load the workload runtime only."""
+    code = ("import sys, cutbench.api\n"
+            "from cutbench.api import BaseWorkload, PHASES, ReplayReference, Runtime, Ready, pointer, synchronize, to_host\n"
+            "print(','.join(m for m in ('pandas', 'cutbench.harness') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"loaded by a workload's imports: {proc.stdout.strip()}"
+
+
+def test_the_api_s_names_are_its_type_checking_imports():
+    """``cutbench.api``'s table of names and the imports type checkers read name the same objects, from the same modules."""
+    tree = ast.parse((REPO / "cutbench" / "api.py").read_text())
+    [block] = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    imported = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert imported == cutbench.api._HOMES
+    assert cutbench.api.__all__ == list(cutbench.api._HOMES)
+    for name, home in imported.items():
+        assert getattr(cutbench.api, name) is getattr(importlib.import_module(home), name), name
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        cutbench.api.nothing
 
 
 def test_the_documented_coverage_table_is_the_backends_declared_coverage():

@@ -1,0 +1,190 @@
+"""Stored runs for code: ``cutbench.open_run(path)`` and the :class:`Run` it returns.
+
+A finished (or interrupted) run directory as pandas DataFrames and plain
+values, for a notebook or a script::
+
+    import cutbench
+
+    run = cutbench.open_run("results/latest")
+    run.counts                     # {"valid": 40, "invalid": 4, "refused": 0, "unknown": 0}
+    run.rates()                    # invalid rate with Wilson 95% bounds, per arm
+    run.trials[run.trials.outcome == "invalid"]
+    run.trial("t0007")["verdict"]  # one trial's stored spec, record and verdict
+    run.effects_of("t0007")        # what the receiver recorded for it
+    run.compare(cutbench.open_run("results/other"))
+
+:func:`open_run` checks the directory first, as ``cutbench analyze`` does:
+a missing or damaged table, a trial file that does not belong, or a trials
+table that lists other trials than ``trials/`` holds raise
+:class:`cutbench.errors.InvalidArgument` naming the file. A packed run
+(``cutbench pack``: the trial files in one ``trials.tar.xz``) reads the same,
+and a damaged archive is named likewise. Nothing here writes:
+:meth:`Run.reanalyze` recomputes verdicts in memory.
+
+Code reaches these names through :mod:`cutbench.api` (``cutbench.open_run``,
+``cutbench.api.Run``), which imports this module on first use: it loads pandas.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.reports import compare as _compare
+from cutbench.harness.reports import explain as _explain
+from cutbench.harness.reports import summary as _summary
+from cutbench.harness.store import analysis as _analysis
+from cutbench.harness.store.rundir import RunDir, read_matrix
+
+__all__ = ["Run", "open_run", "Comparison", "Reanalysis", "RunVerdict"]
+
+Comparison = _compare.Comparison
+Reanalysis = _analysis.Reanalysis
+RunVerdict = _summary.RunVerdict
+
+
+class Run:
+    """One stored run, read lazily: each table is read on first use and kept (see :func:`open_run`)."""
+
+    def __init__(self, store: RunDir, records: list[dict[str, Any]]):
+        self._store = store
+        self._records = {r["spec"]["trial_id"]: r for r in records}
+
+    def __repr__(self) -> str:
+        return f"<cutbench run {self.run_id}: {len(self.trials)} trials, {self.verdict.label}>"
+
+    # -- what the run is -------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        """The run directory (``results/latest`` resolved)."""
+        return self._store.path
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (``20261202T014646Z-quick-84e4``)."""
+        return str(self.meta.get("run_id", self._store.run_id))
+
+    @cached_property
+    def meta(self) -> dict[str, Any]:
+        """All of ``run.toml``: status (``complete`` or ``partial``), environment, planned arms, the scenario."""
+        return self._store.meta()
+
+    @property
+    def scenario(self) -> dict[str, Any]:
+        """The resolved scenario the run ran (the ``[scenario]`` table of ``run.toml``)."""
+        return dict(self.meta.get("scenario") or {})
+
+    @property
+    def complete(self) -> bool:
+        """False for a run that was interrupted (``status = "partial"``)."""
+        return self.meta.get("status") == "complete"
+
+    # -- tables ----------------------------------------------------------------
+    @cached_property
+    def trials(self) -> pd.DataFrame:
+        """One row per trial: arm, plan, status, outcome, finding counts, stage timings (``trials.parquet``)."""
+        return self._store.table("trials")
+
+    @cached_property
+    def timeline(self) -> pd.DataFrame:
+        """One row per stage or event of every trial, seconds since the trial's start, with each stage's
+        CPU-seconds by process role, faults and bytes written (``timeline.parquet``; docs/cpu-accounting.md: NaN
+        in a run stored before them)."""
+        return self._store.table("timeline")
+
+    @cached_property
+    def effects(self) -> pd.DataFrame:
+        """Every delivery the receiver recorded, with its decision and ``trial_id`` (``effects.parquet``)."""
+        return self._store.table("effects")
+
+    @cached_property
+    def certificates(self) -> pd.DataFrame:
+        """One row per recovery-cut certificate (empty for a run without ``pipeline.certify``)."""
+        return self._store.table("certificates")
+
+    @cached_property
+    def matrix(self) -> pd.DataFrame:
+        """The CUDA support matrix of a ``cutbench matrix`` run (empty for any other run)."""
+        return read_matrix(self.path) if (self.path / "matrix.parquet").exists() else pd.DataFrame()
+
+    # -- one trial -------------------------------------------------------------
+    @property
+    def trial_ids(self) -> list[str]:
+        """Every trial's id, in trial order."""
+        return list(self._records)
+
+    def trial(self, trial_id: str) -> dict[str, Any]:
+        """Trial ``trial_id``'s stored file (loose or packed): ``spec`` (what ``cutbench replay`` reruns), ``record``
+        and ``verdict``.
+
+        :class:`InvalidArgument` when the run has no such trial (with the ids it has).
+        """
+        try:
+            return self._records[trial_id]
+        except KeyError:
+            ids = list(self._records)
+            raise InvalidArgument(f"{self.path}: no trial {trial_id!r}; it has {len(ids)} "
+                                  f"({', '.join(ids[:3])}{' …' if len(ids) > 3 else ''})") from None
+
+    def effects_of(self, trial_id: str) -> pd.DataFrame:
+        """The receiver's rows of one trial, in arrival order."""
+        self.trial(trial_id)  # an unknown id is an error, not an empty frame
+        fx = _analysis.trial_effects(self.effects, trial_id)
+        return fx.sort_values("arrival_seq") if "arrival_seq" in fx else fx
+
+    def timeline_of(self, trial_id: str) -> pd.DataFrame:
+        """The stages and events of one trial, in start order."""
+        self.trial(trial_id)
+        tl = self.timeline
+        return tl[tl["trial_id"] == trial_id].sort_values("t_start") if not tl.empty else tl
+
+    def explain(self, trial_id: str) -> str:
+        """Trial ``trial_id``'s verdict in plain words, as the report gives it beside its timeline ("" when valid)."""
+        self.trial(trial_id)
+        row = self.trials[self.trials["trial_id"] == trial_id].iloc[0].to_dict()
+        return _explain.explain(row, self.effects_of(trial_id))
+
+    # -- verdicts --------------------------------------------------------------
+    @property
+    def verdict(self) -> RunVerdict:
+        """The run's headline, as ``summary.md`` and the exit code give it: label, invalid rate and Wilson bounds."""
+        return _summary.run_verdict(self.trials, self.meta)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Trials per outcome: ``valid``, ``invalid``, ``refused``, ``unknown`` (zeros included)."""
+        return dict(self.verdict.counts)
+
+    def rates(self, by: list[str] | None = None) -> pd.DataFrame:
+        """Per group (default: per arm, and per sweep variant where there are several): trials, outcome counts,
+        finding totals and the invalid rate with its Wilson 95% interval (``invalid_rate``, ``rate_low``, ``rate_high``)."""
+        return _summary.rates(self.trials, by or _summary.group_columns(self.trials))
+
+    def failing(self, limit: int | None = None) -> pd.DataFrame:
+        """The invalid trials, then the unknown ones, in trial order (the first ``limit``)."""
+        return _summary.failing_trials(self.trials, limit)
+
+    def compare(self, other: "Run | str | Path") -> Comparison:
+        """``other`` beside this run on the plans both ran (as ``cutbench compare THIS OTHER``): per-plan
+        changes (``regressions``: valid here, invalid there), rates per group and stage timings."""
+        other = other if isinstance(other, Run) else open_run(other)
+        return _compare.compare(self.trials, other.trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")
+
+    def reanalyze(self) -> Reanalysis:
+        """Every verdict recomputed from the stored data by the current oracle (as ``cutbench analyze``);
+        ``.differences`` lists the trials whose verdict changed."""
+        return _analysis.reanalyze(self._store)
+
+
+def open_run(path: str | Path) -> Run:
+    """The run stored at ``path`` (a run directory, or ``results/latest``), checked; returns a :class:`Run`.
+
+    Raises :class:`cutbench.errors.InvalidArgument` naming the file when
+    ``path`` is not a run directory or the run is damaged.
+    """
+    store = RunDir.open(path)
+    return Run(store, _analysis.check_run(store))
