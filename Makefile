@@ -53,8 +53,13 @@ lint: venv
 	ln -s $(CURDIR)/cutbench/*.py $(CURDIR)/harness $(CURDIR)/workloads $(CURDIR)/receivers $(MYPY_TREE)/
 	$(BIN)/python -m mypy
 
+# pytest-xdist: the tests mostly wait (CRIU dumps, engines, sleeps), so more workers than cores pay off;
+# --dist loadgroup keeps a group (the container engines, Ray, a module's shared fixture) on one worker.
+TEST_WORKERS ?= 4
+
 test: lint criu postgres chromium containers
-	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 $(BIN)/pytest -q -ra --durations=15
+	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 \
+		$(BIN)/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .criu build *.egg-info

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS
+from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS, _lock_options
 from tests.conftest import REPO
 from tests.fixtures.run_fixtures import run_table as run
 
@@ -31,6 +31,16 @@ pytestmark = pytest.mark.criu
 def left_behind(run_id: str) -> list[str]:
     """Trial containers either engine still holds of run ``run_id`` (by its label: another run's garbage is not ours)."""
     return [c.name for c in engines.trial_containers() if c.run == run_id]
+
+
+def runc_options_left() -> bool:
+    """Whether runc's CRIU options file is there while no Docker cut holds it: every cut removes it before it lets go
+    of the backend's lock, so this waits for a cut in flight (another run's, on another xdist worker) and then looks."""
+    lock = _lock_options()
+    try:
+        return RUNC_OPTIONS.exists()
+    finally:
+        lock.close()
 
 
 def latest_run(results_root: Path) -> str:
@@ -54,7 +64,7 @@ def test_docker_and_podman_give_criu_s_verdict_on_every_quick_plan_and_continue_
     # The pattern the scenario documents: duplicates only where the original ran on and the receiver repeats them.
     invalid = trials[trials["outcome"] == "invalid"]
     assert set(zip(invalid["receiver_mode"], invalid["fault"])) == {("at_least_once", "leave_running")}
-    assert left_behind(latest_run(results_root)) == [] and not RUNC_OPTIONS.exists()
+    assert left_behind(latest_run(results_root)) == [] and not runc_options_left()
 
 
 def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu, docker_engine, podman_engine, results_root):
@@ -132,19 +142,23 @@ def test_engine_cli_reports_and_starts_the_project_s_dockerd(docker_engine):
     assert "docker: 20." in said and "experimental on" in said and "podman: " in said, said
 
 
-def test_a_runc_options_file_of_someone_else_makes_the_docker_backend_unavailable(docker_engine, tmp_path):
-    from cutbench.harness.nemesis.backends.docker import DockerCheckpointer
+def test_a_runc_options_file_of_someone_else_makes_the_docker_backend_unavailable(docker_engine, tmp_path, monkeypatch):
+    from cutbench.harness.nemesis.backends import docker
 
-    if RUNC_OPTIONS.exists():
-        pytest.fail(f"{RUNC_OPTIONS} exists before the test: a run left it behind")
-    RUNC_OPTIONS.parent.mkdir(parents=True, exist_ok=True)
-    RUNC_OPTIONS.write_text("tcp-established\n")
+    if runc_options_left():
+        pytest.fail(f"{RUNC_OPTIONS} exists with no cut running: a run left it behind")
+    # The backend's options path moved into this test's directory: the other tests' Docker runs (other xdist
+    # workers) go on with the real one, which a foreign file there would make unavailable to them too.
+    options = tmp_path / "criu" / RUNC_OPTIONS.name
+    monkeypatch.setattr(docker, "RUNC_OPTIONS", options)
+    options.parent.mkdir()
+    options.write_text("tcp-established\n")
     try:
-        reason = DockerCheckpointer().unavailable_reason()
+        reason = docker.DockerCheckpointer().unavailable_reason()
     finally:
-        RUNC_OPTIONS.unlink()
-    assert reason and str(RUNC_OPTIONS) in reason and "move that file away" in reason
-    assert DockerCheckpointer().unavailable_reason() is None
+        options.unlink()
+    assert reason and str(options) in reason and "move that file away" in reason
+    assert docker.DockerCheckpointer().unavailable_reason() is None
 
 
 SLOW = """
@@ -195,6 +209,8 @@ def test_a_run_stopped_by_sigterm_removes_its_container(criu, docker_engine, pod
     assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*"))
 
 
+# alone: any run's sweep removes a container whose harness is gone; this test asserts that its own next run did.
+@pytest.mark.alone
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_what_a_sigkilled_run_left_is_removed_when_the_next_run_starts(criu, docker_engine, podman_engine, tmp_path,
                                                                         engine):

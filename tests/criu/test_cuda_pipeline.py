@@ -22,7 +22,7 @@ from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 from cutbench.harness.runner.run import check_backends
 from cutbench.harness.model.scenario import parse_scenario
 from tests.conftest import REPO, workload_processes
-from tests.fixtures.cuda_fixtures import SimDriver, run_trials, stages
+from tests.fixtures.cuda_fixtures import SimDriver, run_id_for, run_trials, stages
 
 pytestmark = pytest.mark.criu
 
@@ -135,7 +135,7 @@ def test_a_later_failing_stage_is_refused_or_lost_and_leaves_nothing_locked(criu
         assert r.record.status == "lost" and [f.kind for f in r.verdict.findings] == ["process_lost"]
     assert set(sim.states.values()) <= {"running"}, sim.states
     assert not [cmd for _, cmd in workload_processes() if str(tmp_path) in cmd], "a workload was left behind"
-    no_leftovers()
+    no_leftovers(f"cutbench-{run_id_for(tmp_path)}-")  # this session's images, not another test's
 
 
 def test_in_place_cuda_backend_supports_only_suspend_resume(criu, tmp_path):

@@ -22,7 +22,8 @@ from cutbench.harness.store.analysis import reanalyze, verdicts_by_plan
 from cutbench.harness.store.rundir import RunDir
 from tests.conftest import REPO, live_processes, workload_processes
 
-pytestmark = pytest.mark.criu
+# One local Ray at a time (its fixed ports, its processes): under pytest-xdist every test here runs on one worker.
+pytestmark = [pytest.mark.criu, pytest.mark.xdist_group("ray")]
 
 QUICK = REPO / "scenarios" / "quick.toml"
 # quick.toml at two phases of op 3: both faults (kill, leave_running) under both receiver modes, 8 trials.
