@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 from cutbench.receivers.client import ReceiverClient
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
+from tests.conftest import FULL_SUITE
 
-SETTINGS = settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+# 25 examples by default, the full 100 with CUTBENCH_FULL_SUITE=1 (docs/development.md).
+SETTINGS = settings(max_examples=100 if FULL_SUITE else 25, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
