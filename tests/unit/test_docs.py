@@ -95,6 +95,16 @@ def test_the_pages_are_there():
     assert len(names) > 10, names
 
 
+def test_the_readme_stays_a_five_minute_read_that_indexes_every_page():
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 250, "README.md is the five-minute read; reference material goes to docs/"
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert len(headings) <= 14, headings
+    for page in sorted((REPO / "docs").glob("*.md")):
+        assert f"docs/{page.name}" in text, f"README's index does not name docs/{page.name}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_relative_links_resolve(page: Path):
     broken = []
