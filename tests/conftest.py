@@ -3,7 +3,7 @@
 - Tests live by tier: ``tests/unit`` (in this process: no CRIU, no GPU, no
   receiver or other service process), ``tests/service`` (real receiver
   processes, PostgreSQL, pytest and the ``cutbench`` command in subprocesses,
-  ``pip``), ``tests/criu`` (real CRIU dumps and restores), ``tests/gpu`` (an
+  ``pip``, the committed reference runs re-judged), ``tests/criu`` (real CRIU dumps and restores), ``tests/gpu`` (an
   NVIDIA GPU), with shared fixtures and helpers in ``tests/fixtures``. The fixtures come from the
   modules named in ``pytest_plugins`` below; plain helpers and constants are
   imported from ``tests/fixtures``; a test module never imports another test

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -86,23 +85,6 @@ def test_overhead_compares_periodic_cuts_with_the_native_run():
     row = table[table["criterion"] == "overhead"]
     assert len(row) == 1 and row["value"].iloc[0] == pytest.approx(50.0), row  # 20 ops/s against 40 ops/s
     assert "a cut every 0.25 s" in row["quantity"].iloc[0]
-
-
-def test_the_cli_stores_the_table_and_the_report_gets_its_section(tmp_path):
-    from click.testing import CliRunner
-
-    from cutbench.harness.integrations.cli import cli
-
-    run = tmp_path / "run"
-    shutil.copytree(TOOLS / "in-place-and-baselines", run)
-    result = CliRunner().invoke(cli, ["criteria", str(run), str(TOOLS / "cuda+criu")])
-    assert result.exit_code == 0, result.output
-    assert "| backend" in result.output and "cuda+criu" in result.output
-    stored_table = RunDir.open(run).table("criteria")
-    assert set(stored_table["criterion"]) == set(crit.CRITERIA)
-    html = (run / "report.html").read_text()
-    assert 'id="criteria"' in html and 'id="plot-criteria_speed"' in html
-    assert (run / "plots" / "criteria_overhead.png").stat().st_size > 1000
 
 
 def test_overhead_is_steady_state_from_the_receiver_when_effects_are_stored():
