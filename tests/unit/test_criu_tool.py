@@ -17,7 +17,7 @@ import pytest
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment.criu import apt, fetch, install, locate, plugin, plugin_build
 from tests.conftest import REPO
-from tests.fixtures.run_fixtures import cli
+from tests.fixtures.criu_debs import fake_criu_deb
 from cutbench.errors import InvalidArgument, Unavailable
 
 DEB822 = """\
@@ -125,11 +125,6 @@ def test_no_debian_mirror_says_how_to_fix(tmp_path):
         apt.debian_mirror(tmp_path)
 
 
-def test_this_machine_mirror_comes_from_its_apt_config():
-    src = apt.debian_mirror()
-    assert src.uri in {s.uri for s in apt.read_apt_sources()}
-
-
 # ----------------------------------------------------------------------------- small pieces
 
 
@@ -199,13 +194,6 @@ def test_nothing_found_explains(monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------- the CUDA plugin (unit)
 
 
-def _fake_criu_deb(directory, version="4.2.1-1"):
-    """An empty file named like Debian's criu .deb: what `--from DIR` reads the CRIU version from."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"criu_{version}_amd64.deb").write_bytes(b"")
-    return directory
-
-
 def test_upstream_version_drops_epoch_and_revision():
     assert apt.upstream_version("4.2.1-1") == "4.2.1"
     assert apt.upstream_version("1:4.2.1-1+b1") == "4.2.1"
@@ -218,7 +206,7 @@ def test_with_cuda_plugin_still_rejects_both_modes(tmp_path):
 
 
 def test_from_dir_without_the_source_names_the_file_and_the_fix(tmp_path):
-    debs = _fake_criu_deb(tmp_path / "debs")
+    debs = fake_criu_deb(tmp_path / "debs")
     with pytest.raises(Unavailable) as err:
         install.install(tmp_path / "prefix", from_dir=debs, force=True, with_cuda_plugin=True)
     said = str(err.value)
@@ -233,19 +221,6 @@ def test_plugin_source_must_match_the_criu_version(tmp_path):
     assert plugin_build.plugin_source_in(tmp_path) == tmp_path / "criu_4.2.orig.tar.xz"
     with pytest.raises(Unavailable, match=r"no criu_4\.2\.1\.orig\.tar\.xz there .*for CRIU 4\.2\.1"):
         plugin_build.plugin_source_in(tmp_path, "4.2.1")
-
-
-def test_cli_from_dir_without_the_source_exits_254_naming_the_file(tmp_path):
-    debs = _fake_criu_deb(tmp_path / "debs")
-    proc = cli("criu", "install", "--prefix", str(tmp_path / "prefix"), "--from", str(debs), "--with-cuda-plugin")
-    assert proc.returncode == 254, proc.stdout + proc.stderr
-    assert "criu_4.2.1.orig.tar.xz" in proc.stdout + proc.stderr and "--with-cuda-plugin" in proc.stdout + proc.stderr
-
-
-def test_cli_with_cuda_plugin_keeps_the_modes_exclusive(tmp_path):
-    proc = cli("criu", "install", "--download-only", str(tmp_path / "a"), "--from", str(tmp_path),
-               "--with-cuda-plugin")
-    assert proc.returncode == 254 and "exclude each other" in proc.stdout + proc.stderr
 
 
 def test_installed_plugin_is_found_without_the_variable(monkeypatch, tmp_path):
