@@ -322,8 +322,17 @@ class RayTrials:
 
     def _cancel(self, pending: dict[Any, int]) -> None:
         """Cancel ``pending`` and wait (at most :data:`CANCEL_GRACE_S`) until their processes have cleaned up."""
+        # Only what has not finished is cancelled: a cancel that crosses a task's reply has been seen to
+        # abort Ray's driver (a failed check in its TaskManager::CompletePendingTask), so the finished ones are
+        # collected first, and the window for that crossing is the time between this wait and the cancels.
+        try:
+            done, _ = self.ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
+        except KeyboardInterrupt:
+            done = []
+        finished = set(done)
         for ref in pending:
-            self.ray.cancel(ref)  # queued: dropped; running: KeyboardInterrupt in the task
+            if ref not in finished:
+                self.ray.cancel(ref)  # queued: dropped; running: KeyboardInterrupt in the task
         deadline = time.monotonic() + CANCEL_GRACE_S
         while pending and time.monotonic() < deadline:
             try:

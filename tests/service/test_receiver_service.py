@@ -133,8 +133,10 @@ def test_resend_after_a_dead_socket_shows_duplicates_only_under_at_least_once(re
     c.open_trial("idem", "idempotent")
     for trial in ("alo", "idem"):
         c.send_effect(trial, 1, 0, "d")
-        # The ack is lost: what CRIU's --tcp-close does to the restored socket.
+        # The ack is lost: what CRIU's --tcp-close does to the restored socket. The socket is shut and
+        # dropped, not only shut: an ack the server wrote before the shutdown would still be read from it.
         c._sock.shutdown(socket.SHUT_RDWR)
+        c._drop()
         deadline = time.monotonic() + 5
         while ctl.high_water_mark() < 2 + (trial == "idem") * 2:  # delivered and committed
             assert time.monotonic() < deadline
