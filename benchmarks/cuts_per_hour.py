@@ -284,6 +284,51 @@ def host_cpu() -> tuple[int, int] | None:
     return total - idle, total
 
 
+def kernel_cpu() -> dict[str, int]:
+    """Jiffies since boot that belong to no user process: ``irq + softirq`` (``/proc/stat``'s cpu line) and each
+    family of kernel threads (kthreadd's children, pid 2), named up to its first ``/`` less trailing digits
+    (``kworker/u64:3`` and ``kworker/7:1H`` are ``kworker``, ``kcompactd0`` is ``kcompactd``); empty without ``/proc``.
+
+    What the accounting of a cut's processes cannot see: the host's busy time outside them is these and the
+    processes that ran beside the benchmark.
+    """
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+        out["irq + softirq"] = fields[5] + fields[6]
+    except (OSError, ValueError, IndexError):
+        return {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue  # gone
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if rest[1] != "2":
+            continue
+        family = "kernel threads: " + comm.split("/")[0].rstrip(".0123456789")
+        out[family] = out.get(family, 0) + int(rest[11]) + int(rest[12])
+    return out
+
+
+def unaccounted(before: dict[str, int], after: dict[str, int], *, cuts: int, host_busy_s: float | None,
+                accounted_s: float | None, least_s: float = 0.01) -> dict[str, float]:
+    """Where the host's busy CPU-seconds per cut that no process of a cut was credited with went: each
+    :func:`kernel_cpu` family costing at least ``least_s`` per cut (largest first), then ``the rest`` (other
+    processes, and exited ones the accounting missed). Empty without both readings or a valid cut."""
+    if not before or not after or not cuts or host_busy_s is None or accounted_s is None:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = {name: (after[name] - before.get(name, 0)) / tick / cuts for name in after}
+    out = {name: s for name, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s >= least_s}
+    out["the rest"] = host_busy_s - accounted_s - sum(s for s in spent.values() if s > 0)
+    return out
+
+
 def host_load(before: tuple[int, int] | None, after: tuple[int, int] | None, cuts: int) -> dict[str, Any]:
     """The host's CPU between two :func:`host_cpu` readings: ``cpu_busy_fraction`` of all its CPUs, its busy
     seconds ``cpu_busy_s``, the busy ``cpu_s_per_cut`` per valid cut, and ``cpu_bound_cuts_per_hour``, what every CPU kept busy at that cost would
@@ -424,13 +469,14 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
     from cutbench.harness.runner.run import run_scenario
 
     finishes: list[tuple[int, str, float]] = []
-    state: dict[str, Any] = {"budget_hit": False, "cpu_end": None}
-    cpu_start = host_cpu()
+    state: dict[str, Any] = {"budget_hit": False, "cpu_end": None, "kernel_end": {}}
+    cpu_start, kernel_start = host_cpu(), kernel_cpu()
     t_start = time.monotonic()
 
     def progress(result: Any, done: int, total: int) -> None:
         finishes.append((result.spec.index - 1, result.spec.trial_id, time.monotonic()))
-        state["cpu_end"] = host_cpu()  # at the last verdict: the report's writing is left out, as in the span
+        # At the last verdict: the report's writing is left out, as in the span.
+        state["cpu_end"], state["kernel_end"] = host_cpu(), kernel_cpu()
         if max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds:
             # The runner's Ctrl-C path: workers stop, trials in flight clean up, the finished ones are stored.
             state["budget_hit"] = True
@@ -460,6 +506,9 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
     cuts = int(per_trial["n_cuts"].sum())
     summary.update(cuts=cuts, cpu_per_cut=cpu_by_role(cpu), bytes_per_cut=cut_bytes(timeline, per_trial),
                    host_busy_s_per_cut=summary["cpu_busy_s"] / cuts if cuts and "cpu_busy_s" in summary else None)
+    summary["unaccounted_per_cut"] = unaccounted(kernel_start, state["kernel_end"], cuts=cuts,
+                                                 host_busy_s=summary["host_busy_s_per_cut"],
+                                                 accounted_s=summary["cpu_per_cut"].get("total"))
     return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial), "cpu": cpu,
             "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
             "budget_hit": state["budget_hit"]}
@@ -640,6 +689,11 @@ def print_cpu_tables(configs: list[dict[str, Any]], cpu: pd.DataFrame, bandwidth
         rows.append({"role": "host busy (every process)", **{f"j{j}": by_config[(j, k)].get("host_busy_s_per_cut")
                                                              for j in jobs}})
         rows.append({"role": "accounted % of host busy", **{f"j{j}": _share(by_config[(j, k)]) for j in jobs}})
+        # The busy time no cut's process was credited with: the kernel's own threads and interrupts, the rest.
+        outside = list(dict.fromkeys(name for j in jobs for name in by_config[(j, k)].get("unaccounted_per_cut", {})))
+        rows += [{"role": f"not accounted: {name}",
+                  **{f"j{j}": by_config[(j, k)].get("unaccounted_per_cut", {}).get(name) for j in jobs}}
+                 for name in outside]
         print(f"\nCPU-seconds per cut at {k} cut(s) per trial, by process role")
         print(pd.DataFrame(rows).set_index("role").to_markdown(floatfmt=".3f"))
         rows = [{"per cut": name, **{f"j{j}": by_config[(j, k)]["cpu_per_cut"].get(name) for j in jobs}}

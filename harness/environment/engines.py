@@ -52,6 +52,12 @@ class DockerPaths:
         return self.root / "exec"
 
     @property
+    def tmp(self) -> Path:
+        """The engine's ``TMPDIR``: containerd unpacks each checkpoint it restores into a ``ctrd-checkpoint*``
+        directory there and never removes it (containerd/containerd#10166), so the ``docker`` backend does."""
+        return self.root / "tmp"
+
+    @property
     def socket(self) -> Path:
         """The API socket."""
         return self.root / "docker.sock"
@@ -127,6 +133,10 @@ def start_docker(timeout_s: float = 60.0) -> bool:
         "hosts": [f"unix://{paths.socket}"],
     }, indent=2))
     env = criu_path_env()
+    # dockerd starts its containerd before it sets a TMPDIR of its own, so containerd takes this one (not /tmp).
+    paths.tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(paths.tmp)
+    env.pop("XDG_RUNTIME_DIR", None)  # containerd prefers it to TMPDIR for the unpacked checkpoints
     with open(paths.log, "ab") as log:
         proc = subprocess.Popen([exe, "--config-file", str(paths.config)], env=env, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def runc_options_left() -> bool:
     lock = _lock_options()
     try:
         return RUNC_OPTIONS.exists()
+    finally:
+        lock.close()
+
+
+def unpacked_checkpoints() -> set[Path]:
+    """containerd's ``ctrd-checkpoint*`` directories (one per Docker restore) while no Docker cut is in flight."""
+    lock = _lock_options()
+    try:
+        return {p for parent in (engines.docker_paths().tmp, Path(tempfile.gettempdir()))
+                for p in parent.glob("ctrd-checkpoint*")}
     finally:
         lock.close()
 
@@ -100,13 +111,15 @@ def test_a_docker_restore_right_after_its_checkpoint_is_measured_not_refused_by_
         criu, docker_engine, tmp_path):
     """Docker tars the checkpoint back into containerd's store on restore, and refuses while the checkpoint's own
     blob is still there (moby/moby#42900): right after the checkpoint it nearly always is. Three cuts in a row,
-    each restored at once: the backend's one retry gets every restore through, and says so in ``harness_action``."""
+    each restored at once: the backend's one retry gets every restore through, and says so in ``harness_action``.
+    The copy of each checkpoint that containerd unpacks for its restore (and never removes) is gone after the cut."""
     from cutbench.harness.model.plan import Cut
     from cutbench.harness.model.timeline import Timeline
     from cutbench.harness.nemesis.backends.docker import DockerCheckpointer
     from cutbench.harness.nemesis.base import CutContext
 
     backend = DockerCheckpointer()
+    before = unpacked_checkpoints()
     child = backend.launch([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"], cwd=str(tmp_path))
     actions = []
     try:
@@ -124,6 +137,7 @@ def test_a_docker_restore_right_after_its_checkpoint_is_measured_not_refused_by_
     finally:
         child.kill_groups()
     assert all(a == "" or "moby/moby#42900" in a for a in actions), actions
+    assert unpacked_checkpoints() - before == set()
     print("restores that needed the retry:", sum(bool(a) for a in actions), "of 3")
 
 

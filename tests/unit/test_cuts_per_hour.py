@@ -309,3 +309,23 @@ def test_the_cpu_tables_print_per_stage_role_and_count_and_the_ratio(capsys):
     assert "| criu " in out and "| accounted % of host busy " in out and "39.375" in out  # 3.15 of 8 CPU-s
     assert "| minflt " in out and "| image_bytes " in out and "2,000,000,000" in out
     assert "CPU ×" in out and "bw.json" in out
+
+
+def test_unaccounted_splits_the_busy_time_no_cut_process_had_into_kernel_families_and_the_rest(monkeypatch):
+    monkeypatch.setattr(cph.os, "sysconf", lambda name: 100)
+    before = {"irq + softirq": 1000, "kernel threads: kworker": 500, "kernel threads: khugepaged": 10}
+    after = {"irq + softirq": 1000 + 80, "kernel threads: kworker": 500 + 240, "kernel threads: khugepaged": 10 + 1,
+             "kernel threads: kcompactd": 40}  # a family first seen at the end counts from 0
+    out = cph.unaccounted(before, after, cuts=4, host_busy_s=5.0, accounted_s=4.0)
+    # Largest first; khugepaged's 0.0025 s per cut is below the 0.01 shown.
+    assert list(out) == ["kernel threads: kworker", "irq + softirq", "kernel threads: kcompactd", "the rest"]
+    assert out["kernel threads: kworker"] == pytest.approx(0.6) and out["irq + softirq"] == pytest.approx(0.2)
+    assert out["the rest"] == pytest.approx(5.0 - 4.0 - (0.6 + 0.2 + 0.0025 + 0.1))
+    assert cph.unaccounted({}, after, cuts=4, host_busy_s=5.0, accounted_s=4.0) == {}
+    assert cph.unaccounted(before, after, cuts=0, host_busy_s=5.0, accounted_s=4.0) == {}
+
+
+def test_kernel_cpu_reads_this_hosts_interrupts_and_kernel_thread_families():
+    out = cph.kernel_cpu()
+    assert "irq + softirq" in out and all(v >= 0 for v in out.values())
+    assert all(name == "irq + softirq" or (name.startswith("kernel threads: ") and "/" not in name) for name in out)

@@ -6,7 +6,8 @@ call, so the backend posts to the engine's own endpoints —
 false to leave it running) and ``POST /containers/{id}/start?checkpoint=NAME``
 for the restore. The engine keeps the checkpoint in its data root (Docker
 20.10 refuses a custom checkpoint directory on start); its size is read
-there and the checkpoint is deleted through the API after the cut. A restore
+there and the checkpoint is deleted through the API after the cut, with the
+copy containerd unpacked for the restore (which it never removes). A restore
 the engine refuses only because containerd still holds the checkpoint's own
 tarball (moby/moby#42900, a matter of its garbage collector's timing) is asked
 again once, and the cut's ``harness_action`` says so.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -201,10 +204,13 @@ class DockerCheckpointer:
         if cut is None:
             return  # the checkpoint never began
         cid, name, lock = cut
+        unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
         try:
             self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
         except Exception:
             pass
+        for path in unpacked:
+            shutil.rmtree(path, ignore_errors=True)
         if not _foreign(RUNC_OPTIONS):
             RUNC_OPTIONS.unlink(missing_ok=True)
         lock.close()  # closing the file releases its lock
@@ -244,6 +250,29 @@ def _lock_options() -> Any:
     fh = open(RUNC_OPTIONS.parent / ".runc.conf.cutbench-lock", "w")
     fcntl.flock(fh, fcntl.LOCK_EX)
     return fh
+
+
+def _unpacked_copies(checkpoint: Path) -> list[Path]:
+    """The ``ctrd-checkpoint*`` directories into which containerd unpacked ``checkpoint`` for a restore.
+
+    containerd never removes them (containerd/containerd#10166): about 19 MB a restore, in the engine's
+    ``TMPDIR`` (the project's engine: :attr:`~cutbench.harness.environment.engines.DockerPaths.tmp`; another
+    engine: usually ``/tmp``). A copy is known by its ``inventory.img``, whose bytes (the dump's uptime among
+    them) are the checkpoint's own, so no other restore's directory is ever taken.
+    """
+    try:
+        inventory = (checkpoint / "inventory.img").read_bytes()
+    except OSError:
+        return []  # no restore was unpacked from it, or the engine is not on this host
+    found = []
+    for parent in {engines.docker_paths().tmp, Path(tempfile.gettempdir())}:
+        for path in parent.glob("ctrd-checkpoint*"):
+            try:
+                if (path / "inventory.img").read_bytes() == inventory:
+                    found.append(path)
+            except OSError:
+                continue
+    return found
 
 
 def _stale_upload(reply: Any) -> bool:
