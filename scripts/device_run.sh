@@ -65,6 +65,7 @@ step_repro() {
 }
 # CRIU and its CUDA plugin from the files `cutbench criu install --download-only DIR --with-cuda-plugin`
 # wrote on a machine with network (CRIU_OFFLINE, default .carry/criu-offline).
+step_criu() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" 2>&1 | tail -3; }
 step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
 # The six criteria over the newest run (criteria.parquet and the report's section in it).
 step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
@@ -72,8 +73,9 @@ step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 step_cph() { $PY benchmarks/cuts_per_hour.py --out "$RES/cuts-per-hour${CPH_NAME:-}" ${CPH_IMAGES_DIR:+--images-dir $CPH_IMAGES_DIR} ${CPH_TRIALS:+--trials $CPH_TRIALS} ${CPH_TRIALS_PER_JOB:+--trials-per-job $CPH_TRIALS_PER_JOB} ${CPH_MIN_TRIALS:+--min-trials $CPH_MIN_TRIALS} ${CPH_JOBS:+--jobs $CPH_JOBS} ${CPH_CUTS:+--cuts-per-trial $CPH_CUTS} ${CPH_SOURCE:+--source $CPH_SOURCE} ${CPH_MAX_SECONDS:+--max-seconds $CPH_MAX_SECONDS} ${CPH_BACKEND:+--backend $CPH_BACKEND} ${CPH_ARRAY:+--array $CPH_ARRAY} ${CPH_BALLAST_MIB:+--ballast-mib $CPH_BALLAST_MIB} ${CPH_BANDWIDTH:+--bandwidth $CPH_BANDWIDTH} 2>&1 | tail -80; }
 
 # The host's bandwidth for a cut's bytes, one copy and BW_PROCESSES (default 16) at once (bandwidth.json under $RES).
+# BW_TMPFS: the tmpfs to write and read (default /dev/shm; /mnt/cutbench-images after huge_images).
 step_bw() { $PY benchmarks/bandwidth_reference.py --size ${BW_SIZE:-1GiB} --repeat ${BW_REPEAT:-2} --processes ${BW_PROCESSES:-16} \
-    --skip disk --out "$RES/bandwidth${BW_NAME:-}.json" 2>&1 | tail -30; }
+    ${BW_TMPFS:+--tmpfs $BW_TMPFS} --skip disk --out "$RES/bandwidth${BW_NAME:-}.json" 2>&1 | tail -30; }
 # Host memory settings a cut's bytes go through, recorded before a tuning step changes them: transparent huge
 # pages (anonymous memory: the driver's staging, CRIU's restored mappings) and the images' tmpfs.
 step_memory() {
