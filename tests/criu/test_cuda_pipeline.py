@@ -51,9 +51,9 @@ def no_leftovers(run_id_prefix: str = "cutbench-t") -> None:
 
 def test_kill_with_split_window_runs_host_code_between_cuda_and_cpu_cut(criu, tmp_path):
     sim = SimDriver()
-    # A window of 250 ms for a publish that follows the release at once, and 400 ms between ops, so that a
-    # loaded machine still delivers op 2's effect inside it and the workload cannot finish before the dump.
-    [r] = run_trials(scenario("cuda+criu", "kill", split=250, interval_ms=400.0), tmp_path,
+    # A window of 1 s for a publish that follows the release at once (250 ms was too short on a machine
+    # loaded by four test workers), and 700 ms between ops, so that the workload cannot finish before the dump.
+    [r] = run_trials(scenario("cuda+criu", "kill", split=1000, interval_ms=700.0), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
     assert r.verdict.outcome == "valid", (r.record.error, r.verdict)
     order = ["cuda_discover", "cuda_lock", "cuda_checkpoint", "split_window", "criu_dump", "fault_kill",

@@ -30,12 +30,34 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.criu
 
 
-def _processes() -> list[tuple[int, str, str]]:
-    """(pid, cmdline, cwd) of every live, non-zombie process we can read."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+def _descendants(root: int) -> list[int]:
+    """``root``'s descendants now, through each task's ``children`` list (a walk of a dozen files, not of /proc)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
+        for tid in tids:
+            try:
+                kids = [int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def _processes(root: int | None = None) -> list[tuple[int, str, str]]:
+    """(pid, cmdline, cwd) of every live, non-zombie process we can read: ``root``'s descendants, or all of them.
+
+    The moments below are watched every 2 ms through ``root``'s tree only: a walk of all /proc that often took a
+    core from the tests beside it."""
+    pids = _descendants(root) if root is not None else [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    out = []
+    for pid in pids:
+        proc = Path(f"/proc/{pid}")
         try:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -43,23 +65,26 @@ def _processes() -> list[tuple[int, str, str]]:
         except OSError:
             continue
         if state != "Z":
-            out.append((int(proc.name), cmd, cwd))
+            out.append((pid, cmd, cwd))
     return out
 
 
-def _criu(word: str, run_id: str) -> bool:
+def _criu(word: str, run_id: str, root: int) -> bool:
     """True while a CRIU ``word`` (dump|restore) of this run's trials is running (its image directory names the run)."""
-    return any("criu" in cmd and f" {word} " in f" {cmd} " and f"cutbench-{run_id}-" in cmd for _, cmd, _ in _processes())
+    return any("criu" in cmd and f" {word} " in f" {cmd} " and f"cutbench-{run_id}-" in cmd for _, cmd, _ in _processes(root))
 
 
-def _workload(tmp: Path) -> bool:
-    return any("cutbench.workloads.launch" in cmd and str(tmp) in cmd for _, cmd, _ in _processes())
+def _workload(tmp: Path, root: int) -> bool:
+    return any("cutbench.workloads.launch" in cmd and str(tmp) in cmd for _, cmd, _ in _processes(root))
 
 
+# Each is seen from the `cutbench run` process's tree (``root``): CRIU and the workload it restores are in it.
 MOMENTS = {
-    "workload_running": lambda tmp, rid: _workload(tmp) and not _criu("dump", rid) and not _criu("restore", rid),
-    "criu_dump": lambda tmp, rid: _criu("dump", rid),
-    "criu_restore_after_the_restored_task_exists": lambda tmp, rid: _criu("restore", rid) and _workload(tmp),
+    "workload_running": lambda tmp, rid, root: (_workload(tmp, root) and not _criu("dump", rid, root)
+                                                and not _criu("restore", rid, root)),
+    "criu_dump": lambda tmp, rid, root: _criu("dump", rid, root),
+    "criu_restore_after_the_restored_task_exists": lambda tmp, rid, root: (_criu("restore", rid, root)
+                                                                           and _workload(tmp, root)),
 }
 
 
@@ -86,7 +111,7 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
         while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
             time.sleep(0.01)
         run_id = next(p.name for p in out.iterdir() if p.name != "latest")
-        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id):
+        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id, proc.pid):
             time.sleep(0.002)
         assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
         os.killpg(proc.pid, sig)
