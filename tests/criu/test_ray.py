@@ -30,6 +30,12 @@ QUICK = REPO / "scenarios" / "quick.toml"
 PHASES = 'plan.phases=["admit", "publish"]'
 
 
+@pytest.fixture(scope="module")
+def serial_quick(criu, tmp_path_factory: pytest.TempPathFactory):
+    """quick.toml at :data:`PHASES` run serially, once for the module: the verdicts every Ray run must store."""
+    return run_scenario(load_scenario(QUICK, [PHASES]), tmp_path_factory.mktemp("serial"))
+
+
 def ray_processes() -> set[int]:
     """Live processes of Ray (its raylet, GCS, workers, monitors)."""
     return {pid for pid, cmd in live_processes()
@@ -54,11 +60,11 @@ def _wait_gone(pids: set[int], timeout: float = 20.0) -> set[int]:
 
 
 @pytest.mark.timeout(300)
-def test_executor_ray_stores_the_serial_verdict_of_every_plan(criu, results_root: Path):
+def test_executor_ray_stores_the_serial_verdict_of_every_plan(criu, results_root: Path, serial_quick):
     """``cutbench run quick.toml --executor ray`` (a local Ray, one CPU per trial) and a serial run of the same
     plans: the same verdict per plan, trial files and tables in plan order; nothing of the trials or of Ray
     is left afterwards."""
-    serial = run_scenario(load_scenario(QUICK, [PHASES]), results_root / "serial")
+    serial = serial_quick
     before = ray_processes()
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(QUICK), "--out", str(results_root / "ray"),
@@ -152,13 +158,14 @@ def test_ctrl_c_cancels_the_ray_trials_and_keeps_what_finished(criu, results_roo
 
 
 @pytest.mark.timeout(420)
-def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the_runs_secret(criu, results_root: Path):
+def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the_runs_secret(criu, results_root: Path,
+                                                                                             serial_quick):
     """A Ray cluster of two nodes (Ray's own ``cluster_utils.Cluster``: two raylets on this machine): the trials
     run on both nodes, each recording its node, and reach the receiver on the driver node's routable address
     with the run's secret, which it asks of every client; the verdicts are the serial run's."""
     from ray.cluster_utils import Cluster
 
-    serial = run_scenario(load_scenario(QUICK, [PHASES]), results_root / "serial")
+    serial = serial_quick
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=2)
