@@ -2,9 +2,10 @@
 
 An axis is ``FIELD=V1,V2`` (or ``FIELD=[V1, V2]`` in TOML array syntax, for
 values that are themselves lists) naming any scenario field as ``--set``
-does. Axes over the fields that already make arms (``pipeline.backends``,
-``receiver.modes``, ``pipeline.faults``, ``pipeline.crash_after_ms``,
-``pipeline.split_window_ms``) widen the scenario's own arm product; every
+does. Axes over the fields that already make arms (those the schema marks
+``arm``: ``pipeline.backends``, ``receiver.modes``, ``pipeline.faults``, the
+crash, split-window and rank-skew delays, restore targets and ``certify``)
+widen the scenario's own arm product; every
 other axis makes *variants* — one resolved scenario per combination — whose
 trials carry a ``variant`` label such as ``state_size=4096,seed=1``. All
 variants run in one session against one receiver and land in one run
@@ -21,11 +22,12 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.generator.scheduler import build_specs
+from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import Scenario, load_scenario, toml_value
 
-ARM_AXES = frozenset({"pipeline.backends", "receiver.modes", "pipeline.faults", "pipeline.crash_after_ms", "pipeline.split_window_ms"})
-# Fields one session cannot vary: the receiver store is the session's, the name and includes are the file's.
-FIXED = frozenset({"receiver.store", "name", "include", "description"})
+ARM_AXES = schema.arm_keys()
+# Fields one session cannot vary: the run's own (its receiver store, its pool of trials) and the file's.
+FIXED = schema.per_run_keys() | {"name", "include", "description"}
 
 
 @dataclass(frozen=True)

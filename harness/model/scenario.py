@@ -270,13 +270,15 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
         unknown = sorted(set(table) - set(_VARIANT_KEYS))
         if unknown:
             raise InvalidArgument(f"{where} ({name}): unknown field(s) {unknown}; allowed: {', '.join(_VARIANT_KEYS)}")
-        if isinstance(table.get("receiver"), dict) and "store" in table["receiver"]:
-            raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
-        for key in ("jobs", "trials_per_gpu", "executor", "ray_address"):
-            if isinstance(table.get("run"), dict) and key in table["run"]:
-                option = "--jobs" if key in ("jobs", "trials_per_gpu") else f"--{key.replace('_', '-')}"
-                raise InvalidArgument(f"{where}.run.{key}: a run has one pool of trials running at once; "
-                                      f"set run.{key} at the top level (or pass {option})")
+        for key in sorted(schema.per_run_keys()):
+            section, _, field_name = key.partition(".")
+            if not (isinstance(table.get(section), dict) and field_name in table[section]):
+                continue
+            if key == "receiver.store":
+                raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
+            option = "--jobs" if field_name in ("jobs", "trials_per_gpu") else f"--{field_name.replace('_', '-')}"
+            raise InvalidArgument(f"{where}.run.{field_name}: a run has one pool of trials running at once; "
+                                  f"set run.{field_name} at the top level (or pass {option})")
         merged = copy.deepcopy(base)
         _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
         for item in overrides:

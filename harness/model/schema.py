@@ -90,6 +90,8 @@ class Field:
     types: tuple[type, ...] = ()  # the TOML types taken; () for the kind's
     type_text: str = ""  # the table's type column, where the kind's does not say it
     default_text: str = ""  # the table's default column, where the value does not say it
+    arm: bool = False  # an axis of the arm product (Scenario.arms): a sweep over it widens the arms, makes no variants
+    per_run: bool = False  # one value for the whole run (one session): no variant sets it, no sweep varies it
 
     @property
     def key(self) -> str:
@@ -144,26 +146,26 @@ FIELDS: tuple[Field, ...] = (
     # -- [receiver]
     Field("receiver", "store", TEXT, "sqlite",
           "`sqlite` (a file in the run's work directory), `sqlite:PATH`, or a `postgresql://` URL. One store per run: "
-          "it cannot be a sweep axis or differ between variants", attr="store"),
+          "it cannot be a sweep axis or differ between variants", attr="store", per_run=True),
     Field("receiver", "modes", CHOICES, ("at_least_once",), "any of {choices}", attr="modes", choices=RECEIVER_MODES,
           meanings={"at_least_once": "every delivery applied: duplicates visible",
                     "idempotent": "applied once per op; later deliveries recorded as suppressed",
-                    "fenced": "prepare, then commit only up to the checkpoint's fence"}),
+                    "fenced": "prepare, then commit only up to the checkpoint's fence"}, arm=True),
     # -- [pipeline]
     Field("pipeline", "backends", CHOICES, ("criu",),
           "any registered backend: the built-ins of `cutbench/registry.py` and those plug-ins add (`cutbench list "
-          "backends` lists them and says which run here)", attr="backends", choices=CHECKPOINTERS.names),
+          "backends` lists them and says which run here)", attr="backends", choices=CHECKPOINTERS.names, arm=True),
     Field("pipeline", "faults", CHOICES, ("kill",),
           "any of {choices}. A backend that cannot do a fault skips that arm with the reason", attr="faults",
           choices=FAULTS, meanings={"kill": "dump, kill, restore",
                                     "leave_running": "dump, let it run `crash_after_ms`, crash, restore",
-                                    "none": "suspend and resume in place"}),
+                                    "none": "suspend and resume in place"}, arm=True),
     Field("pipeline", "crash_after_ms", MS, (100.0,),
           "for `leave_running`: how long the original runs on after the dump before it is crashed",
-          attr="crash_after_ms", low=0, high=MAX_MS),
+          attr="crash_after_ms", low=0, high=MAX_MS, arm=True),
     Field("pipeline", "split_window_ms", MS, (0.0,),
           "for backends with a split window (`cuda+criu`): delay between the CUDA checkpoint and the CRIU dump, in "
-          "which host code still runs", attr="split_window_ms", low=0, high=MAX_MS),
+          "which host code still runs", attr="split_window_ms", low=0, high=MAX_MS, arm=True),
     Field("pipeline", "keep_images", FLAG, False,
           "keep checkpoint image directories after each cut (debugging; they can be large)", attr="keep_images"),
     Field("pipeline", "images_dir", TEXT, "/dev/shm",
@@ -173,14 +175,14 @@ FIELDS: tuple[Field, ...] = (
           "to start (exit 254) and says why", attr="skip_unavailable"),
     Field("pipeline", "rank_skew_ms", MS, (0.0,),
           "for CUDA backends and multi-process workloads: 0 cuts all ranks together (coordinated); > 0 cuts them one "
-          "at a time this far apart", attr="rank_skew_ms", low=0, high=MAX_MS),
+          "at a time this far apart", attr="rank_skew_ms", low=0, high=MAX_MS, arm=True),
     Field("pipeline", "restore_targets", CHOICES, ("same",), "for CUDA backends: any of {choices}",
           attr="restore_targets", choices=RESTORE_TARGETS,
-          meanings={"same": "the GPU it ran on", "other_gpu": "restore remapped to another GPU"}),
+          meanings={"same": "the GPU it ran on", "other_gpu": "restore remapped to another GPU"}, arm=True),
     Field("pipeline", "certify", CHOICES, ("off",),
           "recovery-cut certificates, an arm axis: {choices}; see [docs/certificates.md](../docs/certificates.md)",
           attr="certify", choices=CERTIFY_MODES, types=(list, str), type_text="string or list",
-          meanings={"audit": "certify, restore anyway", "enforce": "refuse ineligible cuts"}),
+          meanings={"audit": "certify, restore anyway", "enforce": "refuse ineligible cuts"}, arm=True),
     Field("pipeline", "support_matrix", TEXT, "",
           "a measured CUDA support matrix (a `cutbench matrix` run directory or its `matrix.parquet`, path relative to "
           "where cutbench runs): certificates ask it about every CUDA feature the workload declares; a restore using a "
@@ -237,15 +239,15 @@ FIELDS: tuple[Field, ...] = (
     Field("run", "jobs", CUSTOM, 1,
           "trials run at once (`--jobs` wins); `auto`: one per CPU, or `trials_per_gpu` per GPU on a GPU host. "
           "Verdicts are those of a serial run; not per variant", attr="jobs", low=1, high=MAX_JOBS,
-          type_text=f"integer 1–{MAX_JOBS:,} or `\"auto\"`", default_text="`1`; `\"auto\"` under `executor = \"ray\"`"),
+          type_text=f"integer 1–{MAX_JOBS:,} or `\"auto\"`", default_text="`1`; `\"auto\"` under `executor = \"ray\"`", per_run=True),
     Field("run", "trials_per_gpu", INTEGER, 1, "how many trials share one GPU when `jobs = \"auto\"` or under Ray",
-          attr="trials_per_gpu", positive=True, high=64),
+          attr="trials_per_gpu", positive=True, high=64, per_run=True),
     Field("run", "executor", CHOICE, "threads", "where parallel trials run (`--executor`): {choices}", attr="executor",
           choices=EXECUTORS, meanings={"threads": "worker threads of this process",
-                                       "ray": "Ray tasks; `pip install 'cutbench[ray]'`"}),
+                                       "ray": "Ray tasks; `pip install 'cutbench[ray]'`"}, per_run=True),
     Field("run", "ray_address", TEXT, "",
           "`executor = \"ray\"` only: a running Ray to join (`--ray-address`), `HOST:PORT` or `auto`; without it a "
-          "local Ray is started", attr="ray_address", default_text="none"),
+          "local Ray is started", attr="ray_address", default_text="none", per_run=True),
 )
 
 _BY_KEY: dict[str, Field] = {f.key: f for f in FIELDS}
@@ -270,6 +272,16 @@ def default(key: str) -> Any:
     """The default of field ``key`` as a ``Scenario`` holds it (``20.0`` for ``run.watchdog_s``, ``("criu",)``
     for ``pipeline.backends``); KeyError for a field that does not exist."""
     return _BY_KEY[key].default
+
+
+def arm_keys() -> frozenset[str]:
+    """The dotted keys of the fields that are axes of the arm product."""
+    return frozenset(f.key for f in FIELDS if f.arm)
+
+
+def per_run_keys() -> frozenset[str]:
+    """The dotted keys of the fields a run has one value of (no variant sets them, no sweep varies them)."""
+    return frozenset(f.key for f in FIELDS if f.per_run)
 
 
 def keys(section: str) -> tuple[str, ...]:
