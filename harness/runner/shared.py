@@ -66,7 +66,9 @@ class ImageDiscards:
         latest ones), none with ``keep = 0``; returns None."""
         me = threading.get_ident()
         with self._lock:
-            mine = [t for o, t in self._pending if o == me and t.is_alive()]
+            # In the order discarded, finished ones too: the latest ``keep`` are the newest discards, whether or not
+            # their removal is done (an older removal still running while a newer one has finished is waited for).
+            mine = [t for o, t in self._pending if o == me]
         for worker in mine[:max(0, len(mine) - keep)]:
             worker.join()
 

@@ -8,6 +8,7 @@ or ``unknown``.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -113,3 +114,29 @@ def test_a_session_builds_one_reference_per_parameter_set_and_thread():
     thread.start()
     thread.join()
     assert elsewhere[0] is not one and elsewhere[0].checksum(3) == one.checksum(3)
+
+
+def test_settle_waits_for_an_older_removal_still_running_when_a_newer_one_has_finished(tmp_path: Path, monkeypatch):
+    """The removals finish in any order: when the latest is done first, the one before it is still waited for."""
+    import threading
+
+    from cutbench.harness.runner import shared
+
+    older, latest = tmp_path / "older", tmp_path / "latest"
+    release = threading.Event()
+
+    def remove(path: Path) -> None:
+        if path == older:
+            release.wait(10)  # the older removal is slow ...
+        shutil.rmtree(path)
+
+    monkeypatch.setattr(shared, "remove_tree", remove)
+    discards = shared.ImageDiscards()
+    for d in (older, latest):
+        d.mkdir()
+        discards.discard(d)
+    while latest.exists():  # ... and the latest is done first
+        threading.Event().wait(0.01)
+    threading.Timer(0.2, release.set).start()
+    discards.settle()
+    assert not older.exists()
