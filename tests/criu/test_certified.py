@@ -22,7 +22,9 @@ from tests.conftest import REPO
 
 
 def run(results: Path, scenario: str, *sets: str) -> tuple[pd.DataFrame, Path]:
-    args = [sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / scenario), "--out", str(results), "--json"]
+    # Two trials at a time: a parallel run stores a serial one's verdicts (tests/criu/test_parallel.py), in less wall time.
+    args = [sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / scenario), "--out", str(results), "--json",
+            "--jobs", "2"]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=REPO)
