@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     import pandas
 
 
+def workload_client_name(trial: str) -> str:
+    """The client name a trial's workload says ``hello`` with: the harness waits for no open connection of this
+    name before it reads what a crashed incarnation sent (its last frames may still be unread)."""
+    return f"workload {trial}"
+
+
 class ReceiverUnavailable(Unavailable):
     """The receiver could not be reached, or did not answer, within the timeout."""
 
@@ -233,6 +239,10 @@ class ReceiverClient:
         """Return one trial's committed state: ``mode``, ``fence``, ``done`` (distinct ops that took
         effect: a row applied or committed) and ``open_prepared``. ``ReceiverError`` if never opened."""
         return self._request({"type": "query", "what": "trial", "trial": _check_text("trial", trial)})["value"]
+
+    def clients(self) -> list[str]:
+        """The client names (``hello``'s ``client``) of the receiver's open connections, this one's included."""
+        return list(self._request({"type": "query", "what": "clients"})["value"])
 
     def health(self) -> dict[str, Any]:
         """Return the server's health reply (status, pid, boot, high_water_mark, connections, ...)."""

@@ -54,7 +54,7 @@ _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
 REQUEST_TYPES = frozenset(_FIELDS)
 # Requests that change the store: they go through the writer and are acked after commit.
 WRITE_TYPES = frozenset({"open_trial", "publish", "prepare", "commit", "abort", "fence"})
-QUERY_WHATS = ("high_water_mark", "trial")
+QUERY_WHATS = ("high_water_mark", "trial", "clients")
 
 
 class ProtocolError(Exception):

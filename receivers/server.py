@@ -225,6 +225,9 @@ class Service:
                            batches=self.batches, written=self.written)
         if mtype == "query" and msg["what"] == "high_water_mark":
             return P.reply("result", "query", rid, what="high_water_mark", value=self.committed_seq)
+        if mtype == "query" and msg["what"] == "clients":
+            # The open connections' client names: a closed one's every frame was read and its writes queued.
+            return P.reply("result", "query", rid, what="clients", value=sorted(c.client for c in self.connections))
         raise AssertionError(mtype)  # pragma: no cover - handle() sends the other reads to the store
 
     async def _store_read(self, conn: _Connection, mtype: str, msg: dict, rid: int | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from cutbench.receivers.client import workload_client_name
 from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import (Runtime, TrackedReceiver, WorkloadConfig, format_exception, since_exec,
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     control.set("on_device", 1 if is_device(rt.xp) else 0)
     try:
         if config.receiver:
-            rt.receiver = TrackedReceiver(config.receiver, control, token=config.receiver_token)
+            # Named for the trial: before a restore the harness waits until no connection of this name is open.
+            rt.receiver = TrackedReceiver(config.receiver, control, token=config.receiver_token,
+                                          client_name=workload_client_name(config.trial))
         workload = cls(rt, config.params)
         workload.setup()
         if rt.desk is not None:  # an adapter must stand for a domain the workload declares

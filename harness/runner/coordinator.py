@@ -28,14 +28,17 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from cutbench.errors import StageRefused
+from cutbench.errors import HarnessFault, StageRefused
 from cutbench.harness.model.certificate import (Certificate, Evidence, Position, certify, epoch_steps,
                                                 in_flight_candidates)
 from cutbench.harness.model.plan import Cut
+from cutbench.receivers.client import workload_client_name
 
 # How long a commit waits for its prepared delivery to be stored: the
 # workload sent it before the cut, but on another connection.
 COMMIT_WAIT_S = 2.0
+# How long a restore waits for the receiver to read a crashed incarnation's last frames (milliseconds, usually).
+SETTLE_S = 10.0
 VISIBLE = ("applied", "committed")
 
 
@@ -99,9 +102,12 @@ class TrialCoordinator:
         if self.mode == "fenced":
             self.advance_fence(max(self.fence, self.control.get("sent_effect")))
 
-    def restore_view(self, certifying: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def restore_view(self, certifying: bool, *, ran_on: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Before a restore, from one read of the receiver: the ops a fenced receiver had open from the
-        current (rolled-back) incarnation, now aborted, and (when certifying) the ops visible."""
+        current (rolled-back) incarnation, now aborted, and (when certifying) the ops visible. ``ran_on``: that
+        incarnation ran on after the cut and was crashed, so the read waits for its last frames (:meth:`settle`)."""
+        if ran_on and (self.mode == "fenced" or certifying):
+            self.settle()
         rows = self._rows() if self.mode == "fenced" or certifying else None
         aborted: tuple[int, ...] = ()
         if self.mode == "fenced":
@@ -111,6 +117,21 @@ class TrialCoordinator:
                 self.client.abort(self.trial, from_epoch=epoch)
         visible = _visible(rows) if certifying else ()
         return aborted, visible
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Wait until the receiver has stored every frame of the trial's crashed workload: no connection of its
+        name is open (every frame read and its write queued), then a write of the harness's own, queued after them,
+        is acknowledged. A crashed process's last effects can sit in its socket's buffer after its death; read
+        before they are stored, an effect it sent would look unsent, and its resend would be certified.
+        Raises :class:`~cutbench.errors.HarnessFault` when the connection stays open ``timeout_s``."""
+        name = workload_client_name(self.trial)
+        deadline = time.monotonic() + timeout_s
+        while name in self.client.clients():
+            if time.monotonic() > deadline:
+                raise HarnessFault("restore", f"the receiver still held the crashed workload's connection after "
+                                              f"{timeout_s:.0f} s: what it sent last cannot be read")
+            time.sleep(0.005)
+        self.client.open_trial(self.trial, self.mode)  # a no-op write: its ack follows the queued ones' storing
 
     def _rows(self) -> Any:
         return self.client.export(self.trial)
@@ -229,7 +250,8 @@ class CutCertifier:
 
     def before_restore(self) -> str | None:
         """After the fault: abort what the rolled-back process prepared, gather the receiver's view, decide."""
-        self.evidence.aborted, self.evidence.visible = self.co.restore_view(self.certifying)
+        self.evidence.aborted, self.evidence.visible = self.co.restore_view(
+            self.certifying, ran_on=self.cut.fault == "leave_running")
         if not self.certifying:
             return None
         self.evidence.restore_decided = True

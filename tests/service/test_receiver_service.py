@@ -320,3 +320,36 @@ def test_a_receiver_outlives_no_harness_killed_outright(tmp_path, harness_reaped
         except ChildProcessError:
             pass
     assert "stopped after" in (tmp_path / "receiver.log").read_text()  # the clean shutdown, not a kill
+
+
+def test_a_restore_reads_what_a_crashed_workload_sent_only_after_the_receiver_stored_it(receiver) -> None:
+    """The harness's :meth:`settle` before a restore after ``leave_running``: while the crashed workload's
+    connection is open its last frames may be unread; the read waits until the receiver shows no connection of
+    the workload's name, and then for a write of its own queued after them, so the effect sent last is seen."""
+    import threading
+
+    from cutbench.errors import HarnessFault
+    from cutbench.harness.runner.coordinator import TrialCoordinator
+    from cutbench.receivers.client import workload_client_name
+
+    trial = "r/t0001"
+    harness = ReceiverClient(receiver.address, client_name="harness")
+    harness.open_trial(trial, "at_least_once")
+    workload = ReceiverClient(receiver.address, client_name=workload_client_name(trial))
+    workload.open_trial(trial, "at_least_once")
+    assert sorted(harness.clients()) == ["harness", workload_client_name(trial)]
+    co = TrialCoordinator(harness, trial, "at_least_once", "audit", control=None, phases=("publish",),
+                          workload_domains=("cpu", "receiver"), covers=("cpu",))
+    with pytest.raises(HarnessFault, match="still held the crashed workload's connection"):
+        co.settle(timeout_s=0.2)
+
+    def crash() -> None:
+        time.sleep(0.3)
+        workload.send_effect(trial, 4, 0, "d4")  # its last frame: sent, never acknowledged
+        workload.close()
+
+    threading.Thread(target=crash).start()
+    co.settle()
+    assert workload_client_name(trial) not in harness.clients()
+    assert list(harness.export(trial)["op_id"]) == [4]
+    harness.close()
