@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 
 # Report keys that name the run rather than the state: the process, the
 # backend, and buffer addresses, which each allocator picks for itself.
-PER_RUN = {"pid", "device", "pointers_initial", "pointers_final"}
+# What differs between two runs of the same plan: the process, its device, its addresses and its start-up timings.
+PER_RUN = {"pid", "device", "pointers_initial", "pointers_final", "startup"}
 
 
 @pytest.fixture(scope="module")
