@@ -13,8 +13,7 @@ from tests.fixtures.workload_cases import clean_spec
 torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
 
 # Report keys that name the run rather than the state: the process, the
-# backend, and buffer addresses, which each allocator picks for itself.
-# What differs between two runs of the same plan: the process, its device, its addresses and its start-up timings.
+# backend, buffer addresses, which each allocator picks for itself, and the start-up timings.
 PER_RUN = {"pid", "device", "pointers_initial", "pointers_final", "startup"}
 
 
