@@ -83,6 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
+from cutbench.harness.environment.cpu_account import stat_fields  # noqa: E402
 from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
 from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES  # noqa: E402
 from cutbench.harness.reports.plots import HARNESS_STAGES  # noqa: E402
@@ -274,10 +275,8 @@ def host_cpu() -> tuple[int, int] | None:
     Busy is everything but idle and iowait: user, system, interrupts and
     steal, the workloads', CRIU's, the driver's and the harness's alike.
     """
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:]]
-    except (OSError, ValueError):
+    fields = _cpu_line()
+    if fields is None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     total = sum(fields[:8])  # guest time is already inside user
@@ -292,27 +291,31 @@ def kernel_cpu() -> dict[str, int]:
     What the accounting of a cut's processes cannot see: the host's busy time outside them is these and the
     processes that ran beside the benchmark.
     """
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:]]
-        out["irq + softirq"] = fields[5] + fields[6]
-    except (OSError, ValueError, IndexError):
+    fields = _cpu_line()
+    if fields is None or len(fields) < 7:
         return {}
+    out = {"irq + softirq": fields[5] + fields[6]}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                text = fh.read()
+            comm, rest = stat_fields(f"/proc/{entry.name}/stat")
         except OSError:
             continue  # gone
-        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
         if rest[1] != "2":
             continue
         family = "kernel threads: " + comm.split("/")[0].rstrip(".0123456789")
         out[family] = out.get(family, 0) + int(rest[11]) + int(rest[12])
     return out
+
+
+def _cpu_line() -> list[int] | None:
+    """The jiffy counters of ``/proc/stat``'s first line (every CPU), None where it cannot be read."""
+    try:
+        with open("/proc/stat") as fh:
+            return [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
 
 
 def unaccounted(before: dict[str, int], after: dict[str, int], *, cuts: int, host_busy_s: float | None,
@@ -475,9 +478,11 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
 
     def progress(result: Any, done: int, total: int) -> None:
         finishes.append((result.spec.index - 1, result.spec.trial_id, time.monotonic()))
-        # At the last verdict: the report's writing is left out, as in the span.
-        state["cpu_end"], state["kernel_end"] = host_cpu(), kernel_cpu()
-        if max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds:
+        state["cpu_end"] = host_cpu()  # at the last verdict: the report's writing is left out, as in the span
+        stop = max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds
+        if done == total or stop:  # the kernel's threads read once, at the end (a walk of all /proc)
+            state["kernel_end"] = kernel_cpu()
+        if stop:
             # The runner's Ctrl-C path: workers stop, trials in flight clean up, the finished ones are stored.
             state["budget_hit"] = True
             raise KeyboardInterrupt

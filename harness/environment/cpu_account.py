@@ -259,7 +259,7 @@ def _io(path: str) -> dict[str, int]:
         return {}
 
 
-def _stat_fields(path: str) -> tuple[str, list[str]]:
+def stat_fields(path: str) -> tuple[str, list[str]]:
     """The name (field 2) and the fields after it (from 3 on) of a ``stat`` file."""
     with open(path) as fh:
         text = fh.read()
@@ -296,7 +296,7 @@ class ProcessReader:
         return sample
 
     def _read(self, pid: int, threads: bool, tight: bool) -> ProcSample:
-        _, f = _stat_fields(f"/proc/{pid}/stat")
+        _, f = stat_fields(f"/proc/{pid}/stat")
         # Fields n are f[n - 3]: minflt 10, cminflt 11, majflt 12, cmajflt 13, utime 14, stime 15, cutime 16,
         # cstime 17, num_threads 20, starttime 22.
         start = int(f[19])
@@ -343,7 +343,7 @@ class ProcessReader:
         out = {}
         for tid in tids:
             try:
-                f = _stat_fields(f"/proc/{pid}/task/{tid}/stat")[1]
+                f = stat_fields(f"/proc/{pid}/task/{tid}/stat")[1]
                 out[tid] = (int(f[11]) + int(f[12])) * TICK_S
             except (OSError, ValueError, IndexError):
                 continue
@@ -396,7 +396,7 @@ class ProcessReader:
             return groups
         for name in tids:
             try:
-                comm, f = _stat_fields(f"/proc/{pid}/task/{name}/stat")
+                comm, f = stat_fields(f"/proc/{pid}/task/{name}/stat")
             except (OSError, ValueError, IndexError):
                 continue
             group = "cuda_threads" if comm.startswith(CUDA_THREAD_PREFIX) else "workload"

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pandas as pd
 import pytest
 
 from cutbench.harness.environment import engines
+from cutbench.harness.nemesis.backends import docker as docker_backend
 from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS, _lock_options
 from tests.conftest import FULL_SUITE, REPO
 from tests.fixtures.run_fixtures import run_table as run
@@ -48,8 +48,7 @@ def unpacked_checkpoints() -> set[Path]:
     """containerd's ``ctrd-checkpoint*`` directories (one per Docker restore) while no Docker cut is in flight."""
     lock = _lock_options()
     try:
-        return {p for parent in (engines.docker_paths().tmp, Path(tempfile.gettempdir()))
-                for p in parent.glob("ctrd-checkpoint*")}
+        return docker_backend.unpacked_checkpoints()
     finally:
         lock.close()
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER,
                                                           container_of, criu_options,
                                                           host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
-from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
+from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
 from cutbench.procs import Child, package_env
 
 RUNC_OPTIONS = Path("/etc/criu/runc.conf")
@@ -210,7 +209,7 @@ class DockerCheckpointer:
         except Exception:
             pass
         for path in unpacked:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         if not _foreign(RUNC_OPTIONS):
             RUNC_OPTIONS.unlink(missing_ok=True)
         lock.close()  # closing the file releases its lock
@@ -265,14 +264,19 @@ def _unpacked_copies(checkpoint: Path) -> list[Path]:
     except OSError:
         return []  # no restore was unpacked from it, or the engine is not on this host
     found = []
-    for parent in {engines.docker_paths().tmp, Path(tempfile.gettempdir())}:
-        for path in parent.glob("ctrd-checkpoint*"):
-            try:
-                if (path / "inventory.img").read_bytes() == inventory:
-                    found.append(path)
-            except OSError:
-                continue
+    for path in unpacked_checkpoints():
+        try:
+            if (path / "inventory.img").read_bytes() == inventory:
+                found.append(path)
+        except OSError:
+            continue
     return found
+
+
+def unpacked_checkpoints() -> set[Path]:
+    """Every ``ctrd-checkpoint*`` directory now in the engine's ``TMPDIR`` (the project's engine's, or ``/tmp``)."""
+    return {path for parent in (engines.docker_paths().tmp, Path(tempfile.gettempdir()))
+            for path in parent.glob("ctrd-checkpoint*")}
 
 
 def _stale_upload(reply: Any) -> bool:
