@@ -320,11 +320,14 @@ def available() -> dict[str, str]:
     return WORKLOADS.available()
 
 
-def load(name: str) -> type[Workload]:
-    """The workload class for a registered ``name`` or an import path ``"mod:Class"``.
+def load(name: str, path: "tuple[str, ...] | list[str]" = ()) -> type[Workload]:
+    """The workload class for a registered ``name`` or an import path ``"mod:Class"``, its module looked for on
+    ``path`` first (a trial's ``workload_path``: see :func:`add_import_path`).
 
     Raises :class:`WorkloadError` naming the allowed workloads when not found.
     """
+    if path:
+        add_import_path(path)
     # A built-in name needs no scan of the installed entry points (milliseconds, on every trial).
     target = WORKLOADS.builtin.get(name) or available().get(name, name if ":" in name else None)
     if target is None:
@@ -351,6 +354,50 @@ def load(name: str) -> type[Workload]:
     if isinstance(features, str) or not all(isinstance(f, str) and f for f in features):
         raise WorkloadError(f"workload {target!r}: features = {features!r}; must be a set of feature names")
     return cls
+
+
+def import_roots(cls: type) -> tuple[str, ...]:
+    """The ``sys.path`` entry (absolute) that workload class ``cls`` was imported from, as a 1-tuple; ``()`` for a
+    class any interpreter of this environment finds without help (cutbench's own, an installed package's).
+
+    It travels with the trial (``TrialSpec.workload_path``): a workload found through a relative
+    ``PYTHONPATH`` or the harness's working directory is not found from a trial's directory, nor by a
+    ``cutbench replay`` pasted elsewhere.
+    """
+    import site
+    import sys
+    from pathlib import Path
+
+    import cutbench
+
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return ()
+    root = Path(file).resolve().parent
+    if Path(file).name == "__init__.py":
+        root = root.parent
+    for _ in cls.__module__.split(".")[1:]:
+        root = root.parent
+    # Every process the harness starts has cutbench's own root on its path (procs.package_env), and the
+    # environment's site directories.
+    installed = [Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())]
+    if root == Path(str(cutbench.IMPORT_ROOT)) or any(root.is_relative_to(k) for k in installed):
+        return ()
+    return (str(root),)
+
+
+def add_import_path(entries: "tuple[str, ...] | list[str]") -> None:
+    """Put ``entries`` (a trial's ``workload_path``) at the front of ``sys.path`` and of this process's
+    ``PYTHONPATH`` (so that processes it starts find the workload too); entries already there stay where they are."""
+    import os
+    import sys
+
+    missing = [e for e in entries if e not in sys.path]
+    sys.path[:0] = missing
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if any(e not in inherited for e in entries):
+        os.environ["PYTHONPATH"] = os.pathsep.join([*[e for e in entries if e not in inherited], *inherited])
 
 
 def resolve_params(cls: type[Workload], params: dict[str, Any]) -> dict[str, Any]:

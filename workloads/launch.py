@@ -2,6 +2,7 @@
 
 Exit codes: 0 finished and reported; 1 the workload raised (traceback in its
 log); 3 stopped by the harness; 4 a park was never released.
+``--check WORKLOAD [PATH...]`` only imports the workload (exit 0, or 1 with the traceback on stderr).
 """
 
 from __future__ import annotations
@@ -22,16 +23,25 @@ def main(argv: list[str] | None = None) -> int:
     imported = since_exec()  # interpreter start and the imports above
     args = sys.argv[1:] if argv is None else argv
     resume = None
+    if args[:1] == ["--check"] and len(args) >= 2:
+        # Before any trial, the harness asks whether a workload process can import this workload at all.
+        api.load(args[1], args[2:])
+        return 0
     if len(args) == 3 and args[1] == "--resume":
         # The `app` backend's restore: a fresh process loads a saved state.
         args, resume = args[:1], args[2]
     if len(args) != 1:
-        print("usage: python -m cutbench.workloads.launch CONFIG.json [--resume STATE]", file=sys.stderr)
+        print("usage: python -m cutbench.workloads.launch CONFIG.json [--resume STATE] | --check WORKLOAD [PATH...]", file=sys.stderr)
         return 2
     config = WorkloadConfig.load(args[0])
     control = ControlFile(config.control_path)
     control.set("pid", os.getpid())
-    cls = api.load(config.workload)
+    try:
+        cls = api.load(config.workload, config.workload_path)
+    except Exception:  # its words go to the trial's log, where the harness reads a workload's last words
+        write_log(config.log_path, control.get("incarnation"), f"failed: cannot load workload {config.workload!r}:\n"
+                  + format_exception())
+        return 1
     # Before CUDA starts in this process: the driver reads e.g. CUDA_MODULE_LOADING at its initialisation.
     os.environ.update(getattr(cls, "environment", {}))
     try:

@@ -46,6 +46,7 @@ class WorkloadConfig:
     receiver: str | None = None  # receiver address, e.g. "127.0.0.1:4321"
     receiver_token: str | None = None  # the secret a receiver on a routable address asks for (else None)
     array_backend: str = "auto"
+    workload_path: list[str] = field(default_factory=list)  # where the workload's module is (TrialSpec.workload_path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "WorkloadConfig":

@@ -14,7 +14,8 @@ def test_restore_is_coherent(cutbench_run):
     cutbench_run.check()
 
 
+# The workload, its parameters and the arm come from the marker's scenario; the call narrows it to one arm.
+@pytest.mark.cutbench(scenario="scenarios/gate.toml")
 def test_crash_after_publish_is_not_applied_twice(cutbench_trial):
-    result = cutbench_trial("2/publish", receiver_mode="idempotent", fault="leave_running", crash_after_ms=100,
-                            params={"ops": 4, "op_interval_ms": 20.0}, array="numpy")
+    result = cutbench_trial("2/publish", fault="leave_running")
     assert result.valid, f"{result.findings}\nreplay: {result.replay_command}"

@@ -17,7 +17,7 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.model import schema
-from cutbench.harness.model.scenario import Arm, Scenario, load_scenario, toml_value
+from cutbench.harness.model.scenario import Arm, Scenario, apply_override, load_scenario, parse_scenario, toml_value
 from cutbench.harness.reports.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
 MAX_LISTED = 10  # failing trials named in a message and in the JUnit properties
@@ -41,17 +41,17 @@ def find_scenarios(patterns: list[str], base: Path | None = None) -> list[Path]:
 
 def load(path: Path, backends: list[str] | None = None, overrides: list[str] | None = None) -> Scenario:
     """Load a scenario, with ``pipeline.backends`` replaced by ``backends`` when given."""
-    extra = list(overrides or [])
-    if backends:
-        extra.append("pipeline.backends=" + toml_value(list(backends)))
-    return load_scenario(path, extra)
+    return load_scenario(path, [*(overrides or []), *([backends_override(backends)] if backends else [])])
+
+
+def backends_override(backends: list[str]) -> str:
+    """The ``--set`` override that replaces a scenario's ``pipeline.backends`` with ``backends``."""
+    return "pipeline.backends=" + toml_value(list(backends))
 
 
 def restrict(scenario: Scenario, arm: Arm) -> Scenario:
     """The scenario narrowed to one arm (same plans as in the full run: plan seeds depend on the arm only)."""
-    return replace(scenario, backends=(arm.backend,), modes=(arm.receiver_mode,), faults=(arm.fault,),
-                   crash_after_ms=(arm.crash_after_ms,), split_window_ms=(arm.split_window_ms,),
-                   rank_skew_ms=(arm.rank_skew_ms,), restore_targets=(arm.restore_target,), variants=())
+    return scenario.narrowed(arm)
 
 
 def gate_points(scenario: Scenario) -> list[tuple[str, Scenario, Arm]]:
@@ -214,39 +214,84 @@ def parse_plan(plan: Any, arm: Arm) -> Any:
     raise InvalidArgument(f"plan = {plan!r}: expected 'OP/PHASE', a plan dict or a CutPlan")
 
 
-# The defaults are a scenario file's (harness/model/schema.py); a list field's is its first value.
-def run_trial(results_root: str | Path, plan: Any = "3/publish", *, workload: str = schema.default("workload.name"),
-              params: dict[str, Any] | None = None, array: str = schema.default("workload.array"),
-              backend: str = schema.default("pipeline.backends")[0], receiver_mode: str = schema.default("receiver.modes")[0],
-              fault: str = schema.default("pipeline.faults")[0], crash_after_ms: float = schema.default("pipeline.crash_after_ms")[0],
-              split_window_ms: float = schema.default("pipeline.split_window_ms")[0],
-              watchdog_s: float = schema.default("run.watchdog_s"), trial_timeout_s: float = schema.default("run.trial_timeout_s"),
-              stage_timeout_s: float = schema.default("run.stage_timeout_s")) -> TrialOutcome:
+# ``run_trial``'s keywords and the scenario fields each one sets: a list field gets a list of one value.
+TRIAL_KEYWORDS: dict[str, str] = {
+    "workload": "workload.name", "params": "workload.params", "array": "workload.array",
+    "backend": "pipeline.backends", "receiver_mode": "receiver.modes", "fault": "pipeline.faults",
+    "crash_after_ms": "pipeline.crash_after_ms", "split_window_ms": "pipeline.split_window_ms",
+    "rank_skew_ms": "pipeline.rank_skew_ms", "restore_target": "pipeline.restore_targets", "certify": "pipeline.certify",
+    "watchdog_s": "run.watchdog_s", "trial_timeout_s": "run.trial_timeout_s", "stage_timeout_s": "run.stage_timeout_s",
+}
+
+
+def trial_overrides(keywords: dict[str, Any]) -> list[str]:
+    """``run_trial``'s keywords as ``--set`` overrides (``workload.params`` one key each, so a scenario's others
+    stay); InvalidArgument naming an unknown keyword and the known ones."""
+    unknown = sorted(set(keywords) - set(TRIAL_KEYWORDS))
+    if unknown:
+        raise InvalidArgument(f"cutbench_trial: unknown keyword(s) {', '.join(unknown)}; allowed: scenario, arm, "
+                              + ", ".join(TRIAL_KEYWORDS))
+    out = []
+    for name, value in keywords.items():
+        key = TRIAL_KEYWORDS[name]
+        if name == "params":
+            if not isinstance(value, dict):
+                raise InvalidArgument(f"params = {value!r}: expected a dict of the workload's parameters")
+            out += [f"{key}.{k}={toml_value(v)}" for k, v in value.items()]
+        else:
+            listed = isinstance(schema.default(key), tuple) and not isinstance(value, (list, tuple))
+            out.append(f"{key}={toml_value([value] if listed else value)}")
+    return out
+
+
+def trial_scenario(scenario: str | Path | None, overrides: list[str] | None = None, **keywords: Any) -> Scenario:
+    """The scenario one trial is drawn from: the file ``scenario`` with ``overrides`` and ``keywords`` applied,
+    or, with no file, a scenario of ``keywords`` alone, which must then name the workload.
+
+    There is no default workload: a gate that silently ran another program than the one under test would
+    pass for the wrong reason. Raises :class:`InvalidArgument` naming what is missing or wrong.
+    """
+    extra = [*(overrides or []), *trial_overrides(keywords)]
+    if scenario is not None:
+        return load_scenario(scenario, extra)
+    if keywords.get("workload") is None:
+        raise InvalidArgument("cutbench_trial: no workload named: pass workload='NAME' (or 'module:Class'), "
+                              "or mark the test @pytest.mark.cutbench(scenario='…') to take it from a scenario")
+    data: dict[str, Any] = {"name": "trial"}
+    for item in extra:
+        apply_override(data, item)
+    return parse_scenario(data)
+
+
+def run_trial(results_root: str | Path, plan: Any = "3/publish", *, scenario: str | Path | None = None,
+              overrides: list[str] | None = None, arm: str | None = None, **keywords: Any) -> TrialOutcome:
     """Run one trial and store it as a run of one trial; return its :class:`TrialOutcome`.
 
-    Arguments are validated as a scenario file's would be (InvalidArgument
-    names the bad one); an unavailable backend raises :class:`Unavailable`.
+    The trial is drawn from :func:`trial_scenario` (``scenario``, ``overrides`` and ``keywords``:
+    ``workload``, ``params``, ``fault``, … as :data:`TRIAL_KEYWORDS` lists). When the result still has several
+    arms (variants included), ``arm`` names one by its gate label (``variant:criu/idempotent/kill``).
+    Arguments are validated as a scenario file's would be (InvalidArgument names the bad one); an
+    unavailable backend raises :class:`Unavailable`.
     """
-    from cutbench.harness.model.trial import TrialSpec
-    from cutbench.harness.runner.run import check_backends, execute
     from cutbench.harness.model.trial import spec_for
-    from cutbench.harness.model.scenario import parse_scenario
+    from cutbench.harness.runner.run import check_backends, execute
 
-    scen = parse_scenario({
-        "name": "trial",
-        "workload": {"name": workload, "array": array, "params": dict(params or {})},
-        "receiver": {"modes": [receiver_mode]},
-        "pipeline": {"backends": [backend], "faults": [fault], "crash_after_ms": [crash_after_ms], "split_window_ms": [split_window_ms]},
-        "run": {"watchdog_s": watchdog_s, "trial_timeout_s": trial_timeout_s, "stage_timeout_s": stage_timeout_s},
-    })
-    arms, skipped = check_backends(scen)
+    scen = trial_scenario(scenario, overrides, **keywords)
+    points = gate_points(scen)
+    if arm is not None:
+        sub, chosen = point_by_label(scen, arm)
+    elif len(points) == 1:
+        _label, sub, chosen = points[0]
+    else:
+        raise InvalidArgument(f"scenario {scen.name!r} has {len(points)} arms ({', '.join(p[0] for p in points)}): "
+                              "pass arm='LABEL', or narrow it with fault=, receiver_mode=, backend=, …")
+    narrowed = sub.narrowed(chosen)
+    arms, skipped = check_backends(narrowed)
     if not arms:
-        raise Unavailable(skipped[0]["reason"] if skipped else f"backend {backend!r} cannot run here")
-    arm = arms[0]
-    cut_plan = parse_plan(plan, arm)
-    spec = spec_for(scen, arm, cut_plan, 1)
-    TrialSpec.from_dict(spec.to_dict())  # validates the plan against the workload's phases and ops
-    outcome = execute(scen, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}")
+        raise Unavailable(skipped[0]["reason"] if skipped else f"backend {chosen.backend!r} cannot run here")
+    cut_plan = parse_plan(plan, arms[0])
+    spec = replace(spec_for(narrowed, arms[0], cut_plan, 1), variant=sub.variant)
+    outcome = execute(narrowed, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}")
     records = outcome.run.trial_records()
     if not records:
         raise KeyboardInterrupt  # the only way execute returns without the trial: interrupted

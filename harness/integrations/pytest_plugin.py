@@ -267,21 +267,56 @@ def cutbench_run(request: pytest.FixtureRequest) -> GateRun:
     return GateRun(result, RunDir.open(result.run_dir).table("trials"))
 
 
+def _trial_source(request: pytest.FixtureRequest) -> tuple[Path | None, list[str], list[str]]:
+    """Where ``cutbench_trial`` takes its workload and arm from: ``(scenario file, --set overrides, backends)``.
+
+    The test's ``cutbench`` marker first (its ``scenario``, ``set`` and ``backend``), else one
+    ``--cutbench-scenario``; ``(None, [], backends)`` when there is neither (the call must then name the workload).
+    """
+    from cutbench.harness.integrations import gate
+    from cutbench.errors import InvalidArgument
+
+    config = request.config
+    marker = request.node.get_closest_marker(MARKER)
+    kwargs = marker.kwargs if marker else {}
+    backends = config.getoption("--cutbench-backend") or _as_list(kwargs.get("backend"))
+    patterns = _as_list(kwargs.get("scenario")) or config.getoption("--cutbench-scenario")
+    if not patterns:
+        return None, [], backends
+    found = gate.find_scenarios(patterns, Path(str(request.node.path)).parent)
+    if len(found) != 1:
+        raise InvalidArgument(f"cutbench_trial: the scenario {', '.join(patterns)} matches {len(found)} files "
+                              f"({', '.join(map(str, found))}); pass scenario='PATH' to pick one")
+    return found[0], _as_list(kwargs.get("set")), backends
+
+
 @pytest.fixture
 def cutbench_trial(request: pytest.FixtureRequest) -> Any:
-    """A function that runs one trial: ``cutbench_trial("3/publish", receiver_mode="idempotent", fault="leave_running")``.
+    """A function that runs one trial: ``cutbench_trial("3/publish", fault="leave_running")``.
 
-    Keyword arguments are those of :func:`cutbench.harness.integrations.gate.run_trial`; it returns
-    a :class:`cutbench.harness.integrations.gate.TrialOutcome` (``.outcome``, ``.findings``,
-    ``.valid``, ``.replay_command``). An unavailable backend fails the test (skips it with
+    The workload, its parameters and the arm come from the test's ``cutbench`` marker (its
+    ``scenario``, ``set`` and ``backend``) or a single ``--cutbench-scenario``; the call's keywords
+    narrow or override them (``fault``, ``receiver_mode``, ``params``, …: see
+    :data:`cutbench.harness.integrations.gate.TRIAL_KEYWORDS`), ``scenario=`` names another file and
+    ``arm=`` picks one arm by label. With no scenario the call must name ``workload=``: there is no
+    default. Returns a :class:`cutbench.harness.integrations.gate.TrialOutcome` (``.outcome``,
+    ``.findings``, ``.valid``, ``.replay_command``). An unavailable backend fails the test (skips it with
     ``--cutbench-allow-skip``).
     """
     from cutbench.harness.integrations import gate
     from cutbench.errors import Unavailable
 
-    def run(plan: Any = "3/publish", **kwargs: Any) -> Any:
+    def run(plan: Any = "3/publish", *, scenario: str | Path | None = None, arm: str | None = None, **kwargs: Any) -> Any:
+        source, overrides, backends = _trial_source(request)
+        if scenario is not None:
+            source, overrides = Path(request.node.path).parent / scenario, []
+            if not source.is_file():
+                source = Path(scenario)
+        if backends and "backend" not in kwargs:
+            overrides = [*overrides, gate.backends_override(backends)]
         try:
-            result = gate.run_trial(_results_root(request.config), plan, **kwargs)
+            result = gate.run_trial(_results_root(request.config), plan, scenario=source, overrides=overrides,
+                                    arm=arm, **kwargs)
         except Unavailable as exc:
             _cannot_run(request.config, f"cutbench: {exc}")
         request.node.user_properties.extend([
@@ -291,3 +326,4 @@ def cutbench_trial(request: pytest.FixtureRequest) -> Any:
         return result
 
     return run
+

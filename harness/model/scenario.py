@@ -71,6 +71,15 @@ class Arm:
         return s
 
 
+# Each field of an Arm and the Scenario attribute that lists its values (the schema's fields marked ``arm``);
+# ``tests/unit/test_scenario_schema.py`` holds the two to the same axes.
+ARM_AXES: dict[str, str] = {
+    "backend": "backends", "receiver_mode": "modes", "fault": "faults", "crash_after_ms": "crash_after_ms",
+    "split_window_ms": "split_window_ms", "rank_skew_ms": "rank_skew_ms", "restore_target": "restore_targets",
+    "certify": "certify",
+}
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A validated scenario. ``arms()`` gives the sweep; the plan fields feed the scheduler."""
@@ -146,6 +155,14 @@ class Scenario:
                 out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert))
         return out
 
+    def narrowed(self, arm: Arm) -> "Scenario":
+        """This scenario with one arm: every arm axis set to ``arm``'s value, no ``[[variants]]``.
+
+        Its plans are those the full run draws for that arm (plan seeds depend on the arm only).
+        """
+        axes: dict[str, Any] = {attr: (getattr(arm, name),) for name, attr in ARM_AXES.items()}
+        return replace(self, variants=(), **axes)
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as plain data (written to ``run.toml``)."""
         return asdict(self)
@@ -188,7 +205,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """Read, merge (``include``), override and validate a scenario file."""
     data = _read_with_includes(Path(path), seen=())
     for item in overrides or []:
-        _apply_override(data, item)
+        apply_override(data, item)
     return parse_scenario(data, source_path=str(path), overrides=overrides)
 
 
@@ -282,7 +299,7 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
         merged = copy.deepcopy(base)
         _deep_merge(merged, copy.deepcopy({k: v for k, v in table.items() if k != "name"}))
         for item in overrides:
-            _apply_override(merged, item)
+            apply_override(merged, item)
         try:
             sub = parse_scenario(merged, source_path)
         except InvalidArgument as exc:
@@ -381,7 +398,7 @@ def toml_value(value: Any) -> str:
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply ``section.key=value`` where value is parsed as a TOML value (bare words as strings)."""
     dotted, sep, raw = item.partition("=")
     if not sep or not dotted.strip():

@@ -101,6 +101,9 @@ class TrialSpec:
     images_dir: str = schema.default("pipeline.images_dir")
     keep_images: bool = schema.default("pipeline.keep_images")
     variant: str = ""  # the sweep point (``state_size=4096``) when a sweep runs several in one run
+    # Where the workload's module was found (workload_api.import_roots): the workload process, replay and
+    # analyze import it from there, whatever their working directory or PYTHONPATH.
+    workload_path: list[str] = field(default_factory=list)
 
     def cut_plan(self) -> CutPlan:
         """The plan as a :class:`CutPlan`."""
@@ -125,7 +128,7 @@ class TrialSpec:
         Raises :class:`InvalidArgument` for an unknown workload or a plan it cannot run.
         """
         try:
-            cls_ = workload_api.load(self.workload)
+            cls_ = workload_api.load(self.workload, self.workload_path)
         except workload_api.WorkloadError as exc:
             raise InvalidArgument(f"trial spec: workload: {exc}") from None
         self.cut_plan().validate_for(tuple(cls_.phases), self.params.get("ops"))
@@ -242,4 +245,5 @@ def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSp
         prepare_timeout_s=scenario.prepare_timeout_s,
         images_dir=scenario.images_dir,
         keep_images=scenario.keep_images,
+        workload_path=list(workload_api.import_roots(workload_api.load(scenario.workload))),
     ).validated()

@@ -209,6 +209,8 @@ def execute(
     one: its finished trials are kept, ``specs`` are the ones still to run,
     and the tables are written over all of them (see :func:`resume_run`).
     """
+    check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
+                     [(scenario.workload, workload_api.import_roots(workload_api.load(scenario.workload)))])
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
@@ -252,6 +254,33 @@ def execute(
         executor.close()
         frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
     return RunOutcome(run, frame, complete, meta.skipped_arms)
+
+
+def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Refuse, before anything runs, a workload (``(name, workload_path)`` pairs) that a workload process cannot import.
+
+    The harness imported every workload already, but from its own working directory and ``sys.path``; a
+    trial's process starts in the trial's directory with the spec's ``workload_path``. A workload that is
+    not cutbench's own is imported once there (``python -m cutbench.workloads.launch --check``), so that an
+    import error is one clear refusal, not a run of ``unknown`` trials. Raises :class:`InvalidArgument` with
+    the command and its stderr.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    from cutbench.procs import package_env
+
+    for name, path in dict.fromkeys(workloads):
+        if name in workload_api.WORKLOADS.builtin:
+            continue
+        argv = [sys.executable, "-m", "cutbench.workloads.launch", "--check", name, *path]
+        with tempfile.TemporaryDirectory(prefix="cutbench-check-") as cwd:
+            done = subprocess.run(argv, cwd=cwd, env=package_env(), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-12:])
+            raise InvalidArgument(f"workload {name!r}: a workload process cannot import it ({' '.join(argv)} exited "
+                                  f"{done.returncode}, from a directory of its own):\n{tail}")
 
 
 # Keys of a resumed run's record that describe an end it has not reached again.

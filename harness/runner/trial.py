@@ -389,6 +389,7 @@ class TrialRunner:
             receiver=self.s.receiver.address,
             receiver_token=self.s.token,
             array_backend=self.spec.array,
+            workload_path=list(self.spec.workload_path),
         )
         # The commit marker exists at its full width before the workload runs, so the
         # workload only ever rewrites it in place (see write_marker).

@@ -68,7 +68,7 @@ def stored_reference(spec: dict[str, Any], recordings: list[workload_api.Recorde
     """The reference that judges stored trial ``spec``: its workload's model, or for a recorded-reference
     workload the recording the run stored for its parameters (and array backend). Raises
     :class:`~cutbench.workloads.api.WorkloadError` naming what is missing."""
-    cls = workload_api.load(spec["workload"])
+    cls = workload_api.load(spec["workload"], spec.get("workload_path", ()))
     if not workload_api.records_reference(cls):
         return cls.reference(spec["params"])
     # The array the run resolved "auto" to is in the recording: this machine may resolve it otherwise.
@@ -107,7 +107,8 @@ def check_run(run: RunDir) -> list[dict[str, Any]]:
 def reanalyze(run: RunDir) -> Reanalysis:
     """Recompute every trial's verdict with the current oracle; return stored and recomputed side by side.
 
-    The run directory is checked first (:func:`check_run`).
+    The run directory is checked first (:func:`check_run`). Raises :class:`InvalidArgument` when a verdict
+    cannot be recomputed here at all (its workload cannot be imported, its recorded reference is missing).
     """
     records = check_run(run)
     effects = run.table("effects")
@@ -118,9 +119,8 @@ def reanalyze(run: RunDir) -> Reanalysis:
         try:
             reference = stored_reference(spec, recordings)
         except workload_api.WorkloadError as exc:
-            rows.append({"trial_id": spec["trial_id"], "stored": stored["verdict"]["outcome"],
-                         "recomputed": f"error: {exc}", "same": False})
-            continue
+            # Nothing was recomputed, so nothing differs: the run cannot be re-judged here, and that is the answer.
+            raise InvalidArgument(f"{run.path}: cannot re-judge trial {spec['trial_id']} here: {exc}") from None
         new = oracle.judge(record, trial_effects(effects, spec["trial_id"]), reference).to_dict()
         rows.append(
             {

@@ -103,3 +103,21 @@ def test_trial_files_are_read_in_plan_order_past_ten_thousand_trials(tmp_path):
     for trial_id in ids:
         run.write_trial(trial_id, {"run_id": run.run_id, "spec": {"trial_id": trial_id}})
     assert [r["spec"]["trial_id"] for r in run.trial_records()] == ["t0002", "t9999", "t10000", "t10001"]
+
+
+def test_a_workload_its_process_cannot_import_is_refused_before_any_trial(tmp_path):
+    # The harness imports the module; a workload process (another environment: the marker variable every process
+    # the harness starts carries) lacks what it imports. One clear refusal, not a run of unknown trials.
+    (tmp_path / "mywl").mkdir()
+    (tmp_path / "mywl" / "needy.py").write_text(
+        "import os\nif os.environ.get('CUTBENCH_HARNESS_CHILD'):\n    import a_library_only_the_harness_has\n"
+        "from cutbench.workloads.counter import Counter\n\n\nclass Needy(Counter):\n    name = 'needy'\n")
+    scenario = tmp_path / "needy.toml"
+    scenario.write_text('name = "needy"\n[workload]\nname = "needy:Needy"\narray = "numpy"\n')
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path / "mywl")}
+    done = cli("run", str(scenario), "--out", str(tmp_path / "out"), env=env)
+    assert done.returncode == 254, done.stderr[-3000:]
+    assert "a workload process cannot import it" in done.stderr
+    assert "No module named 'a_library_only_the_harness_has'" in done.stderr
+    assert "cutbench.workloads.launch --check needy:Needy" in done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -101,7 +101,7 @@ def test_a_gate_that_cannot_run_fails_unless_skipping_is_allowed(pytester: pytes
             cutbench_run.check()
 
         def test_trial(cutbench_trial):
-            cutbench_trial("3/publish", backend="criu-cuda-plugin")
+            cutbench_trial("3/publish", workload="counter", backend="criu-cuda-plugin")
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, errors=1)  # the gate arm fails in its fixture: an error, a failing session
@@ -109,3 +109,24 @@ def test_a_gate_that_cannot_run_fails_unless_skipping_is_allowed(pytester: pytes
     assert "cannot run here" in result.stdout.str() and "--cutbench-allow-skip" in result.stdout.str()
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-allow-skip")
     result.assert_outcomes(skipped=2)
+
+
+def test_no_gate_entry_point_defaults_the_workload():
+    """The gate and the plugin never run a workload nobody named: no keyword of theirs defaults to one."""
+    import ast
+
+    from tests.conftest import REPO
+
+    for path in (REPO / "harness" / "integrations" / "gate.py", REPO / "harness" / "integrations" / "pytest_plugin.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and a.value == "workload.name" for a in node.args):
+                assert False, f"{path.name}:{node.lineno} reads the default workload"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                named = [*args.posonlyargs, *args.args][-len(args.defaults):] if args.defaults else []
+                pairs = [*zip(named, args.defaults), *zip(args.kwonlyargs, args.kw_defaults)]
+                for arg, default in pairs:
+                    if arg.arg in ("workload", "scenario") and default is not None:
+                        assert isinstance(default, ast.Constant) and default.value is None, \
+                            f"{path.name}:{node.lineno} {node.name}({arg.arg}=…) has a default"

@@ -1,7 +1,7 @@
 """The scenario schema is the one place a field is declared (harness/model/schema.py).
 
 - ``scenarios/README.md``'s field tables are ``python -m cutbench.harness.model.schema --markdown``;
-- the parser, ``Scenario``, ``TrialSpec``, ``CutContext``, the gate's ``run_trial`` and the support
+- the parser, ``Scenario``, ``TrialSpec``, ``CutContext``, the gate's trial keywords and the support
   matrix's scenario take their defaults from it, so an empty file loads to the schema's defaults;
 - a bad value of any field gives a message that names the field and says what it takes instead.
 """
@@ -20,7 +20,7 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.generator import matrix
 from cutbench.harness.integrations import gate
 from cutbench.harness.model import schema
-from cutbench.harness.model.scenario import Scenario, parse_scenario
+from cutbench.harness.model.scenario import ARM_AXES, Arm, Scenario, parse_scenario
 from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 
@@ -103,7 +103,6 @@ def test_an_empty_file_is_the_schemas_defaults():
 def test_the_runner_side_takes_its_defaults_from_the_schema():
     spec = {f.name: f.default for f in dataclasses.fields(TrialSpec)}
     ctx = {f.name: f.default for f in dataclasses.fields(CutContext)}
-    trial = {k: p.default for k, p in inspect.signature(gate.run_trial).parameters.items()}
     mat = {k: p.default for k, p in inspect.signature(matrix.scenario).parameters.items()}
     d = schema.default
     for key in ("watchdog_s", "trial_timeout_s", "stage_timeout_s", "prepare_timeout_s"):
@@ -112,11 +111,31 @@ def test_the_runner_side_takes_its_defaults_from_the_schema():
     assert (ctx["stage_timeout_s"], ctx["prepare_timeout_s"]) == (d("run.stage_timeout_s"), d("run.prepare_timeout_s"))
     assert (mat["jobs"], mat["stage_timeout_s"], mat["images_dir"]) == (d("run.jobs"), d("run.stage_timeout_s"),
                                                                         d("pipeline.images_dir"))
-    assert trial == {**trial, "workload": d("workload.name"), "array": d("workload.array"),
-                     "backend": d("pipeline.backends")[0], "receiver_mode": d("receiver.modes")[0],
-                     "fault": d("pipeline.faults")[0], "crash_after_ms": d("pipeline.crash_after_ms")[0],
-                     "split_window_ms": d("pipeline.split_window_ms")[0], "watchdog_s": d("run.watchdog_s"),
-                     "trial_timeout_s": d("run.trial_timeout_s"), "stage_timeout_s": d("run.stage_timeout_s")}
+
+
+def test_the_gate_trial_keywords_are_scenario_fields_and_set_what_they_name():
+    for key in gate.TRIAL_KEYWORDS.values():
+        schema.lookup(key)  # KeyError for a field that does not exist
+    scen = gate.trial_scenario(None, workload="counter", fault="leave_running", crash_after_ms=250, params={"ops": 5},
+                               certify="audit", trial_timeout_s=30)
+    assert (scen.workload, scen.faults, scen.crash_after_ms, scen.params["ops"], scen.certify, scen.trial_timeout_s) == \
+        ("counter", ("leave_running",), (250.0,), 5, ("audit",), 30.0)
+    with pytest.raises(InvalidArgument, match="no workload named"):
+        gate.trial_scenario(None, fault="kill")
+    with pytest.raises(InvalidArgument, match="unknown keyword.*colour"):
+        gate.trial_scenario(None, workload="counter", colour="red")
+
+
+def test_one_arm_of_a_scenario_keeps_every_axis_certify_included():
+    arm_fields = {f.name for f in dataclasses.fields(Arm)} - {"crash_choices", "split_choices"}
+    assert set(ARM_AXES) == arm_fields
+    assert set(ARM_AXES.values()) == {schema.lookup(k).attr for k in schema.arm_keys()}
+    scen = parse_scenario({"workload": {"name": "counter"}, "pipeline": {"certify": ["audit", "enforce"],
+                                                                           "faults": ["kill", "none"]}})
+    assert len(scen.arms()) == 4
+    for arm in scen.arms():
+        assert scen.narrowed(arm).arms() == [arm]
+        assert gate.restrict(scen, arm).arms() == [arm]
 
 
 def test_limits_are_the_fields_bounds():
