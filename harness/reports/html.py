@@ -392,11 +392,16 @@ def _findings_list(trials: pd.DataFrame, run_dir: str, links: set[str]) -> str:
     bad = summary.failing_trials(trials)
     if bad.empty:
         return '<p class="muted">No invalid or unknown trial.</p>'
+    variants = summary.group_columns(trials)[:-1]
     rows = []
     for rec in bad.to_dict("records"):
-        rows.append({"trial_id": rec["trial_id"], "arm": rec["arm"], "plan": rec["plan"], "outcome": rec["outcome"],
-                     "findings": summary.findings_text(rec, 6), "replay": summary.replay_command(run_dir, rec["trial_id"])})
-    return _html_table(pd.DataFrame(rows), "failing-trials", row_class="outcome", links=links)
+        rows.append({"trial_id": rec["trial_id"], **{k: rec[k] for k in variants}, "arm": rec["arm"], "plan": rec["plan"],
+                     "outcome": rec["outcome"], "findings": summary.findings_text(rec, 6),
+                     "last words": rec.get("last_words") or "", "replay": summary.replay_command(run_dir, rec["trial_id"])})
+    table = pd.DataFrame(rows)
+    if not table["last words"].astype(bool).any():
+        table = table.drop(columns="last words")
+    return _html_table(table, "failing-trials", row_class="outcome", links=links)
 
 
 def _certificates(trials: pd.DataFrame) -> list[str]:
@@ -450,7 +455,9 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         ("duration", f"{meta.get('duration_s', 0):.1f} s"),
         ("trials", f"{len(trials)} of {meta.get('n_trials_planned', '?')} planned"),
         ("scenario file", scen.get("source_path")),
-        ("workload", f"{scen.get('workload')} ({scen.get('array')}) {json.dumps(scen.get('params', {}), sort_keys=True)}"),
+        *[(f"workload{' of ' + sub['variant'] if sub.get('variant') else ''}",
+           f"{sub.get('workload')} ({sub.get('array')}) {json.dumps(sub.get('params', {}), sort_keys=True)}")
+          for sub in (scen.get("variants") or [scen])],
         ("receiver store", scen.get("store")),
         ("plan source", f"{scen.get('plan_source')} ops {scen.get('plan_ops')} phases {', '.join(scen.get('plan_phases', []))}"),
     ]
@@ -476,12 +483,10 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         with_cut = trials[trials["cut_phase"].notna()]
         if not with_cut.empty:
             # Receiver modes are never pooled: 100% at_least_once and 0% idempotent is not "50%".
-            out.append('<h2 id="by-phase">By cut phase, fault and receiver mode</h2>')
-            keys = ["cut_phase", "fault", "receiver_mode"]
-            phase_table = summary.compact_rates(summary.rates(with_cut, keys))
-            order = {p: i for i, p in enumerate(plots.phase_order(with_cut["cut_phase"], with_cut.get("workload", ())))}
-            phase_table = phase_table.sort_values(keys, key=lambda s: s.map(order) if s.name == "cut_phase" else s)
-            out.append(_html_table(phase_table, "rates-by-phase"))
+            out.append(f'<h2 id="by-phase">By {"variant, " if by[:-1] else ""}cut phase, fault and receiver mode</h2>')
+            # Nor are variants: a correct twin at 0% and its buggy variant at 100% is not "50%".
+            keys = [*by[:-1], "cut_phase", "fault", "receiver_mode"]
+            out.append(_html_table(summary.compact_rates(summary.rates(with_cut, keys)), "rates-by-phase"))
         totals = summary.finding_totals(trials)
         out.append('<h2 id="findings">Findings</h2>')
         out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))

@@ -21,8 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from cutbench.harness.reports.explain import incarnation  # noqa: E402
-from cutbench.harness.reports.summary import rates  # noqa: E402
-from cutbench.workloads.control import PHASES  # noqa: E402
+from cutbench.harness.reports.summary import phase_order, rates, series_keys  # noqa: E402
 
 # Stages of the harness itself (spawn, waiting for the cut, running to the
 # end), not of the checkpoint pipeline: left out of the stage-time breakdown.
@@ -200,22 +199,6 @@ def _empty(title: str, message: str) -> bytes:
     return _png(_empty_figure(title, message))
 
 
-def phase_order(phases: list[str] | pd.Series, workloads: list[str] | pd.Series = ()) -> list[str]:
-    """The phases present, in the lifecycle order of ``workloads`` (their own phase lists, e.g. with
-    ``send`` or ``outbox``), then the standard order; phases nobody declares come last."""
-    lifecycle: list[str] = []
-    for name in dict.fromkeys(str(w) for w in workloads):
-        try:
-            from cutbench.workloads import api
-
-            lifecycle += [p for p in api.load(name).phases if p not in lifecycle]
-        except Exception:  # a workload this build no longer has: fall back to the standard order
-            continue
-    lifecycle += [p for p in PHASES if p not in lifecycle]
-    present = list(dict.fromkeys(str(p) for p in phases if isinstance(p, str)))
-    return [p for p in lifecycle if p in present] + [p for p in present if p not in lifecycle]
-
-
 def _with_cut(trials: pd.DataFrame) -> pd.DataFrame:
     if trials.empty or "cut_phase" not in trials:
         return pd.DataFrame()
@@ -229,25 +212,26 @@ def invalid_rate_by_phase(trials: pd.DataFrame) -> bytes:
     data = _with_cut(trials)
     if data.empty:
         return _empty(title, "no trial with a cut")
-    table = rates(data, ["fault", "backend", "receiver_mode", "cut_phase"]).dropna(subset=["invalid_rate"])
+    keys = series_keys(data)
+    table = rates(data, ["fault", *keys, "cut_phase"]).dropna(subset=["invalid_rate"])
     if table.empty:
         return _empty(title, "no trial had a verdict (all refused or unknown)")
     faults = sorted(table["fault"].astype(str).unique())
     phases = phase_order(data["cut_phase"], data.get("workload", ()))
-    series = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
+    series = sorted(set(table[keys].astype(str).itertuples(index=False, name=None)))
     fig, axes = plt.subplots(1, len(faults), figsize=(max(6.0, 4.2 * len(faults)), 3.8), sharey=True, squeeze=False)
     width = 0.7 / max(1, len(series))
     for ax, fault in zip(axes[0], faults):
         sub = table[table["fault"] == fault]
-        for i, (backend, mode) in enumerate(series):
-            s = sub[(sub["backend"] == backend) & (sub["receiver_mode"] == mode)]
+        for i, key in enumerate(series):
+            s = sub[(sub[keys].astype(str) == key).all(axis=1)]
             if s.empty:
                 continue
             x = np.array([phases.index(p) for p in s["cut_phase"]]) + (i - (len(series) - 1) / 2) * width
             y = s["invalid_rate"].to_numpy(float)
             # Clipped: the Wilson bound of 0/n or n/n can land a rounding error past the rate itself.
             err = np.clip(np.vstack([y - s["rate_low"].to_numpy(float), s["rate_high"].to_numpy(float) - y]), 0.0, None)
-            ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, markersize=5, label=f"{backend} / {mode}")
+            ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, markersize=5, label=" / ".join(key))
         ax.set_title(f"fault: {fault}")
         ax.set_xticks(range(len(phases)), phases, rotation=35, ha="right")
         ax.set_ylim(-0.05, 1.05)
@@ -271,17 +255,18 @@ def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
     data = _with_cut(trials)
     if data.empty:
         return _empty(title, "no trial with a cut")
-    table = rates(data, ["backend", "receiver_mode", "cut_phase", "fault"])
+    keys = series_keys(data)
+    table = rates(data, [*keys, "cut_phase", "fault"])
     phases = phase_order(data["cut_phase"], data.get("workload", ()))
     faults = sorted(table["fault"].astype(str).unique())
-    panels = sorted({(b, m) for b, m in zip(table["backend"], table["receiver_mode"])})
+    panels = sorted(set(table[keys].astype(str).itertuples(index=False, name=None)))
     fig, axes = plt.subplots(1, len(panels), figsize=(1.6 + (1.0 + 1.3 * len(faults)) * len(panels), 1.4 + 0.45 * len(phases)),
                              sharey=True, squeeze=False)
     cmap = matplotlib.colormaps["Reds"].with_extremes(bad="#dddddd")
-    for ax, (backend, mode) in zip(axes[0], panels):
+    for ax, panel in zip(axes[0], panels):
         grid = np.full((len(phases), len(faults)), np.nan)
         notes = [["" for _ in faults] for _ in phases]
-        for row in table[(table["backend"] == backend) & (table["receiver_mode"] == mode)].itertuples():
+        for row in table[(table[keys].astype(str) == panel).all(axis=1)].itertuples():
             i, j = phases.index(row.cut_phase), faults.index(str(row.fault))
             n = row.valid + row.invalid
             grid[i, j] = row.invalid_rate if n else np.nan
@@ -293,7 +278,7 @@ def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
                 ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=9, color="white" if dark else "black")
         ax.set_xticks(range(len(faults)), faults, rotation=15)
         ax.set_yticks(range(len(phases)), phases)
-        ax.set_title(f"{backend} / {mode}", fontsize=10)
+        ax.set_title(" / ".join(panel), fontsize=10)
         ax.set_xlabel("fault")
     axes[0][0].set_ylabel("cut after phase")
     fig.colorbar(im, ax=list(axes[0]), label="invalid rate")

@@ -20,6 +20,7 @@ from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
 from cutbench.harness.reports.explain import explain, parse_findings
 from cutbench.workloads.api import DOMAINS
+from cutbench.workloads.control import PHASES
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,31 @@ def group_columns(trials: pd.DataFrame) -> list[str]:
     return ["arm"]
 
 
+def phase_order(phases: list[str] | pd.Series, workloads: list[str] | pd.Series = ()) -> list[str]:
+    """The phases present, in the lifecycle order of ``workloads`` (their own phase lists, e.g. with
+    ``send`` or ``outbox``), then the standard order; phases nobody declares come last."""
+    lifecycle: list[str] = []
+    for name in dict.fromkeys(str(w) for w in workloads):
+        try:
+            from cutbench.workloads import api
+
+            lifecycle += [p for p in api.load(name).phases if p not in lifecycle]
+        except Exception:  # a workload this build no longer has: fall back to the standard order
+            continue
+    lifecycle += [p for p in PHASES if p not in lifecycle]
+    present = list(dict.fromkeys(str(p) for p in phases if isinstance(p, str)))
+    return [p for p in lifecycle if p in present] + [p for p in present if p not in lifecycle]
+
+
+def series_keys(trials: pd.DataFrame) -> list[str]:
+    """The columns one series of a plot (or one row group of a table) is drawn per: backend and receiver mode,
+    and first the variant when the run has several (a correct and a buggy twin are never pooled)."""
+    return [*group_columns(trials)[:-1], "backend", "receiver_mode"]
+
+
 def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Per group: trials, outcome counts, finding totals and invalid rate with Wilson 95% bounds."""
+    """Per group: trials, outcome counts, finding totals and invalid rate with Wilson 95% bounds; a ``cut_phase``
+    group in the workloads' lifecycle order (:func:`phase_order`), the others sorted."""
     if trials.empty:
         return pd.DataFrame()
     rows = []
@@ -120,7 +144,12 @@ def rates(trials: pd.DataFrame, by: list[str]) -> pd.DataFrame:
             if kind in g:
                 row[kind] = int(g[kind].sum())
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if "cut_phase" in by and not out.empty:
+        order = {p: i for i, p in enumerate(phase_order(trials["cut_phase"].dropna(), trials.get("workload", ())))}
+        out = out.sort_values(by, key=lambda s: s.map(order) if s.name == "cut_phase" else s, kind="stable",
+                              ignore_index=True)
+    return out
 
 
 def compact_rates(table: pd.DataFrame) -> pd.DataFrame:
@@ -210,10 +239,15 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
     if not bad.empty:
         lines += ["## First invalid or unknown trials", ""]
         for row in bad.itertuples():
-            lines.append(f"- `{row.trial_id}` {row.arm} {row.plan}: **{row.outcome}** {row.error or ''} — replay: `{replay_command(run_dir, row.trial_id)}`")
+            variant = f"{row.variant}: " if getattr(row, "variant", "") else ""
+            lines.append(f"- `{row.trial_id}` {variant}{row.arm} {row.plan}: **{row.outcome}** {row.error or ''} "
+                         f"— replay: `{replay_command(run_dir, row.trial_id)}`")
             words = explain(row._asdict(), effects) if effects is not None else ""
             if words:
                 lines.append(f"  {words}")
+            if getattr(row, "last_words", ""):
+                lines.append("  The workload's last words:")
+                lines += ["", "  ```", *(f"  {line}" for line in row.last_words.splitlines()), "  ```", ""]
             if row.trial_id in pictures:
                 lines.append(f"  ![timeline of {row.trial_id}]({trial_picture(row.trial_id)})")
     return "\n".join(lines) + "\n"

@@ -59,6 +59,8 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "n_findings": len(verdict.findings),
         "findings": json.dumps([f.to_dict() for f in verdict.findings]),
         "error": rec.error,
+        # The workload's own last words (the end of its log or traceback) where the trial needs them.
+        "last_words": last_words(rec.log_tail),
         "failed_stage": rec.failed_stage,
         "restores": rec.restores,
         "host_op": (rec.report or {}).get("host_op"),
@@ -88,6 +90,22 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
     for stage in stage_columns():
         row[f"{stage}_s"] = durations.get(stage)
     return row
+
+
+LAST_WORDS = 4  # lines of a workload's log kept in the trials table
+
+
+def last_words(log_tail: str | None) -> str:
+    """The last few non-empty lines of a workload's log tail, each without the log's stamp (time, pid, epoch)."""
+    lines = [line for line in (log_tail or "").splitlines() if line.strip()]
+    return "\n".join(_unstamped(line) for line in lines[-LAST_WORDS:])
+
+
+def _unstamped(line: str) -> str:
+    parts = line.split(" ", 3)
+    if len(parts) == 4 and parts[1].startswith("pid=") and parts[2].startswith("epoch="):
+        return parts[3]
+    return line
 
 
 def _cert_eligible(certificates: list[dict[str, Any]]) -> bool | None:
