@@ -127,7 +127,7 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     if not 0.0 <= max_invalid_rate <= 1.0:
         raise InvalidArgument(f"max invalid rate = {max_invalid_rate!r}: expected a fraction between 0 and 1")
     trials = outcome.trials
-    v = run_verdict(trials)
+    v = run_verdict(trials, outcome.run.meta())
     run_dir = outcome.run.path
     failing = [
         {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"], "findings": findings_text(r),
@@ -137,6 +137,8 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     problems = []
     if not v.with_verdict and not v.counts["refused"]:
         problems.append("no trial reached a verdict")
+    elif not v.with_verdict and not v.counts["unknown"] and v.label != "valid":
+        problems.append(f"{v.text}: every one of the {v.counts['refused']} trials was refused")
     if v.with_verdict and v.rate > max_invalid_rate:
         problems.append(f"invalid recovery rate {pct(v.rate)} exceeds {pct(max_invalid_rate)} ({v.counts['invalid']} invalid trials)")
     if v.counts["unknown"]:

@@ -105,6 +105,7 @@ class Scenario:
     # verdict on each CUDA feature a workload declares. "" = none given (such features are unmeasured).
     support_matrix: str = schema.default("pipeline.support_matrix")
     skip_unavailable: bool = schema.default("pipeline.skip_unavailable")
+    expect_refusals: bool = schema.default("pipeline.expect_refusals")
     plan_source: str = schema.default("plan.source")
     plan_ops: tuple[int, int] = schema.default("plan.ops")
     # The parser resolves plan.phases ("all" by default) against the workload; () only in a Scenario built by hand.

@@ -170,6 +170,10 @@ FIELDS: tuple[Field, ...] = (
           "keep checkpoint image directories after each cut (debugging; they can be large)", attr="keep_images"),
     Field("pipeline", "images_dir", TEXT, "/dev/shm",
           "where image directories are made (`cutbench-<run>-<trial>-c<cut>`)", attr="images_dir"),
+    Field("pipeline", "expect_refusals", FLAG, False,
+          "`true`: a run whose every cut is refused is the answer sought (a tool that must decline, e.g. `certify = "
+          "\"enforce\"` on cuts it cannot certify); `false`: such a run tested nothing, so it exits 2 and fails the gate",
+          attr="expect_refusals"),
     Field("pipeline", "skip_unavailable", FLAG, False,
           "`true`: arms whose backend cannot run here are skipped and listed in the summary; `false`: the run refuses "
           "to start (exit 254) and says why", attr="skip_unavailable"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cutbench.harness.nemesis import adapters
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
+from cutbench import storage
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
 from cutbench.procs import Child
 
@@ -76,14 +77,13 @@ def execute_cut(
             return CutOutcome("refused", "certify", refusal)
         try:
             backend.checkpoint(target, ctx)
-        except StageRefused as exc:
+        except (StageRefused, StageFailed) as exc:
             adapters.abort(ctx)
             release()
-            return CutOutcome("refused", exc.stage, exc.reason)
-        except StageFailed as exc:
-            adapters.abort(ctx)
-            release()
-            return _failed(exc)
+            own = _own_storage(exc, ctx)
+            if own is None and not isinstance(exc, StageFailed):
+                return CutOutcome("refused", exc.stage, exc.reason)
+            return _failed(own or exc)
 
         if certifier is not None:
             certifier.checkpointed()
@@ -113,7 +113,11 @@ def execute_cut(
         before_resume()
         try:
             pid = backend.restore(ctx)
-        except StageRefused as exc:
+        except (StageRefused, StageFailed) as exc:
+            if (own := _own_storage(exc, ctx)) is not None:
+                return _failed(own)
+            if isinstance(exc, StageFailed):
+                return _failed(exc)
             # A declined restore option (e.g. a GPU remap the driver rejected)
             # after which the backend brought the workload back as it was: safe.
             resumed = getattr(exc, "resumed_pid", None)
@@ -124,8 +128,6 @@ def execute_cut(
             back = adapters.restored(ctx, ctx.prepare_timeout_s, [])
             release()
             return CutOutcome("refused", exc.stage, exc.reason + (f"; adapters: restored failed: {back.failed}" if back.failed else ""))
-        except StageFailed as exc:
-            return _failed(exc)
         target.replaced_by(pid)
         # The restored process is still parked at the cut: its adapters bring their domains back to the cut
         # and classify the effects in flight before it runs a step.
@@ -146,6 +148,18 @@ def execute_cut(
         backend.cleanup(ctx)
         if not keep_images:
             discard(ctx.images_dir)
+
+
+def _own_storage(exc: StageFailed | StageRefused, ctx: CutContext) -> HarnessFault | None:
+    """The harness's own fault when a stage failed because the images directory it gave the tool is full or
+    unwritable (:func:`cutbench.storage.exhausted`), checked before the cut's files are removed; else None."""
+    if isinstance(exc, HarnessFault):
+        return None
+    why = storage.exhausted(ctx.images_dir, exc.reason)
+    if why is None:
+        return None
+    return HarnessFault(exc.stage, f"the images directory (pipeline.images_dir) {why}: the harness's own storage, "
+                                   f"no claim about the tool; {exc.stage} said: {exc.reason}")
 
 
 def _failed(exc: StageFailed | StageRefused) -> CutOutcome:

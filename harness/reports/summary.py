@@ -41,6 +41,12 @@ class RunVerdict:
         return self.counts["valid"] + self.counts["invalid"]
 
 
+def refusals_expected(meta: dict[str, Any] | None) -> bool:
+    """Whether the run's scenario (``run.toml``'s, or any of its variants) says a run of refusals is the answer."""
+    scen = (meta or {}).get("scenario") or {}
+    return bool(scen.get("expect_refusals")) or any(v.get("expect_refusals") for v in scen.get("variants") or [])
+
+
 def run_verdict(trials: pd.DataFrame, meta: dict[str, Any] | None = None) -> RunVerdict:
     """The run's verdict from its trials table (``outcome`` column) and, when given, its ``run.toml``.
 
@@ -61,8 +67,11 @@ def run_verdict(trials: pd.DataFrame, meta: dict[str, Any] | None = None) -> Run
         label, text = "valid", "all recoveries valid"
     elif counts["unknown"]:
         label, text = "unknown", "no verdict (unknown only)"
+    elif refusals_expected(meta):
+        label, text = "valid", "every cut refused cleanly, as the scenario expects (pipeline.expect_refusals)"
     else:
-        label, text = "valid", "every cut refused cleanly"
+        label, text = "unknown", ("every cut was refused, so nothing was tested (set pipeline.expect_refusals = true "
+                                  "where refusing is the answer sought)")
     not_run: tuple[str, ...] = ()
     if meta is not None and meta.get("status") == "partial":
         ran = set(trials["arm"]) if not trials.empty and "arm" in trials else set()

@@ -26,6 +26,7 @@ import pandas as pd
 
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
                              InvalidArgument, Unavailable)
+from cutbench import storage
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
@@ -58,7 +59,8 @@ class RunOutcome:
     skipped_arms: list[dict[str, str]] = field(default_factory=list)
 
     def exit_code(self) -> int:
-        """Return the verdict's exit code: 0 all valid (or refused), 1 invalid found, 2 unknown only."""
+        """Return the verdict's exit code: 0 all valid (or refused), 1 invalid found, 2 unknown only, or every
+        trial refused where the scenario does not expect it (``pipeline.expect_refusals``)."""
         if self.trials.empty:
             return EXIT_UNKNOWN_ONLY
         outcomes = set(self.trials["outcome"])
@@ -66,6 +68,8 @@ class RunOutcome:
             return EXIT_INVALID
         if "unknown" in outcomes:
             return EXIT_UNKNOWN_ONLY
+        if outcomes == {"refused"} and not summary.refusals_expected(self.run.meta()):
+            return EXIT_UNKNOWN_ONLY  # nothing was tested: never a clean result unless the scenario asks for refusals
         return EXIT_VALID
 
     def command_exit_code(self, interrupted: int = EXIT_INTERRUPTED) -> int:
@@ -211,6 +215,8 @@ def execute(
     """
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(workload_api.load(scenario.workload)))])
+    check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
+                  results_root if resume is None else resume.run.path)
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
@@ -228,6 +234,7 @@ def execute(
     log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
                    meta.n_trials_planned or 0)
     complete = False
+    full: OSError | None = None
     try:
         listen, token = executor.receiver_exposure()
         images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
@@ -250,10 +257,34 @@ def execute(
         complete = True
     except KeyboardInterrupt:
         complete = False
+    except OSError as exc:
+        if not storage.is_full_error(exc):
+            raise
+        full = exc  # a trial's file did not fit: what is stored so far is still written below, if it can be
     finally:
         executor.close()
-        frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
+        try:
+            frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
+        except OSError as exc:
+            if not storage.is_full_error(exc):
+                raise
+            full = full or exc
+    if full is not None:
+        raise Unavailable(results_full(run, full))
     return RunOutcome(run, frame, complete, meta.skipped_arms)
+
+
+def results_full(run: RunDir, exc: OSError) -> str:
+    """One line for a run whose results directory filled up: the directory, what of the run it holds, and the
+    command that finishes the run once there is space."""
+    free, total = storage.free_bytes(run.path)
+    trials = len(list((run.path / "trials").glob("t*.json"))) if (run.path / "trials").is_dir() else 0
+    tables = [n for n in ("trials", "timeline", "effects", "certificates") if (run.path / f"{n}.parquet").exists()]
+    stored = f"{trials} trial files" + (f" and the tables ({', '.join(tables)})" if tables else ", no table")
+    finish = f"cutbench report {run.path}" if "trials" in tables and run.meta().get("status") != "running" \
+        else f"cutbench run --resume {run.path}"
+    return (f"the results directory {run.path} is full ({storage.mib(free)} free of {storage.mib(total)}; "
+            f"{exc.strerror or exc}): it holds {stored}; free space, then `{finish}` finishes the run")
 
 
 def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
@@ -281,6 +312,24 @@ def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
             tail = "\n".join(done.stderr.strip().splitlines()[-12:])
             raise InvalidArgument(f"workload {name!r}: a workload process cannot import it ({' '.join(argv)} exited "
                                   f"{done.returncode}, from a directory of its own):\n{tail}")
+
+
+# The least free space a run starts with: in its images directory, about one CRIU image of the smallest
+# workload (a NumPy counter's is 18 MB: results/reference/containers), and in its results directory room for
+# the tables, plots and report of a small run. Larger images are caught when a stage runs out (storage.exhausted).
+MIN_IMAGES_FREE = 32 << 20
+MIN_RESULTS_FREE = 4 << 20
+
+
+def check_storage(images_dirs: set[str], results_root: str | Path) -> None:
+    """Refuse, before anything runs, an images or results directory that is unwritable or nearly full: the
+    harness's own storage, which must never turn into refused trials blamed on a tool. Raises
+    :class:`Unavailable` naming the directory, its free space and what it needs."""
+    problems = [storage.room_problem(d, MIN_IMAGES_FREE, "pipeline.images_dir") for d in sorted(images_dirs)]
+    problems.append(storage.room_problem(results_root, MIN_RESULTS_FREE, "the results directory"))
+    found = [p for p in problems if p]
+    if found:
+        raise Unavailable("; ".join(found))
 
 
 # Keys of a resumed run's record that describe an end it has not reached again.
@@ -531,6 +580,8 @@ def store_run(run: RunDir, results: list[TrialResult], meta: RunMeta, *, complet
     try:
         report.write_all(run, record, trials, timeline, effects)  # summary.md, plots/*.png, report.html
     except Exception as exc:  # the tables are stored: `cutbench report RUN` can retry; never lose a run to a plot
+        if storage.is_full_error(exc):
+            raise  # not a plot's failure: execute names the full directory and how to finish
         run.write_text("summary.md", summary.render(record, trials))
         run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
     if mark_latest:  # a replay is a side run: results/latest keeps pointing at the run being read
