@@ -110,6 +110,7 @@ class ReceiverClient:
         self.connection_id: int | None = None
         self.connects = 0  # successful (re)connections
         self.resends = 0  # effects sent again after a reconnect
+        self._given_up: str | None = None  # set by give_up(), from any thread
 
     # -- effects ----------------------------------------------------------------------
 
@@ -328,9 +329,16 @@ class ReceiverClient:
             self._drop()
         return deadline
 
+    def give_up(self, reason: str) -> None:
+        """Stop waiting for a receiver that is known to be gone: every wait of this client, the one in progress
+        included (within ``ack_timeout``), raises ``ReceiverUnavailable(reason)``. Safe from another thread."""
+        self._given_up = reason
+
     def _await_frame(self, deadline: float, timeout_message: str) -> None:
         """Read frames for up to ``ack_timeout``. None came: past ``deadline`` raise
         ``ReceiverUnavailable(timeout_message)``, else ``_Lost`` (a silent connection is dead)."""
+        if self._given_up is not None:
+            raise ReceiverUnavailable(self._given_up)
         if not self._pump(min(deadline, time.monotonic() + self.ack_timeout)):
             if time.monotonic() >= deadline:
                 raise ReceiverUnavailable(timeout_message)
@@ -348,6 +356,8 @@ class ReceiverClient:
         attempt = 0
         while True:
             attempt += 1
+            if self._given_up is not None:
+                raise ReceiverUnavailable(self._given_up)
             try:
                 self._open_socket(max(0.05, min(self.connect_timeout, deadline - time.monotonic())))
                 self._hello(max(0.05, min(self.connect_timeout, deadline - time.monotonic())))

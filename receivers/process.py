@@ -75,14 +75,28 @@ class ReceiverHandle:
             if rc is not None:
                 self._proc = None
                 raise Unavailable(f"receiver exited with status {rc} before listening; log {self.log_path}:\n"
-                                  + self._log_tail())
+                                  + self.log_tail())
             if time.monotonic() > deadline:
                 self.kill()
                 raise Unavailable(f"receiver did not listen within {self.timeout}s; log {self.log_path}:\n"
-                                  + self._log_tail())
+                                  + self.log_tail())
             time.sleep(0.005)
 
-    def _log_tail(self, n: int = 2000) -> str:
+    def exited(self) -> int | None:
+        """The server's exit status if it has died (it is reaped here), else None (running, or stopped by us)."""
+        if self._proc is None:
+            return None
+        return self._proc.poll()
+
+    def revive(self) -> int | None:
+        """Start a new server on the same store and address after this one died; return the dead one's exit
+        status. Raises ``Unavailable`` (with its log) when the new one does not listen."""
+        rc = self.stop()
+        self._start(self.address)
+        return rc
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The last ``n`` bytes of the server's log."""
         try:
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except OSError:

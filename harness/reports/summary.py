@@ -227,6 +227,11 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
         lines.append(f"- CRIU {crit.get('version')} ({crit.get('source')})")
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         lines.append(f"- sweep axis `{axis}`: {', '.join(map(str, values))}")
+    for event in meta.get("receiver_restarts", []):
+        again = ", ".join(event.get("trials_rerun", [])) or "none"
+        lines.append(f"- the receiver died (exit status {event.get('exit_status')}) and "
+                     + (f"was started again on its store after {event['restarted_after_s']:g} s; trials run again: {again}"
+                        if "restarted_after_s" in event else "could not be started again"))
     if trials.empty:
         skipped = meta.get("skipped_arms", [])
         if skipped and status == "complete":

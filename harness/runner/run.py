@@ -40,6 +40,7 @@ from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.executors import Executor, ProgressFn, TrialLog, choose_executor
+from cutbench.harness.runner.shared import ReceiverLost, ReceiverWatch
 from cutbench.harness.runner.trial import Session
 from cutbench.harness.store.rundir import RunDir, as_stored, read_matrix
 from cutbench.harness.store.tables import certificate_rows, result_from_file, trial_row
@@ -235,6 +236,8 @@ def execute(
                    meta.n_trials_planned or 0)
     complete = False
     full: OSError | None = None
+    lost: ReceiverLost | None = None
+    watched: list[ReceiverWatch] = []
     try:
         listen, token = executor.receiver_exposure()
         images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
@@ -242,6 +245,7 @@ def execute(
                      listen=listen, token=token) as session, \
                 leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
                                 receiver_pid=session.receiver.pid if session.receiver is not None else None):
+            watched += [session.watch] if session.watch is not None else []
             meta.executor = executor.describe(session)  # now with where the trials reach the receiver
             session.support.configure(support_matrix, env)
             if resume is not None:  # judged by the references the run recorded, as its first trials were
@@ -261,8 +265,12 @@ def execute(
         if not storage.is_full_error(exc):
             raise
         full = exc  # a trial's file did not fit: what is stored so far is still written below, if it can be
+    except ReceiverLost as exc:
+        lost = exc  # the run stops; what finished is stored below, partial, for --resume
     finally:
         executor.close()
+        if watched and watched[0].events:  # said in run.toml: when it died, its last words, the trials run again
+            meta.extra["receiver_restarts"] = watched[0].events
         try:
             frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
         except OSError as exc:
@@ -271,6 +279,9 @@ def execute(
             full = full or exc
     if full is not None:
         raise Unavailable(results_full(run, full))
+    if lost is not None:
+        raise ReceiverLost(f"{lost}; the run stopped: its {len(log.results)} finished trials are stored in {run.path}, "
+                           f"and `cutbench run --resume {run.path}` runs the rest")
     return RunOutcome(run, frame, complete, meta.skipped_arms)
 
 

@@ -6,6 +6,7 @@ one of each and owns their lifetime.
 - :class:`References`: the ground truth trials are judged by, built per parameter set and thread, or
   recorded by uninterrupted control runs.
 - :class:`SupportLookup`: what the measured support matrix says of a backend on this machine.
+- :class:`ReceiverWatch`: the run's receiver, started again on its store the moment it dies.
 
 Nothing here starts a workload or writes the run directory: recording a
 reference takes the session's way of observing an uncut run as a callback.
@@ -24,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import HarnessFault
+from cutbench.errors import HarnessFault, Unavailable
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialRecord, TrialSpec
 from cutbench.harness.nemesis.base import remove_tree
@@ -120,6 +121,12 @@ class ThreadResources:
     def share(self, name: str, instance: Any) -> None:
         """Serve every thread with ``instance`` for backend ``name``; returns None."""
         self._shared[name] = instance
+
+    def give_up(self, reason: str) -> None:
+        """Make every thread's receiver client stop waiting for the receiver: it is gone (``reason``)."""
+        with self._clients_lock:
+            for client in self._clients:
+                client.give_up(reason)
 
     def close(self) -> None:
         """Close every thread's receiver client (one that fails to close is left); returns None."""
@@ -287,3 +294,86 @@ class SupportLookup:
             table = self.table
             self.known[backend] = support_for(table, backend, self.driver, self.criu_version) if table is not None else {}
         return self.known[backend]
+
+
+class ReceiverLost(Unavailable):
+    """The run's receiver died and could not be started again on its store: the run stops (its finished trials
+    are stored; ``--resume`` runs the rest)."""
+
+
+class ReceiverWatch:
+    """Watches the run's own receiver and starts it again on the same store and address the moment it dies.
+
+    The receiver is a durable service: what it acknowledged is in its store, so a new process on the same
+    store loses nothing. A trial that was running while it died is not judged (an effect committed just before
+    the death, its ack lost, comes back as a resend: under ``at_least_once`` a duplicate of the harness's
+    making); the session runs it again (:attr:`generation` says whether a death fell inside a trial).
+    :attr:`events` is what ``run.toml`` records under ``receiver_restarts``. When the receiver cannot come
+    back, :attr:`lost` says why and :meth:`check` raises :class:`ReceiverLost`.
+    """
+
+    POLL_S = 0.05
+    ATTEMPTS = 3  # starts tried before the run is stopped
+
+    def __init__(self, handle: Any, on_lost: Callable[[str], None] = lambda reason: None):
+        self.handle = handle
+        self.on_lost = on_lost  # told once, with the reason, when the receiver is gone for good
+        self.generation = 0  # deaths seen so far
+        self.events: list[dict[str, Any]] = []
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cutbench-receiver-watch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            self.check(raise_lost=False)
+
+    def check(self, *, raise_lost: bool = True) -> int:
+        """Look now; start the receiver again if it died. Returns :attr:`generation`; raises
+        :class:`ReceiverLost` (unless ``raise_lost`` is false) when it is gone for good."""
+        with self._lock:
+            if self.lost is None and not self._stop.is_set():
+                rc = self.handle.exited()
+                if rc is not None:
+                    self._revive(rc)
+            if self.lost is not None and raise_lost:
+                raise ReceiverLost(self.lost)
+            return self.generation
+
+    def _revive(self, rc: int) -> None:
+        import time
+
+        self.generation += 1
+        event: dict[str, Any] = {"at": time.time(), "exit_status": rc, "log_tail": _last_lines(self.handle.log_tail()),
+                                 "store": self.handle.store_url, "trials_rerun": []}
+        self.events.append(event)
+        errors = []
+        for _ in range(self.ATTEMPTS):
+            try:
+                self.handle.revive()
+                event["restarted_after_s"] = round(time.time() - event["at"], 3)
+                return
+            except Unavailable:
+                errors.append(_last_lines(self.handle.log_tail()))
+        self.lost = (f"the run's receiver died (exit status {rc}) and could not be started again on its store "
+                     f"{self.handle.store_url} ({self.ATTEMPTS} tries); its log ends:\n{errors[-1]}\n")
+        event["lost"] = self.lost
+        self.on_lost(self.lost)
+
+    def rerun(self, trial_id: str) -> None:
+        """Note that trial ``trial_id`` runs again because the receiver died while it ran."""
+        with self._lock:
+            self.events[-1]["trials_rerun"].append(trial_id)
+
+    def close(self) -> None:
+        """Stop watching (before the session stops the receiver itself)."""
+        with self._lock:
+            self._stop.set()
+        self._thread.join()
+
+
+def _last_lines(text: str, n: int = 4) -> str:
+    """The last ``n`` non-empty lines of ``text`` (a log's tail: its last words, not a whole traceback)."""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-n:])

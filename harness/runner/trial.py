@@ -35,13 +35,16 @@ from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
-from cutbench.harness.runner.shared import ImageDiscards, References, SupportLookup, ThreadResources
+from cutbench.harness.runner.shared import (ImageDiscards, ReceiverWatch, References, SupportLookup,
+                                            ThreadResources)
 from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
 
 POLL_S = 0.005
+RECEIVER_GONE = "the run's receiver is gone"  # why a trial stopped waiting on its workload (never judged)
+RECEIVER_RERUNS = 2  # times a trial runs again because the run's receiver died while it ran
 
 
 class Session:
@@ -74,6 +77,7 @@ class Session:
         self._workdir_arg = workdir
         # What _open_receiver returns (a ReceiverHandle here, a stand-in for the driver's in a WorkerSession); None until __enter__.
         self.receiver: Any = None
+        self.watch: ReceiverWatch | None = None
         self.images = ImageDiscards()
         self.threads = ThreadResources()
         self.references = References()
@@ -85,10 +89,15 @@ class Session:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-{self.workdir_tag}", dir=base))
         try:
             self.receiver = self._open_receiver()
+            self.watch = self._watch_receiver()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _watch_receiver(self) -> ReceiverWatch | None:
+        """Watch the receiver this session started (a worker session's is the driver's, watched there)."""
+        return ReceiverWatch(self.receiver, on_lost=self.threads.give_up)
 
     def _open_receiver(self) -> Any:
         """Start the run's receiver on its store (``sqlite``: a file in the work directory); return its handle."""
@@ -103,6 +112,8 @@ class Session:
             self.images.drain()
         finally:  # a second Ctrl-C during the wait still stops the receiver and removes the work directory
             self.threads.close()
+            if self.watch is not None:
+                self.watch.close()
             if self.receiver is not None:
                 self.receiver.stop()
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -127,8 +138,19 @@ class Session:
                 close()
 
     def run_trial(self, spec: TrialSpec) -> TrialResult:
-        """Run one trial to its verdict and return its :class:`TrialResult`; never raises for a failing stage or workload."""
-        return TrialRunner(self, spec).run()
+        """Run one trial to its verdict and return its :class:`TrialResult`; never raises for a failing stage or
+        workload. A trial during which the run's receiver died is run again, under a fresh receiver key, up to
+        :data:`RECEIVER_RERUNS` times (:class:`ReceiverWatch`); raises its ``ReceiverLost`` when the receiver
+        cannot come back."""
+        if self.watch is None:
+            return TrialRunner(self, spec).run()
+        for attempt in range(RECEIVER_RERUNS + 1):
+            before = self.watch.check()
+            result = TrialRunner(self, spec, attempt=attempt).run()
+            if self.watch.check() == before:
+                return result
+            self.watch.rerun(spec.trial_id)
+        return result  # a receiver that keeps dying: the last attempt's verdict, its error naming what happened
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
@@ -148,14 +170,15 @@ class Session:
 class TrialRunner:
     """One trial's side effects, from spawn to verdict (see :meth:`run`)."""
 
-    def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False):
+    def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False, attempt: int = 0):
         self.s = session
         self.spec = spec
         # Start the workload as the harness starts any process, not through the backend's own launch.
         self.plain_launch = plain_launch
         self.cls = workload_api.load(spec.workload)
         self.phases = tuple(self.cls.phases)
-        self.receiver_trial = f"{session.run_id}/{spec.trial_id}"
+        # A trial run again (the receiver died during it) gets a key of its own: the first attempt's rows stay apart.
+        self.receiver_trial = f"{session.run_id}/{spec.trial_id}" + (f"#{attempt}" if attempt else "")
         self.tdir = session.workdir / spec.trial_id
         self.timeline = Timeline(spec.trial_id, hwm=self._hwm, cpu=StageSampler(self._cpu_processes))
         self.cut_targets: list[Child] = []  # single processes cut instead of the tree (killed at the end)
@@ -479,7 +502,14 @@ class TrialRunner:
                     return "deadlock"
                 if time.monotonic() > deadline:
                     return f"workload did not reach cut {i} at {cut.op}/{cut.phase} within {self.spec.stage_timeout_s:g}s"
+                if self._receiver_gone():
+                    return RECEIVER_GONE
                 time.sleep(POLL_S)
+
+    def _receiver_gone(self) -> bool:
+        """Whether the run's receiver died for good: nothing the workload sends can be stored, so waiting on it
+        is pointless (the session stops the run once this trial returns)."""
+        return self.s.watch is not None and self.s.watch.lost is not None
 
     def _finish(self, control: ControlFile, child: Child) -> str:
         """Wait for the workload to exit. Returns "" on a clean exit, "deadlock", or why it failed."""
@@ -503,6 +533,10 @@ class TrialRunner:
                 if now > deadline:
                     child.kill()
                     return f"trial timeout {spec.trial_timeout_s:g}s"
+                if self._receiver_gone():
+                    child.kill()
+                    extra["detail"] = "receiver lost"
+                    return RECEIVER_GONE
                 time.sleep(POLL_S * 2)
 
     def _read_report(self) -> dict[str, Any] | None:

@@ -80,6 +80,10 @@ class WorkerSession(Session):
         self.store_url = self.store_spec
         return _Receiver(self._receiver_address)
 
+    def _watch_receiver(self) -> None:
+        """None: the receiver is the driver's, which the driver's session watches."""
+        return None
+
     def effects(self, receiver_trial: str) -> Any:
         """The receiver's stored rows for one trial, exported by the receiver from its store."""
         return self.control_client.export(trial=receiver_trial)
