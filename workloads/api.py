@@ -337,9 +337,12 @@ def load(name: str, path: "tuple[str, ...] | list[str]" = ()) -> type[Workload]:
         cls = import_target(target, f"workload {name!r}")
     except CutbenchError as exc:
         raise WorkloadError(str(exc)) from exc
-    for required in ("name", "domains", "phases", "defaults", "reference", "run_op"):
-        if not hasattr(cls, required):
-            raise WorkloadError(f"workload {target!r} lacks {required!r} (see the Workload protocol)")
+    # A workload whose ground truth is recorded from uninterrupted runs needs no model of it (``reference``).
+    required = ("name", "domains", "phases", "defaults", *(() if records_reference(cls) else ("reference",)), "run_op")
+    for member in required:
+        if not hasattr(cls, member):
+            raise WorkloadError(f"workload {target!r} lacks {member!r}: a workload class declares "
+                                f"{', '.join(required)} (the Workload protocol: docs/workload-api.md)")
     unknown_phases = [p for p in cls.phases if not isinstance(p, str)]
     if unknown_phases or not cls.phases:
         raise WorkloadError(f"workload {target!r}: phases must be a non-empty tuple of names")

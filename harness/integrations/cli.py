@@ -85,7 +85,7 @@ def _progress_printer(as_json: bool):
 
 def _report_run(outcome: Any, as_json: bool) -> int:
     """Show a finished (or interrupted) run; return the command's exit code."""
-    from cutbench.harness.reports.summary import figures
+    from cutbench.harness.reports.summary import figures, run_verdict
 
     for line in outcome.run.meta().get("swept", []):  # what killed runs had left, removed before this one
         say(f"removed, left by a run whose harness is gone: {line}", "yellow")
@@ -105,9 +105,11 @@ def _report_run(outcome: Any, as_json: bool) -> int:
             console.print(Markdown(text))
         else:
             console.print(text, highlight=False, markup=False)
-        console.print(Text.assemble(f"results: {outcome.run.path}", ("" if outcome.complete else "  (partial)", "yellow")))
+        # The result itself goes to stdout, so that it can be piped (`| tail -3`); everything above is stderr.
+        click.echo(f"verdict: {run_verdict(outcome.trials, outcome.run.meta()).text} (exit {code})")
+        click.echo(f"results: {outcome.run.path}" + ("" if outcome.complete else "  (partial)"))
         if report_html.exists():
-            say(f"report: {report_html}")
+            click.echo(f"report: {report_html}")
     return code
 
 
@@ -298,8 +300,9 @@ def report(run_dir: str, as_json: bool) -> None:
         click.echo(json.dumps({**files.to_dict(), "run_dir": str(run.path), "verdict": v.label, "counts": v.counts,
                                **figures(trials)}))
     else:
-        say(f"{v.text}: report {files.report}")
-        say(f"summary {files.summary}; plots in {files.report.parent / 'plots'}")
+        click.echo(f"verdict: {v.text}")
+        click.echo(f"report: {files.report}")
+        click.echo(f"summary: {files.summary}; plots in {files.report.parent / 'plots'}")
 
 
 @cli.command()
@@ -545,7 +548,8 @@ def list_(what: str, as_json: bool) -> None:
     items: list[dict[str, Any]]
     if what == "workloads":
         items = catalog.workloads()
-        lines = [f"{i['name']}\t{i['description']}\t{i['target']}" for i in items]
+        lines = [f"{i['name']}\t{'GPU' if i['needs_gpu'] else 'CPU or GPU'} ({', '.join(i['arrays'])})\t"
+                 f"{i['description']}\t{i['target']}" for i in items]
     elif what == "backends":
         items = catalog.backends()
         lines = [f"{i['name']}\t{'available' if i['available'] else 'unavailable: ' + i['reason']}" for i in items]
@@ -596,12 +600,24 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), EXIT_INTERNAL)
     except KeyboardInterrupt:
         _fail("interrupted", interrupted_code())
-    except Exception as exc:  # an internal error: keep the traceback for bug reports
-        import traceback
+    except OSError as exc:
+        from cutbench import storage
 
-        traceback.print_exc()
-        _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+        if not storage.is_full_error(exc):
+            _internal(exc)
+        where = exc.filename or "a file"
+        _fail(f"{where}: {exc.strerror}; free space there and run the command again")
+    except Exception as exc:
+        _internal(exc)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+def _internal(exc: BaseException) -> None:
+    """An internal error: the traceback, kept for bug reports, then exit 255."""
+    import traceback
+
+    traceback.print_exception(exc)
+    _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

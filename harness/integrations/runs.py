@@ -9,6 +9,8 @@ values, for a notebook or a script::
     run.counts                     # {"valid": 40, "invalid": 4, "refused": 0, "unknown": 0}
     run.rates()                    # invalid rate with Wilson 95% bounds, per arm
     run.trials[run.trials.outcome == "invalid"]
+    run.findings                   # one row per finding: trial, variant, arm, plan, kind, op, detail
+    len(run), list(run), run["t0007"]  # the trials by id
     run.trial("t0007")["verdict"]  # one trial's stored spec, record and verdict
     run.effects_of("t0007")        # what the receiver recorded for it
     run.compare(cutbench.open_run("results/other"))
@@ -27,6 +29,8 @@ Code reaches these names through :mod:`cutbench.api` (``cutbench.open_run``,
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,9 @@ from cutbench.harness.store import analysis as _analysis
 from cutbench.harness.store.rundir import RunDir, read_matrix
 
 __all__ = ["Run", "open_run", "Comparison", "Reanalysis", "RunVerdict"]
+
+# Columns of trials.parquet stored as JSON, and what an empty cell reads as.
+JSON_COLUMNS: dict[str, type] = {"findings": list, "startup": dict, "measures": dict}
 
 Comparison = _compare.Comparison
 Reanalysis = _analysis.Reanalysis
@@ -83,11 +90,46 @@ class Run:
         """False for a run that was interrupted (``status = "partial"``)."""
         return self.meta.get("status") == "complete"
 
+    # -- the run as a collection of trials ----------------------------------------
+    def __len__(self) -> int:
+        """The number of trials stored."""
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[str]:
+        """The trial ids, in trial order (``run[trial_id]`` is that trial's stored file)."""
+        return iter(self._records)
+
+    def __contains__(self, trial_id: object) -> bool:
+        return trial_id in self._records
+
+    def __getitem__(self, trial_id: str) -> dict[str, Any]:
+        """``run["t0007"]`` is :meth:`trial`."""
+        return self.trial(trial_id)
+
     # -- tables ----------------------------------------------------------------
     @cached_property
-    def trials(self) -> pd.DataFrame:
-        """One row per trial: arm, plan, status, outcome, finding counts, stage timings (``trials.parquet``)."""
+    def _stored_trials(self) -> pd.DataFrame:
         return self._store.table("trials")
+
+    @cached_property
+    def trials(self) -> pd.DataFrame:
+        """One row per trial: arm, plan, status, outcome, finding counts, stage timings (``trials.parquet``), with
+        its JSON columns as Python values: ``findings`` a list of ``{"kind", "op", "detail"}``, ``startup`` and
+        ``measures`` dicts."""
+        table = self._stored_trials.copy()
+        for column, empty in JSON_COLUMNS.items():
+            if column in table:
+                table[column] = [json.loads(v) if isinstance(v, str) and v else empty() for v in table[column]]
+        return table
+
+    @cached_property
+    def findings(self) -> pd.DataFrame:
+        """One row per finding of every trial: ``trial_id``, ``variant``, ``arm``, ``plan``, ``outcome``, then the
+        finding's ``kind``, ``op`` and ``detail``, in trial order."""
+        keys = [c for c in ("trial_id", "variant", "arm", "plan", "outcome") if c in self.trials]
+        rows = [{**{k: row[k] for k in keys}, "kind": f.get("kind"), "op": f.get("op"), "detail": f.get("detail", "")}
+                for row in self.trials.to_dict("records") for f in row.get("findings") or []]
+        return pd.DataFrame(rows, columns=[*keys, "kind", "op", "detail"]).astype({"op": "Int64"})
 
     @cached_property
     def timeline(self) -> pd.DataFrame:
@@ -172,7 +214,7 @@ class Run:
         """``other`` beside this run on the plans both ran (as ``cutbench compare THIS OTHER``): per-plan
         changes (``regressions``: valid here, invalid there), rates per group and stage timings."""
         other = other if isinstance(other, Run) else open_run(other)
-        return _compare.compare(self.trials, other.trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")
+        return _compare.compare(self._stored_trials, other._stored_trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")
 
     def reanalyze(self) -> Reanalysis:
         """Every verdict recomputed from the stored data by the current oracle (as ``cutbench analyze``);

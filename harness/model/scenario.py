@@ -304,11 +304,25 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
         try:
             sub = parse_scenario(merged, source_path)
         except InvalidArgument as exc:
-            raise InvalidArgument(f"{where} ({name}): {exc}") from None
+            raise _blame(exc, base, overrides, source_path, f"{where} ({name})") from None
         if sub.plan_source == "hypothesis":
             raise InvalidArgument(f"{where} ({name}): plan.source = 'hypothesis' is adaptive; variants run exhaustive or random plans")
         out.append(replace(sub, variant=name))
     return tuple(out)
+
+
+def _blame(exc: InvalidArgument, base: dict[str, Any], overrides: list[str], source_path: str, variant: str) -> InvalidArgument:
+    """The error of a variant merged over the base: the base's own when the base alone fails the same way (a
+    typo in a table every variant shares is not the first variant's), else the variant's."""
+    alone = copy.deepcopy(base)
+    for item in overrides:
+        apply_override(alone, item)
+    try:
+        parse_scenario(alone, source_path)
+    except InvalidArgument as own:
+        if str(own) == str(exc):
+            return InvalidArgument(f"{exc} (in the tables every variant shares)")
+    return InvalidArgument(f"{variant}: {exc}")
 
 
 def parse_jobs(where: str, text: str) -> int | str:
@@ -436,12 +450,15 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
 def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:
     from cutbench.workloads import api
 
+    # The class is the workload.name's problem (unknown, not importable, not a workload); the parameters, the params'.
     try:
         cls = api.load(name)
+    except api.WorkloadError as exc:
+        raise InvalidArgument(f"workload.name: {exc}") from None
+    try:
         return api.resolve_params(cls, params)
     except api.WorkloadError as exc:
-        field_name = "workload.name" if "unknown workload" in str(exc) or "cannot import" in str(exc) else "workload.params"
-        raise InvalidArgument(f"{field_name}: {exc}") from None
+        raise InvalidArgument(f"workload.params: {exc}") from None
 
 
 def _workload_phases(name: str) -> tuple[str, ...]:

@@ -31,9 +31,10 @@ MODE_WORDS = {
 
 
 def parse_findings(text: Any) -> list[dict[str, Any]]:
-    """A trial row's ``findings`` JSON as a list of findings (each a dict with ``kind``); [] for anything else."""
+    """A trial row's ``findings`` (its JSON, or the list :func:`cutbench.open_run` parsed it into) as a list of
+    findings (each a dict with ``kind``); [] for anything else."""
     try:
-        found = json.loads(text or "[]")
+        found = text if isinstance(text, list) else json.loads(text or "[]")
     except (TypeError, ValueError):
         return []
     return [f for f in found if isinstance(f, dict) and "kind" in f] if isinstance(found, list) else []

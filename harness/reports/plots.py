@@ -172,6 +172,19 @@ def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: li
     ax.set_xlim(0, max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3) * 1.01)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
+    # What the marks mean, for those the picture has: a reader of summary.md has no hover text.
+    from matplotlib.lines import Line2D
+
+    kinds = {"first application": "#2e9d4a", "applied again": "#d62728", "not applied": "#9e9e9e"}
+    drawn = {line.get_color() for line in ax.get_lines()}
+    for label, colour in kinds.items():
+        if colour in drawn:
+            unique[label] = Line2D([], [], color=colour, linewidth=2)
+    if "#555" in drawn:
+        unique["cut"] = Line2D([], [], color="#555", linestyle="--", linewidth=0.8)
+    if any(line.get_marker() == "o" for line in ax.get_lines()):
+        unique["missing op"] = Line2D([], [], marker="o", markersize=7, markerfacecolor="none", markeredgecolor="#d62728",
+                                      linestyle="none")
     ax.legend(unique.values(), unique.keys(), fontsize=7, ncol=min(7, len(unique)) or 1, loc="upper center",
               bbox_to_anchor=(0.5, -0.3), frameon=False, handlelength=1.2, columnspacing=1.0)
     ax.set_title(title, fontsize=9)

@@ -7,6 +7,7 @@ how to show them. Nothing here runs a trial or writes anything.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,27 +16,38 @@ import cutbench
 from cutbench.errors import Unavailable
 from cutbench.harness import nemesis
 from cutbench.workloads import api as workload_api
+from cutbench.workloads.xp import DEVICE_BACKENDS
 
 
 def workloads() -> list[dict[str, Any]]:
-    """Return every registered workload as ``{"name", "target", "description"}``, by name.
+    """Return every registered workload as ``{"name", "target", "description", "arrays", "needs_gpu"}``, by name.
 
     The description is the first paragraph of the class's docstring, or of
-    its module's where the class defers to it; a workload that cannot be
-    loaded says why instead.
+    its module's where the class defers to it, as plain text (reST's
+    literals lose their backquotes); ``arrays`` the array libraries it runs
+    on and ``needs_gpu`` whether none of them is the host's. A workload that
+    cannot be loaded says why instead.
     """
     items: list[dict[str, Any]] = []
     for name, target in sorted(workload_api.available().items()):
+        arrays: list[str] = []
         try:
             cls = workload_api.load(name)
             doc = (cls.__doc__ or "").strip()
             if not doc or "see module docstring" in doc:  # the module says what the workload is
                 doc = (sys.modules[cls.__module__].__doc__ or doc).strip()
-            doc = " ".join(doc.split("\n\n")[0].split())  # its first paragraph, on one line
+            doc = _plain(" ".join(doc.split("\n\n")[0].split()))  # its first paragraph, on one line
+            arrays = list(getattr(cls, "arrays", workload_api.ARRAYS))
         except workload_api.WorkloadError as exc:
             doc = f"(cannot load: {exc})"
-        items.append({"name": name, "target": target, "description": doc})
+        items.append({"name": name, "target": target, "description": doc, "arrays": arrays,
+                      "needs_gpu": bool(arrays) and all(a in DEVICE_BACKENDS for a in arrays)})
     return items
+
+
+def _plain(text: str) -> str:
+    """reST inline markup as plain text: ````x```` and ``:role:`x``` become ``x``, ``*x*`` stays."""
+    return re.sub(r"(?::[a-z]+:)?`{1,2}([^`]+)`{1,2}", r"\1", text)
 
 
 def backends() -> list[dict[str, Any]]:

@@ -57,7 +57,11 @@ def uninterrupted_run(criu, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted")
     proc = cli("run", str(REPO / "scenarios" / "quick.toml"), *SMALL, "--out", str(out), timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]  # at_least_once after leave_running duplicates: invalid
-    return (out / "latest").resolve()
+    run = (out / "latest").resolve()
+    # The result is on stdout, alone, so that a pipe gets it; the summary and progress went to stderr.
+    assert proc.stdout.splitlines() == ["verdict: INVALID recoveries found (exit 1)", f"results: {run}",
+                                        f"report: {run / 'report.html'}"]
+    return run
 
 
 @pytest.fixture(scope="module")

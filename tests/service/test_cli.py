@@ -83,6 +83,11 @@ def test_a_run_whose_every_arm_is_skipped_says_why_and_exits_254(tmp_path, monke
 def test_list_workloads_describes_each_and_receiver_serve_help_lists_its_options():
     workloads = json.loads(cli("list", "workloads", "--json").stdout)
     assert all(w["description"] and "see module docstring" not in w["description"] for w in workloads)
+    assert not any("``" in w["description"] for w in workloads)  # plain text, not reST
+    by_name = {w["name"]: w for w in workloads}
+    assert by_name["counter"]["needs_gpu"] is False and by_name["nccl_ranks"]["needs_gpu"] is True
+    text = cli("list", "workloads").stdout
+    assert "counter\tCPU or GPU (numpy, cupy, torch)\tcounter: the smallest workload" in text
     proc = cli("receiver", "serve", "--help")
     assert proc.returncode == 0 and "--store" in proc.stdout and "--listen" in proc.stdout
 

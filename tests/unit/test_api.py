@@ -39,6 +39,21 @@ def test_the_run_s_tables_and_headline(run):
     assert run.matrix.empty and "invalid" in repr(run)
 
 
+def test_the_run_is_a_collection_of_its_trials_with_a_table_of_findings(run):
+    assert len(run) == 84 and list(run) == run.trial_ids and "t0001" in run and "t9999" not in run
+    assert run["t0001"] == run.trial("t0001")
+    with pytest.raises(InvalidArgument, match="no trial 't9999'"):
+        run["t9999"]
+    assert all(isinstance(f, list) for f in run.trials["findings"])
+    for column in ("startup", "measures"):  # absent from a run stored before them
+        assert column not in run.trials or all(isinstance(v, dict) for v in run.trials[column])
+    found = run.findings
+    assert len(found) == int(run.trials["n_findings"].sum()) > 0
+    assert list(found.columns[-3:]) == ["kind", "op", "detail"] and set(found["trial_id"]) <= set(run)
+    first = run.trials[run.trials["n_findings"] > 0].iloc[0]
+    assert found[found["trial_id"] == first["trial_id"]]["kind"].tolist() == [f["kind"] for f in first["findings"]]
+
+
 def test_rates_per_arm_carry_wilson_bounds(run):
     rates = run.rates()
     assert list(rates["arm"]) == sorted(run.trials["arm"].unique())

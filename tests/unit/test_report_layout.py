@@ -256,3 +256,14 @@ def test_a_row_of_the_receiver_s_own_and_a_nan_epoch_get_no_lane_of_their_own():
     assert [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"] == ["original (epoch 0)", "restored #1 (epoch 1)"]
     assert len([ln for ln in root.iter(f"{SVG}line") if "effect" in ln.get("class", "").split()]) == 4
     assert plots.trial_timeline_png(LEAVE_RUNNING, fx)[:4] == b"\x89PNG"
+
+
+def test_the_static_picture_names_its_marks_in_a_legend(monkeypatch):
+    figures: list = []
+    monkeypatch.setattr(plots, "_png", lambda fig: figures.append(fig) or b"")
+    fx = deliveries((1, 0, "applied"), (2, 0, "applied"), (2, 1, "applied"))
+    plots.trial_timeline_png(LEAVE_RUNNING, fx, [{"kind": "missing", "op": 3, "detail": ""}], title="t0001")
+    names = {t.get_text() for t in figures[0].axes[0].get_legend().get_texts()}
+    assert {"first application", "applied again", "missing op"} <= names and "not applied" not in names
+    assert set(LEAVE_RUNNING["stage"]) <= names
+    plt.close(figures[0])

@@ -210,3 +210,40 @@ def test_a_bad_value_of_a_field_of_its_own_form_names_it_and_the_fix(data: dict[
 def test_the_top_level_keys_name_every_table():
     assert set(schema.SECTIONS) == {"workload", "receiver", "pipeline", "plan", "run"}
     assert schema.keys("") == ("name", "description", "include", *schema.SECTIONS, "variants")
+
+
+def test_a_typo_in_the_shared_tables_is_not_blamed_on_a_variant():
+    shared_typo = {"workload": {"name": "counter", "parms": {"ops": 4}},
+                   "variants": [{"name": "a"}, {"name": "b", "workload": {"params": {"ops": 5}}}]}
+    with pytest.raises(InvalidArgument) as info:
+        parse_scenario(shared_typo)
+    assert str(info.value).startswith("unknown field 'workload.parms'") and "every variant shares" in str(info.value)
+    own_typo = {"workload": {"name": "counter"}, "variants": [{"name": "a"}, {"name": "b", "workload": {"parms": {}}}]}
+    with pytest.raises(InvalidArgument, match=r"^variants\[1\] \(b\): unknown field 'workload.parms'"):
+        parse_scenario(own_typo)
+
+
+def test_a_workload_class_that_is_not_one_is_named_with_the_protocol_s_page():
+    from cutbench.workloads import api
+
+    with pytest.raises(api.WorkloadError, match=r"lacks 'run_op'.*docs/workload-api.md"):
+        api.load("tests.unit.test_scenario_schema:NotAWorkload")
+    assert api.load("tests.unit.test_scenario_schema:RecordedWithoutModel").name == "recorded_without_model"
+
+
+class NotAWorkload:
+    name, domains, phases, defaults = "not_a_workload", frozenset({"cpu"}), ("admit",), {"ops": 2}
+
+    @classmethod
+    def reference(cls, params):
+        return None
+
+
+class RecordedWithoutModel:
+    """Ground truth recorded from uninterrupted runs: no ``reference`` (docs/workload-api.md says so)."""
+
+    name, domains, phases, defaults = "recorded_without_model", frozenset({"cpu"}), ("admit",), {"ops": 2}
+    ground_truth = "recorded"
+
+    def run_op(self, op):
+        return None
