@@ -18,6 +18,7 @@ import random
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
@@ -79,13 +80,17 @@ class ReceiverClient:
     default overall limit of ``wait_ack`` and control calls. ``connect_timeout``
     bounds one connection attempt; ``max_backoff`` caps the pause between them.
     ``max_frame`` is the largest reply accepted; it grows to the server's limit
-    (from ``hello``) when that is larger.
+    (from ``hello``) when that is larger. ``sender``, where given, says which
+    incarnation of the process is sending: each effect frame carries it as it
+    goes out, a resend after a restore included (the effect's ``epoch`` stays
+    the one it was made in).
     Connecting is lazy: nothing happens until the first call.
     """
 
     def __init__(self, address: str, *, token: str | None = None, ack_timeout: float = 2.0,
                  connect_timeout: float = 5.0, max_backoff: float = 0.5, wait_timeout: float = 30.0,
-                 client_name: str | None = None, max_frame: int = P.MAX_FRAME):
+                 client_name: str | None = None, max_frame: int = P.MAX_FRAME,
+                 sender: Callable[[], int] | None = None):
         try:
             self._kind, self._host, self._port = P.parse_listen(address)
         except CutbenchError as exc:
@@ -111,6 +116,7 @@ class ReceiverClient:
         self.connects = 0  # successful (re)connections
         self.resends = 0  # effects sent again after a reconnect
         self._given_up: str | None = None  # set by give_up(), from any thread
+        self._sender = sender
 
     # -- effects ----------------------------------------------------------------------
 
@@ -295,6 +301,8 @@ class ReceiverClient:
         entry["msg"]["id"] = rid
         self._ack_for_id[rid] = key
         entry["sent"] = True
+        if self._sender is not None:  # who sends it now: after a restore, the restored process
+            entry["msg"]["sender"] = _check_int("sender", self._sender())
         self._send(entry["msg"])
 
     def _request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:

@@ -124,8 +124,9 @@ class Ledger:
 
     def _delivery_row(self, cmd: Command, seq: int, kind: str, decision: str) -> tuple:
         m = cmd.msg
+        sender = m.get("sender")
         return (seq, m["trial"], m["op_id"], m["attempt"], m["epoch"], m["digest"],
-                cmd.connection_id, cmd.client, kind, decision, seq, cmd.received_at)
+                cmd.connection_id, cmd.client, kind, decision, seq, cmd.received_at, -1 if sender is None else sender)
 
     def _publish(self, cmd: Command, m: dict, ch: Changes) -> dict:
         st = self._trial(m["trial"])
@@ -177,7 +178,7 @@ class Ledger:
         if reason is not None:
             # A refused commit is recorded: the oracle may want to see who tried.
             ch.rows.append((seq, trial, op, 0, -1 if epoch is None else epoch, "", cmd.connection_id,
-                            cmd.client, "commit", "rejected", seq, cmd.received_at))
+                            cmd.client, "commit", "rejected", seq, cmd.received_at, -1))
             return reply("ack", "commit", rid, trial=trial, op_id=op, decision="rejected", reason=reason,
                          arrival_seq=seq)
         target_seq, target_epoch = candidates[-1]  # the latest prepared delivery wins

@@ -38,6 +38,9 @@ _EFFECT = {  # publish and prepare carry the same effect
     "attempt": ("attempt", True),
     "epoch": ("uint", True),
     "digest": ("text0", True),
+    # The incarnation of the process sending this frame, where the client knows it: a resend after a restore
+    # carries the op's old ``epoch`` but the restored process's ``sender``.
+    "sender": ("uint", False),
 }
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {"token": ("text", False), "client": ("text", False)},

@@ -25,10 +25,11 @@ ROW_COLUMNS = (
     "decision",  # applied | suppressed | prepared | committed | aborted | rejected
     "decided_seq",  # arrival_seq of the event that set the decision
     "received_at",  # unix time the frame was parsed by the server
+    "sender",  # the incarnation of the process that sent this frame (a resend: the one that resent it); -1 if unsaid
 )
 # Export adds the trial's delivery mode, joined from the trials table.
 EXPORT_COLUMNS = ROW_COLUMNS + ("mode",)
-INT_COLUMNS = ("arrival_seq", "op_id", "attempt", "epoch", "connection_id", "decided_seq")
+INT_COLUMNS = ("arrival_seq", "op_id", "attempt", "epoch", "connection_id", "decided_seq", "sender")
 FENCE_COLUMNS = ("arrival_seq", "trial", "fence", "received_at")
 
 

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     kind TEXT NOT NULL,
     decision TEXT NOT NULL,
     decided_seq BIGINT NOT NULL,
-    received_at DOUBLE PRECISION NOT NULL
+    received_at DOUBLE PRECISION NOT NULL,
+    sender BIGINT NOT NULL DEFAULT -1
 );
 CREATE INDEX IF NOT EXISTS deliveries_trial_op ON deliveries (trial, op_id);
 CREATE TABLE IF NOT EXISTS trials (
@@ -88,6 +89,9 @@ CREATE TABLE IF NOT EXISTS meta (
     value BIGINT NOT NULL
 )
 """
+
+# Columns of ``deliveries`` added after stores were first made, with their DDL (the migration adds them).
+_ADDED_COLUMNS = {"sender": "BIGINT NOT NULL DEFAULT -1"}
 
 # One statement, so one snapshot: the counts and the fence belong to the same committed state.
 # ``done``: distinct ops of the trial that took effect (a row applied or committed), whatever the mode.
@@ -140,6 +144,12 @@ class SqlStore:
         cur = self._conn.cursor()
         for stmt in _DDL.format(pk=self.pk_type).split(";"):
             cur.execute(stmt)
+        # A store made before a column existed gets it, at its default (-1: the sender was not said).
+        cur.execute("SELECT * FROM deliveries WHERE 1 = 0")
+        have = {d[0] for d in cur.description}
+        for column, ddl in _ADDED_COLUMNS.items():
+            if column not in have:
+                cur.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {ddl}")
         for key in ("last_seq", "boots"):
             if not self._query_in(cur, "SELECT value FROM meta WHERE key = ?", (key,)):
                 cur.execute(self._sql("INSERT INTO meta (key, value) VALUES (?, 0)"), (key,))

@@ -255,7 +255,9 @@ class TrackedReceiver(ReceiverClient):
     """
 
     def __init__(self, address: str, control: ControlFile, **options: Any):
-        super().__init__(address, **options)
+        # Each frame says which incarnation sent it: the harness bumps the control file's epoch before a restored
+        # process runs, so a restored process resending an op it owed says so (the op keeps its own epoch).
+        super().__init__(address, sender=lambda: control.get("incarnation"), **options)
         self._control = control
 
     def send_effect(self, trial: str, op_id: int, epoch: int, digest: str, **kw: Any) -> None:

@@ -105,7 +105,8 @@ def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
     ``committed``, whatever their attempt or epoch. A redelivery the receiver
     suppressed (``idempotent``) or aborted (``fenced``) is not visible and does
     not count: that is the receiver doing its job. Findings come in op order;
-    the detail gives the count and the sorted epochs of the visible rows.
+    the detail gives the count and the sorted epochs of the visible rows, and
+    the incarnations that sent them where the table says (``sender`` ≥ 0).
     """
     if effects is None or effects.empty:
         return []
@@ -119,13 +120,22 @@ def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
     sizes = dup.groupby("op_id", sort=True).size()
     if "epoch" not in effects:
         return [Finding("duplicate", int(op), f"applied {n} times (epochs [])") for op, n in sizes.items()]
-    dup["epoch"] = _ints(effects["epoch"][mask][again])
-    pairs = dup.drop_duplicates().sort_values(["op_id", "epoch"], kind="stable")
+    epochs = _distinct_per_op(dup.assign(value=_ints(effects["epoch"][mask][again])))
+    # Who sent each copy, where the clients said (a resend after a restore keeps the op's epoch, not its sender's).
+    sent = (_distinct_per_op(dup.assign(value=_ints(effects["sender"][mask][again])))
+            if "sender" in effects else [[] for _ in epochs])
+    return [Finding("duplicate", int(op), f"applied {n} times (epochs {e}"
+                    + (f"; sent by incarnations {by})" if (by := [x for x in s if x >= 0]) else ")"))
+            for (op, n), e, s in zip(sizes.items(), epochs, sent, strict=True)]
+
+
+def _distinct_per_op(rows: pd.DataFrame) -> list[list[int]]:
+    """Per op of ``rows`` (columns ``op_id``, ``value``), in op order, the sorted distinct values (Python ints)."""
+    pairs = rows.drop_duplicates().sort_values(["op_id", "value"], kind="stable")
     op_of = pairs["op_id"].to_numpy()
     bounds = [0, *(np.flatnonzero(op_of[1:] != op_of[:-1]) + 1).tolist(), len(op_of)]
-    epochs = pairs["epoch"].tolist()  # Python ints, as _ints made them
-    return [Finding("duplicate", int(op), f"applied {n} times (epochs {epochs[lo:hi]})")
-            for (op, n), lo, hi in zip(sizes.items(), bounds[:-1], bounds[1:], strict=True)]
+    values = [int(v) for v in pairs["value"].tolist()]
+    return [values[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def find_missing(effects: pd.DataFrame | None, committed: int) -> list[Finding]:

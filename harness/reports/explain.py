@@ -6,8 +6,11 @@ story from "duplicate op 3 (applied 2 times (epochs [0, 1]))". Pure: data in,
 text out, the same for a stored run as for a fresh one.
 
 Incarnation ``e`` is the process of epoch ``e``: 0 the original, 1 the
-first restored (or restarted) one, and so on, as the receiver's ``epoch``
-column records who sent a delivery.
+first restored (or restarted) one, and so on. Who sent a delivery is the
+receiver's ``sender`` column (the incarnation that put the frame on the
+wire: a restored process resending an op it owed is the sender, though the
+op keeps the ``epoch`` it was made in); a run stored before senders were
+recorded falls back to ``epoch`` (:func:`sender_of`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ def incarnation(epoch: Any) -> int | None:
     return int(value) if value == value and value >= 0 else None
 
 
+def sender_of(row: Any) -> int | None:
+    """The incarnation that sent receiver row ``row`` (a named tuple or a dict): its ``sender`` where the client
+    said it, else its ``epoch``; None for a row of the receiver's own."""
+    get = row.get if isinstance(row, dict) else lambda name, default=None: getattr(row, name, default)
+    said = incarnation(get("sender", None))
+    return said if said is not None else incarnation(get("epoch", None))
+
+
+def senders(effects: pd.DataFrame) -> list[int | None]:
+    """:func:`sender_of` of every row of ``effects``, in its order."""
+    if effects.empty:
+        return []
+    columns = [c for c in ("sender", "epoch") if c in effects]
+    return [sender_of(dict(zip(columns, values))) for values in zip(*(effects[c] for c in columns))] if columns \
+        else [None] * len(effects)
+
+
 def op_ranges(ops: list[int]) -> str:
     """``[3, 4, 5, 7]`` as ``"ops 3–5 and 7"`` (``"op 3"`` for one)."""
     ops = sorted(set(ops))
@@ -66,13 +86,13 @@ def op_ranges(ops: list[int]) -> str:
     return ("op " if len(ops) == 1 else "ops ") + words
 
 
-def _epochs_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
-    """Per op, the epochs (incarnations) whose deliveries the receiver applied, in arrival order."""
-    if effects.empty or not {"epoch", "decision", "op_id"} <= set(effects.columns):
+def _senders_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
+    """Per op, the incarnations that sent the deliveries the receiver applied, in arrival order."""
+    if effects.empty or not {"decision", "op_id"} <= set(effects.columns) or not {"epoch", "sender"} & set(effects):
         return {}
     applied = effects[effects["decision"].isin(["applied", "committed"]) & effects["op_id"].isin(ops)]
     applied = applied.sort_values("arrival_seq") if "arrival_seq" in applied else applied
-    return {int(op): [e for e in map(incarnation, g["epoch"]) if e is not None] for op, g in applied.groupby("op_id")}
+    return {int(op): [e for e in senders(g) if e is not None] for op, g in applied.groupby("op_id")}
 
 
 def _incarnations(epochs: list[int]) -> str:
@@ -118,7 +138,7 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
         by_kind.setdefault(f["kind"], []).append(f)
     dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if isinstance(f.get("op"), int)]
     if dup:
-        epochs = _epochs_of(effects, dup)
+        epochs = _senders_of(effects, dup)
         who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
         sentences.append(f"The receiver applied {op_ranges(dup)} twice or more, from {who}: "
                          + ("the restored process resumed from the image and sent again what the original had already "

@@ -26,7 +26,7 @@ from matplotlib.colors import to_rgb
 
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
-from cutbench.harness.reports.explain import explain, incarnation, parse_findings
+from cutbench.harness.reports.explain import explain, parse_findings, sender_of
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
 
@@ -257,8 +257,8 @@ def _legend(items: list[tuple[str, str, str, str]], x0: float, y0: float, width:
 
 def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFrame, colours: dict[str, str] | None = None,
                        findings: list[dict[str, Any]] | None = None) -> str:
-    """An inline SVG of one trial: stage bars on a time axis and, below, one lane per incarnation (the receiver's
-    ``epoch``: 0 the original, 1 the first restored process, …) holding every delivery it sent, placed by its
+    """An inline SVG of one trial: stage bars on a time axis and, below, one lane per incarnation (the delivery's
+    sender: 0 the original, 1 the first restored process, …) holding every delivery it sent, placed by its
     arrival sequence number (green: first application of an op, red: applied again, grey: suppressed).
 
     Every stage has its own colour (``colours``, stage name to colour, keeps
@@ -316,7 +316,7 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
             if t is None:
                 continue
             op, x = int(fx.op_id), left + t * scale
-            lane = incarnation(getattr(fx, "epoch", None))  # None (no incarnation) and an epoch without a lane: the last lane
+            lane = sender_of(fx)  # None (no incarnation) and an incarnation without a lane: the last lane
             y = lane_y[epochs[-1]] if lane is None else lane_y.get(lane, lane_y[epochs[-1]])
             if fx.decision in ("applied", "committed"):
                 kind = "again" if op in first_at else "first"

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.reports.explain import incarnation  # noqa: E402
+from cutbench.harness.reports.explain import sender_of, senders  # noqa: E402
 from cutbench.harness.reports.summary import phase_order, rates, series_keys  # noqa: E402
 
 # Stages of the harness itself (spawn, waiting for the cut, running to the
@@ -122,18 +122,17 @@ def effect_times(stages: pd.DataFrame, effects: pd.DataFrame) -> list[float | No
 
 
 def lanes(effects: pd.DataFrame) -> list[int]:
-    """The incarnations a trial's receiver rows name, in order ([0] when none does)."""
-    if effects.empty or "epoch" not in effects:
-        return [0]
-    return sorted({e for e in map(incarnation, effects["epoch"]) if e is not None}) or [0]
+    """The incarnations that sent a trial's receiver rows (:func:`~cutbench.harness.reports.explain.sender_of`),
+    in order ([0] when none is known)."""
+    return sorted({e for e in senders(effects) if e is not None}) or [0]
 
 
 def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: list[dict] | None = None,
                        colours: dict[str, str] | None = None, title: str = "") -> bytes:
     """A small static picture of one trial for ``summary.md`` readers: the report's SVG timeline in brief.
 
-    Stage bars on the trial's clock, one lane per incarnation (receiver
-    ``epoch``) with a tick per delivery (green first application, red applied
+    Stage bars on the trial's clock, one lane per incarnation (the
+    delivery's sender) with a tick per delivery (green first application, red applied
     again, grey suppressed), dashed lines at the cuts, and a red ring per op
     of a ``missing`` finding.
     """
@@ -159,7 +158,8 @@ def trial_timeline_png(stages: pd.DataFrame, effects: pd.DataFrame, findings: li
             colour = ("#d62728" if op in seen else "#2e9d4a") if applied else "#9e9e9e"
             seen |= {op} if applied else set()
             placed.append((t, op))
-            row = rows[f"epoch {incarnation(getattr(fx, 'epoch', None)) if incarnation(getattr(fx, 'epoch', None)) in epochs else epochs[-1]}"]
+            sender = sender_of(fx)
+            row = rows[f"epoch {sender if sender in epochs else epochs[-1]}"]
             ax.plot([t, t], [row - 0.3, row + 0.3], color=colour, linewidth=2)
     for f in findings or ():
         if f.get("kind") == "missing" and f.get("op") is not None:
@@ -237,7 +237,7 @@ def invalid_rate_by_phase(trials: pd.DataFrame) -> bytes:
     for ax, fault in zip(axes[0], faults):
         sub = table[table["fault"] == fault]
         for i, key in enumerate(series):
-            s = sub[(sub[keys].astype(str) == key).all(axis=1)]
+            s = sub[(sub[keys].astype(str) == pd.Series(key, index=keys)).all(axis=1)]
             if s.empty:
                 continue
             x = np.array([phases.index(p) for p in s["cut_phase"]]) + (i - (len(series) - 1) / 2) * width
@@ -279,7 +279,7 @@ def heatmap_phase_fault(trials: pd.DataFrame) -> bytes:
     for ax, panel in zip(axes[0], panels):
         grid = np.full((len(phases), len(faults)), np.nan)
         notes = [["" for _ in faults] for _ in phases]
-        for row in table[(table[keys].astype(str) == panel).all(axis=1)].itertuples():
+        for row in table[(table[keys].astype(str) == pd.Series(panel, index=keys)).all(axis=1)].itertuples():
             i, j = phases.index(row.cut_phase), faults.index(str(row.fault))
             n = row.valid + row.invalid
             grid[i, j] = row.invalid_rate if n else np.nan

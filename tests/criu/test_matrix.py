@@ -112,7 +112,9 @@ def test_certificates_ask_the_measured_matrix_about_the_probe_s_feature(cpu_matr
     table = pd.read_parquet(cpu_matrix / "matrix.parquet")
     table.loc[table["feature"] == "host_memory", "cell"] = "failed"
     table.to_parquet(doctored)
-    proc = cli("run", str(certified_scenario(tmp_path / "bad.toml", doctored)), "--out", str(tmp_path / "b"), "--json")
+    # Refusing is the answer sought here; without saying so, a run of refusals tested nothing (exit 2).
+    proc = cli("run", str(certified_scenario(tmp_path / "bad.toml", doctored)), "--out", str(tmp_path / "b"), "--json",
+               "--set", "pipeline.expect_refusals=true")
     assert proc.returncode == 0, proc.stderr[-2000:]
     trials = pd.read_parquet(Path(json.loads(proc.stdout)["run_dir"]) / "trials.parquet")
     row = trials.iloc[0]

@@ -331,6 +331,9 @@ def effect_tables(draw: Any) -> pd.DataFrame | None:
     else:
         frame = frame.astype({"op_id": "Int64", "epoch": "Int64", "digest": "string", "decision": "string"})
         frame["op_id"] = frame["op_id"].where(frame["op_id"] >= 0)
+    if draw(st.booleans()):  # who sent each row, as clients that say so record it (-1: not said)
+        frame["sender"] = pd.array(draw(st.lists(st.integers(-1, 3), min_size=len(frame), max_size=len(frame))),
+                                   dtype="int64")
     return frame.drop(columns=[dropped]) if dropped else frame
 
 
