@@ -217,7 +217,7 @@ def execute(
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(workload_api.load(scenario.workload)))])
     check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
-                  results_root if resume is None else resume.run.path)
+                  results_root if resume is None else resume.run.path, workdir)
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
@@ -332,12 +332,16 @@ MIN_IMAGES_FREE = 32 << 20
 MIN_RESULTS_FREE = 4 << 20
 
 
-def check_storage(images_dirs: set[str], results_root: str | Path) -> None:
-    """Refuse, before anything runs, an images or results directory that is unwritable or nearly full: the
-    harness's own storage, which must never turn into refused trials blamed on a tool. Raises
+def check_storage(images_dirs: set[str], results_root: str | Path, workdir: str | Path | None = None) -> None:
+    """Refuse, before anything runs, an images, results or work directory that is unwritable or nearly full:
+    the harness's own storage, which must never turn into refused trials blamed on a tool. Raises
     :class:`Unavailable` naming the directory, its free space and what it needs."""
+    import tempfile
+
     problems = [storage.room_problem(d, MIN_IMAGES_FREE, "pipeline.images_dir") for d in sorted(images_dirs)]
     problems.append(storage.room_problem(results_root, MIN_RESULTS_FREE, "the results directory"))
+    # The session's work directory (trial directories, the SQLite receiver store) is made under this.
+    problems.append(storage.room_problem(workdir or tempfile.gettempdir(), MIN_RESULTS_FREE, "the work directory"))
     found = [p for p in problems if p]
     if found:
         raise Unavailable("; ".join(found))

@@ -162,6 +162,12 @@ def test_the_marker_and_the_trial_fixture_gate_the_buggy_variant_and_fail(criu, 
     assert json.loads(replay.stdout)["replayed"] == "invalid"
     analyzed = cli("analyze", str(trial_file.parent.parent))
     assert analyzed.returncode == 0 and "0 verdicts differ" in analyzed.stderr + analyzed.stdout, analyzed.stderr
+    # Where the workload is gone, nothing can be re-judged: that is said once (254), not as changed verdicts.
+    (pytester.path / "mywl").rename(pytester.path / "elsewhere")
+    analyzed = cli("analyze", str(trial_file.parent.parent))
+    assert analyzed.returncode == 254 and "cannot re-judge trial t0001 here" in analyzed.stderr, analyzed.stderr
+    assert "verdicts differ" not in analyzed.stderr + analyzed.stdout
+    (pytester.path / "elsewhere").rename(pytester.path / "mywl")
 
     # The correct twin through the same fixture passes: the gate tells them apart.
     (pytester.path / "test_book.py").write_text((pytester.path / "test_book.py").read_text().replace("orderbook:BuggyBook", "orderbook:Book"))
