@@ -114,6 +114,7 @@ class SqlStore:
 
     placeholder = "?"
     pk_type = "INTEGER"
+    if_not_exists = ""  # what ADD COLUMN says to tolerate a column another opener just added
 
     def __init__(self, url: str):
         self.url = url
@@ -144,12 +145,13 @@ class SqlStore:
         cur = self._conn.cursor()
         for stmt in _DDL.format(pk=self.pk_type).split(";"):
             cur.execute(stmt)
-        # A store made before a column existed gets it, at its default (-1: the sender was not said).
+        # A store made before a column existed gets it, at its default (-1: the sender was not said). PostgreSQL
+        # says IF NOT EXISTS itself (two receivers may open one old store at once); a SQLite file has one opener.
         cur.execute("SELECT * FROM deliveries WHERE 1 = 0")
         have = {d[0] for d in cur.description}
         for column, ddl in _ADDED_COLUMNS.items():
             if column not in have:
-                cur.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {ddl}")
+                cur.execute(f"ALTER TABLE deliveries ADD COLUMN {self.if_not_exists}{column} {ddl}")
         for key in ("last_seq", "boots"):
             if not self._query_in(cur, "SELECT value FROM meta WHERE key = ?", (key,)):
                 cur.execute(self._sql("INSERT INTO meta (key, value) VALUES (?, 0)"), (key,))
@@ -291,6 +293,7 @@ class PostgresStore(SqlStore):
 
     placeholder = "%s"
     pk_type = "BIGINT"
+    if_not_exists = "IF NOT EXISTS "
 
     def _connect(self) -> Any:
         try:

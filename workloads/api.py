@@ -320,14 +320,14 @@ def available() -> dict[str, str]:
     return WORKLOADS.available()
 
 
-def load(name: str, path: "tuple[str, ...] | list[str]" = ()) -> type[Workload]:
+def load(name: str, path: "tuple[str, ...] | list[str]" = (), *, environ: bool = False) -> type[Workload]:
     """The workload class for a registered ``name`` or an import path ``"mod:Class"``, its module looked for on
-    ``path`` first (a trial's ``workload_path``: see :func:`add_import_path`).
+    ``path`` too (a trial's ``workload_path``: see :func:`add_import_path`, which ``environ`` is passed to).
 
     Raises :class:`WorkloadError` naming the allowed workloads when not found.
     """
     if path:
-        add_import_path(path)
+        add_import_path(path, environ=environ)
     # A built-in name needs no scan of the installed entry points (milliseconds, on every trial).
     target = WORKLOADS.builtin.get(name) or available().get(name, name if ":" in name else None)
     if target is None:
@@ -375,7 +375,8 @@ def import_roots(cls: type) -> tuple[str, ...]:
 
     module = sys.modules.get(cls.__module__)
     file = getattr(module, "__file__", None)
-    if not file:
+    if not file or cls.__module__.split(".")[0] == "cutbench":
+        # cutbench's own (its folders are mapped under the one name: counting name parts would miss the root).
         return ()
     root = Path(file).resolve().parent
     if Path(file).name == "__init__.py":
@@ -390,14 +391,16 @@ def import_roots(cls: type) -> tuple[str, ...]:
     return (str(root),)
 
 
-def add_import_path(entries: "tuple[str, ...] | list[str]") -> None:
-    """Put ``entries`` (a trial's ``workload_path``) at the front of ``sys.path`` and of this process's
-    ``PYTHONPATH`` (so that processes it starts find the workload too); entries already there stay where they are."""
+def add_import_path(entries: "tuple[str, ...] | list[str]", *, environ: bool = False) -> None:
+    """Put ``entries`` (a trial's ``workload_path``) at the end of ``sys.path`` (a user's module is found; none of
+    the standard library's is shadowed), and with ``environ`` at the front of this process's ``PYTHONPATH`` too
+    (the workload process: what it starts finds the workload). Entries already there stay where they are."""
     import os
     import sys
 
-    missing = [e for e in entries if e not in sys.path]
-    sys.path[:0] = missing
+    sys.path.extend(e for e in entries if e not in sys.path)
+    if not environ:
+        return
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if any(e not in inherited for e in entries):
         os.environ["PYTHONPATH"] = os.pathsep.join([*[e for e in entries if e not in inherited], *inherited])

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     control = ControlFile(config.control_path)
     control.set("pid", os.getpid())
     try:
-        cls = api.load(config.workload, config.workload_path)
+        cls = api.load(config.workload, config.workload_path, environ=True)
     except Exception:  # its words go to the trial's log, where the harness reads a workload's last words
         write_log(config.log_path, control.get("incarnation"), f"failed: cannot load workload {config.workload!r}:\n"
                   + format_exception())

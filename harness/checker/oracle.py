@@ -122,7 +122,7 @@ def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
         return [Finding("duplicate", int(op), f"applied {n} times (epochs [])") for op, n in sizes.items()]
     epochs = _distinct_per_op(dup.assign(value=_ints(effects["epoch"][mask][again])))
     # Who sent each copy, where the clients said (a resend after a restore keeps the op's epoch, not its sender's).
-    sent = (_distinct_per_op(dup.assign(value=_ints(effects["sender"][mask][again])))
+    sent = (_distinct_per_op(dup.assign(value=_ints(effects["sender"][mask][again].fillna(-1))))
             if "sender" in effects else [[] for _ in epochs])
     return [Finding("duplicate", int(op), f"applied {n} times (epochs {e}"
                     + (f"; sent by incarnations {by})" if (by := [x for x in s if x >= 0]) else ")"))

@@ -267,11 +267,13 @@ def cutbench_run(request: pytest.FixtureRequest) -> GateRun:
     return GateRun(result, RunDir.open(result.run_dir).table("trials"))
 
 
-def _trial_source(request: pytest.FixtureRequest) -> tuple[Path | None, list[str], list[str]]:
+def _trial_source(request: pytest.FixtureRequest, *, named_workload: bool) -> tuple[Path | None, list[str], list[str]]:
     """Where ``cutbench_trial`` takes its workload and arm from: ``(scenario file, --set overrides, backends)``.
 
     The test's ``cutbench`` marker first (its ``scenario``, ``set`` and ``backend``), else one
-    ``--cutbench-scenario``; ``(None, [], backends)`` when there is neither (the call must then name the workload).
+    ``--cutbench-scenario`` unless the call names its workload (the command line's scenarios are the gate's, not
+    a call's that says what it runs); ``(None, [], backends)`` when there is neither (the call must then name
+    the workload).
     """
     from cutbench.harness.integrations import gate
     from cutbench.errors import InvalidArgument
@@ -280,7 +282,7 @@ def _trial_source(request: pytest.FixtureRequest) -> tuple[Path | None, list[str
     marker = request.node.get_closest_marker(MARKER)
     kwargs = marker.kwargs if marker else {}
     backends = config.getoption("--cutbench-backend") or _as_list(kwargs.get("backend"))
-    patterns = _as_list(kwargs.get("scenario")) or config.getoption("--cutbench-scenario")
+    patterns = _as_list(kwargs.get("scenario")) or ([] if named_workload else config.getoption("--cutbench-scenario"))
     if not patterns:
         return None, [], backends
     found = gate.find_scenarios(patterns, Path(str(request.node.path)).parent)
@@ -307,11 +309,14 @@ def cutbench_trial(request: pytest.FixtureRequest) -> Any:
     from cutbench.errors import Unavailable
 
     def run(plan: Any = "3/publish", *, scenario: str | Path | None = None, arm: str | None = None, **kwargs: Any) -> Any:
-        source, overrides, backends = _trial_source(request)
-        if scenario is not None:
-            source, overrides = Path(request.node.path).parent / scenario, []
-            if not source.is_file():
-                source = Path(scenario)
+        source: Path | None
+        overrides: list[str]
+        if scenario is not None:  # the call's own file wins over the marker's and the command line's
+            near = Path(request.node.path).parent / scenario
+            source = near if near.is_file() else Path(scenario)
+            overrides, backends = [], request.config.getoption("--cutbench-backend")
+        else:
+            source, overrides, backends = _trial_source(request, named_workload="workload" in kwargs)
         if backends and "backend" not in kwargs:
             overrides = [*overrides, gate.backends_override(backends)]
         try:

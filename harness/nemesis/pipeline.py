@@ -114,13 +114,13 @@ def execute_cut(
         try:
             pid = backend.restore(ctx)
         except (StageRefused, StageFailed) as exc:
-            if (own := _own_storage(exc, ctx)) is not None:
-                return _failed(own)
-            if isinstance(exc, StageFailed):
-                return _failed(exc)
             # A declined restore option (e.g. a GPU remap the driver rejected)
             # after which the backend brought the workload back as it was: safe.
             resumed = getattr(exc, "resumed_pid", None)
+            if resumed is None and (own := _own_storage(exc, ctx)) is not None:
+                return _failed(own)
+            if isinstance(exc, StageFailed):
+                return _failed(exc)
             if resumed is None:
                 return CutOutcome("failed", exc.stage, exc.reason)
             target.replaced_by(resumed)

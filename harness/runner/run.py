@@ -518,6 +518,9 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
                          scenario=scenario)
     if why:
         raise InvalidArgument(f"{run.path}: cannot resume: {why}")
+    records = run.trial_records()
+    for data in records:  # where the run found its workloads: the scenario loads them from there now too
+        workload_api.add_import_path(data["spec"].get("workload_path") or [])
     stored = Scenario.from_dict(meta["scenario"])
     if scenario is not None:  # how the trials run is the user's to choose now; what they are is the run's
         stored = replace(stored, **{k: getattr(scenario, k) for k in ("jobs", "executor", "ray_address")})
@@ -532,7 +535,7 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
                               f"({', '.join(sorted(judged_here)) or 'none'}): a backend or array became (un)available")
     planned = {s.trial_id: s for s in specs}
     done: list[TrialResult] = []
-    for data in run.trial_records():
+    for data in records:
         tid = data["spec"]["trial_id"]
         try:
             result = result_from_file(data)

@@ -355,8 +355,8 @@ class ReceiverWatch:
                 self.handle.revive()
                 event["restarted_after_s"] = round(time.time() - event["at"], 3)
                 return
-            except Unavailable:
-                errors.append(_last_lines(self.handle.log_tail()))
+            except Exception as exc:  # whatever stops a start: this thread must live on to say so
+                errors.append(_last_lines(self.handle.log_tail()) if isinstance(exc, Unavailable) else repr(exc))
         self.lost = (f"the run's receiver died (exit status {rc}) and could not be started again on its store "
                      f"{self.handle.store_url} ({self.ATTEMPTS} tries); its log ends:\n{errors[-1]}\n")
         event["lost"] = self.lost

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from cutbench.harness.environment.cpu_account import StageSampler
 from cutbench.harness.environment.engines import RUN_LABEL
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
-from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
+from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
@@ -150,7 +150,10 @@ class Session:
             if self.watch.check() == before:
                 return result
             self.watch.rerun(spec.trial_id)
-        return result  # a receiver that keeps dying: the last attempt's verdict, its error naming what happened
+        # A receiver that died in every attempt: whatever the last one saw may be of the harness's making.
+        why = f"harness: the run's receiver died during each of the {RECEIVER_RERUNS + 1} attempts of this trial"
+        result.record.status, result.record.error = "unknown", why
+        return replace(result, verdict=Verdict("unknown", (), why))
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:

@@ -111,6 +111,34 @@ def test_a_gate_that_cannot_run_fails_unless_skipping_is_allowed(pytester: pytes
     result.assert_outcomes(skipped=2)
 
 
+def test_a_trial_that_names_its_workload_is_not_drawn_from_the_command_line_s_scenarios(pytester: pytest.Pytester,
+                                                                                         monkeypatch):
+    """``--cutbench-scenario`` is the gate's; a call that says what it runs (workload=, scenario=) is not redirected."""
+    monkeypatch.delenv("CUTBENCH_CRIU_PLUGIN_DIR", raising=False)
+    (pytester.path / "gates").mkdir()
+    for name in ("a", "b"):
+        (pytester.path / "gates" / f"{name}.toml").write_text(FAILING_SCENARIO)
+    (pytester.path / "mine.toml").write_text(FAILING_SCENARIO.replace('backends = ["criu"]', 'backends = ["criu-cuda-plugin"]'))
+    pytester.makepyfile(test_trials="""
+        def test_named(cutbench_trial):
+            cutbench_trial("3/publish", workload="counter", backend="criu-cuda-plugin")
+
+        def test_own_file(cutbench_trial):
+            cutbench_trial("3/publish", scenario="mine.toml")
+
+        def test_drawn(cutbench_trial):
+            cutbench_trial("3/publish")
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", "gates/*.toml", "-k", "test_")
+    text = result.stdout.str()
+    result.assert_outcomes(failed=3)
+    # The two that say what they run reach the backend (unusable here); the one that does not is told to pick a file.
+    summary = {line.split(" - ")[0].split("::")[-1]: line for line in text.splitlines() if line.startswith("FAILED")}
+    assert "Failed: cutbench: backend 'criu-cuda-p" in summary["test_named"]
+    assert "Failed: cutbench: backend 'criu-cuda-p" in summary["test_own_file"]
+    assert "InvalidArgument" in summary["test_drawn"] and "matches 2 files" in text
+
+
 def test_no_gate_entry_point_defaults_the_workload():
     """The gate and the plugin never run a workload nobody named: no keyword of theirs defaults to one."""
     import ast

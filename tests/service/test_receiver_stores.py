@@ -61,6 +61,17 @@ def test_round_trip_survives_reopen(store_url: str) -> None:
     assert list(fences.fence) == [9] and list(fences.arrival_seq) == [6]
 
 
+def test_a_store_made_before_senders_gets_the_column_and_keeps_its_rows(store_url: str) -> None:
+    with open_store(store_url) as store:
+        _write(store, _cmd("open_trial", trial="t", mode="at_least_once"), _pub("t", 1))
+        store._conn.cursor().execute("ALTER TABLE deliveries DROP COLUMN sender")  # as an older cutbench made it
+        store._conn.commit()
+    with open_store(store_url) as store:  # the next start adds it: old rows say -1, new ones who sent them
+        _write(store, _cmd("publish", trial="t", op_id=2, attempt=1, epoch=0, digest="h2", sender=1))
+        df = store.export()
+    assert list(zip(df.op_id, df.sender)) == [(1, -1), (2, 1)]
+
+
 def _integrity_error(url: str) -> type[Exception]:
     """What the store's database raises for a row whose primary key is taken: the driver's own error, passed on."""
     if url.startswith("sqlite:"):

@@ -247,3 +247,18 @@ class RecordedWithoutModel:
 
     def run_op(self, op):
         return None
+
+
+def test_a_workload_records_where_its_module_was_found_and_cutbench_s_own_records_nothing(tmp_path, monkeypatch):
+    import sys
+
+    from cutbench.workloads import api
+
+    assert api.import_roots(api.load("counter")) == () and api.import_roots(api.load("outbox")) == ()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "book.py").write_text("from cutbench.workloads.counter import Counter\n\n\n"
+                                              "class Book(Counter):\n    name = 'book'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert api.import_roots(api.load("pkg.book:Book")) == (str(tmp_path),)
