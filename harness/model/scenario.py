@@ -46,12 +46,30 @@ class Arm:
     fault: str
     crash_after_ms: float
     split_window_ms: float
-    rank_skew_ms: float = 0.0
-    restore_target: str = "same"
-    certify: str = "off"  # recovery-cut certificates: off, audit (record) or enforce (refuse ineligible cuts)
+    # Each default is the scenario field's first value (harness/model/schema.py).
+    rank_skew_ms: float = schema.default("pipeline.rank_skew_ms")[0]
+    restore_target: str = schema.default("pipeline.restore_targets")[0]
+    # Recovery-cut certificates: off, audit (record) or enforce (refuse ineligible cuts).
+    certify: str = schema.default("pipeline.certify")[0]
     # The hypothesis source draws each cut's crash delay and split window from these (empty: the single value above).
     crash_choices: tuple[float, ...] = ()
     split_choices: tuple[float, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Arm":
+        """An Arm from its stored form (a trial file's ``spec.arm``, a Ray request): lists back to tuples, an axis
+        a run stored before it existed at its default. :class:`InvalidArgument` names an unknown or missing key."""
+        if not isinstance(data, dict):
+            raise InvalidArgument(f"arm: expected a table, got {type(data).__name__}")
+        fields = cls.__dataclass_fields__
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise InvalidArgument(f"arm: unknown field(s) {', '.join(unknown)}")
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise InvalidArgument(f"arm: {exc}") from None
 
     def label(self) -> str:
         """A short label such as ``criu/idempotent/kill``."""

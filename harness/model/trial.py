@@ -89,9 +89,9 @@ class TrialSpec:
     workload: str
     array: str
     params: dict[str, Any]
-    backend: str
-    receiver_mode: str
-    arm: dict[str, Any]
+    backend: str  # the arm's, beside it in the stored form for readers of trial files
+    receiver_mode: str  # likewise
+    arm: Arm  # stored as its dict; a dict given here (a trial file, a Ray request) becomes the Arm
     plan: dict[str, Any]
     # A stored spec without these fields reads them at the scenario's defaults (harness/model/schema.py).
     watchdog_s: float = schema.default("run.watchdog_s")
@@ -104,6 +104,13 @@ class TrialSpec:
     # Where the workload's module was found (workload_api.import_roots): the workload process, replay and
     # analyze import it from there, whatever their working directory or PYTHONPATH.
     workload_path: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.arm, dict):  # the stored form: back to the one type every reader uses
+            self.arm = Arm.from_dict({"backend": self.backend, "receiver_mode": self.receiver_mode, **self.arm})
+        if (self.arm.backend, self.arm.receiver_mode) != (self.backend, self.receiver_mode):
+            raise InvalidArgument(f"trial spec {self.trial_id}: backend/receiver_mode {self.backend}/{self.receiver_mode} "
+                                  f"differ from its arm's {self.arm.backend}/{self.arm.receiver_mode}")
 
     def cut_plan(self) -> CutPlan:
         """The plan as a :class:`CutPlan`."""
@@ -237,7 +244,7 @@ def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSp
         params=dict(scenario.params),
         backend=arm.backend,
         receiver_mode=arm.receiver_mode,
-        arm=asdict(arm),
+        arm=arm,
         plan=plan.to_dict(),
         watchdog_s=scenario.watchdog_s,
         trial_timeout_s=scenario.trial_timeout_s,

@@ -390,7 +390,7 @@ class RunMeta:
         if executor.specs is not None:  # the whole plan: a resumed run's kept trials and those still to run
             every = [*(r.spec for r in resume.done), *executor.specs] if resume is not None else executor.specs
             planned = len(every)
-            arms_planned = list(dict.fromkeys(Arm(**s.arm).label() for s in sorted(every, key=lambda s: s.index)))
+            arms_planned = list(dict.fromkeys(s.arm.label() for s in sorted(every, key=lambda s: s.index)))
         else:
             arms_planned = list(extra.get("arms_planned", []))
         meta = cls(run_id=run.run_id, run_dir=str(run.path), started=time.time(),
@@ -572,7 +572,7 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
         cls = workload_api.load(spec.workload)
         key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
         if key in failures:
-            label = f"{spec.variant} {Arm(**spec.arm).label()}".strip()
+            label = f"{spec.variant} {spec.arm.label()}".strip()
             skipped.setdefault(label, {"arm": label, "reason": f"workload {cls.name!r} cannot be judged here: "
                                                                  f"{failures[key]}"})
         else:

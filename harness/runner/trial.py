@@ -223,7 +223,7 @@ class TrialRunner:
         backend = self.s.threads.backend(spec.backend)
         domains = sorted(workload_api.declared_domains(self.cls, spec.params))
         self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
-                                            spec.arm.get("certify", "off"), control, self.phases, tuple(domains),
+                                            spec.arm.certify, control, self.phases, tuple(domains),
                                             tuple(sorted(backend.capabilities.covers)),
                                             features=tuple(sorted(workload_api.declared_features(
                                                 self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array)))),

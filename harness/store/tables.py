@@ -13,7 +13,6 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import CutbenchError, InvalidArgument
-from cutbench.harness.model.scenario import Arm
 from cutbench.harness.model.trial import Finding, TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.workloads.adapters import VERBS as ADAPTER_VERBS
@@ -40,12 +39,12 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         "workload": spec.workload,
         "backend": spec.backend,
         "receiver_mode": spec.receiver_mode,
-        "fault": spec.arm.get("fault"),
-        "crash_after_ms": spec.arm.get("crash_after_ms"),
-        "split_window_ms": spec.arm.get("split_window_ms"),
-        "rank_skew_ms": spec.arm.get("rank_skew_ms", 0.0),
-        "restore_target": spec.arm.get("restore_target", "same"),
-        "arm": Arm(**spec.arm).label(),
+        "fault": spec.arm.fault,
+        "crash_after_ms": spec.arm.crash_after_ms,
+        "split_window_ms": spec.arm.split_window_ms,
+        "rank_skew_ms": spec.arm.rank_skew_ms,
+        "restore_target": spec.arm.restore_target,
+        "arm": spec.arm.label(),
         "plan": plan.describe(),
         "plan_json": plan.to_json(),
         "n_cuts": len(plan.cuts),
@@ -71,7 +70,7 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
         # where it continued from its own checkpoint), absent for a tool that restores an image.
         "recomputed_ops": rec.facts.get("recomputed_ops"),
         "gpu_bytes": rec.facts.get("gpu_bytes"),
-        "certify": spec.arm.get("certify", "off"),
+        "certify": spec.arm.certify,
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.
         "cert_eligible": _cert_eligible(rec.certificates),
         "cert_reason": "; ".join(c["reason"] for c in rec.certificates if c.get("reason")),
@@ -119,7 +118,7 @@ def certificate_rows(result: TrialResult) -> list[dict[str, Any]]:
     for c in result.record.certificates:
         rows.append({
             "trial_id": result.spec.trial_id,
-            "arm": Arm(**result.spec.arm).label(),
+            "arm": result.spec.arm.label(),
             "checkpoint": c["checkpoint"],
             "certify": c.get("certify"),
             "application_epoch": c["application_epoch"],

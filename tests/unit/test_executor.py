@@ -109,7 +109,8 @@ def test_a_worker_error_comes_back_as_its_type():
 
 def _spec(backend: str) -> TrialSpec:
     return TrialSpec(trial_id="t0001", index=1, workload="counter", array="numpy", params={"ops": 4}, backend=backend,
-                     receiver_mode="at_least_once", arm={}, plan={"cuts": [{"op": 1, "phase": "admit"}]})
+                     receiver_mode="at_least_once", arm={"fault": "kill", "crash_after_ms": 0.0, "split_window_ms": 0.0},
+                     plan={"cuts": [{"op": 1, "phase": "admit"}]})
 
 
 def test_a_worker_without_root_refuses_criu_and_cuda_backends():

@@ -90,7 +90,8 @@ def test_a_stored_scenario_reads_back_as_the_scenario_that_ran():
 
 def test_a_trial_file_gives_back_the_result_it_was_written_from():
     spec = TrialSpec("t0003", 3, "counter", "numpy", {"ops": 6}, "criu", "idempotent",
-                     {"backend": "criu", "receiver_mode": "idempotent", "fault": "kill"}, {"cuts": []})
+                     {"backend": "criu", "receiver_mode": "idempotent", "fault": "kill", "crash_after_ms": 0.0,
+                      "split_window_ms": 0.0}, {"cuts": []})
     effects = pd.DataFrame([{"arrival_seq": 1, "op_id": 1, "epoch": 0, "decision": "applied", "received_at": 1.5},
                             {"arrival_seq": 2, "op_id": 2, "epoch": 1, "decision": "applied", "received_at": float("nan")}])
     result = TrialResult(spec, TrialRecord(trial_id="t0003", status="completed", exit_code=0),

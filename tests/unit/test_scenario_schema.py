@@ -262,3 +262,21 @@ def test_a_workload_records_where_its_module_was_found_and_cutbench_s_own_record
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert api.import_roots(api.load("pkg.book:Book")) == (str(tmp_path),)
+
+
+def test_a_trial_spec_carries_its_arm_as_the_one_type_and_stores_it_as_a_table():
+    from cutbench.harness.model.plan import CutPlan
+    from cutbench.harness.model.trial import spec_for
+
+    scen = parse_scenario({"workload": {"name": "counter"}, "pipeline": {"certify": ["audit"], "faults": ["kill"]}})
+    arm = scen.arms()[0]
+    spec = spec_for(scen, arm, CutPlan(()), 1)
+    assert spec.arm is arm and spec.arm.certify == "audit"
+    stored = spec.to_dict()
+    assert isinstance(stored["arm"], dict) and TrialSpec.from_dict(stored).arm == arm
+    old = {**stored, "arm": {k: v for k, v in stored["arm"].items() if k not in ("certify", "restore_target")}}
+    assert TrialSpec.from_dict(old).arm.certify == schema.default("pipeline.certify")[0]  # a run stored before them
+    with pytest.raises(InvalidArgument, match="differ from its arm"):
+        TrialSpec.from_dict({**stored, "backend": "restart"})
+    with pytest.raises(InvalidArgument, match="arm: unknown field"):
+        TrialSpec.from_dict({**stored, "arm": {**stored["arm"], "colour": "red"}})
