@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from cutbench.errors import CutbenchError
+from cutbench.errors import CutbenchError, InvalidArgument
 from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import DEVICE_BACKENDS, device_count, unusable_reason
@@ -151,8 +151,8 @@ class Workload(Protocol):
     #   finish(self) -> None                called after the last op, before report()
 
 
-class WorkloadError(ValueError):
-    """A workload name, import path or parameter set is not usable."""
+class WorkloadError(InvalidArgument):
+    """A workload name, import path or parameter set is not usable (a bad argument: exit 254)."""
 
 
 # -- ground truth recorded on this machine ---------------------------------------

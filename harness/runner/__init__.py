@@ -2,10 +2,14 @@
 
 ``trial`` runs one trial end to end in a ``Session`` (receiver, work
 directory), which holds what the trials share (``shared``: image discards,
-per-thread clients and backends, references, the support matrix); ``run``
-turns a scenario into trials and stores the run; ``executors`` holds the ways
-of running them (serial, worker threads, Ray, an adaptive driver), chosen
-once per run; ``adaptive`` hosts the drivers that decide trial by trial (the
+per-thread clients and backends, references, the support matrix, the
+receiver's watch); ``coordinator`` sits at a cut's stage boundaries for
+certificates and effect fences; ``run`` turns a scenario into trials and
+stores the run; ``executors`` holds the ways of running them (serial, worker
+threads, an adaptive driver), chosen once per run, and ``ray_executor`` the
+Ray one, whose tasks each run ``trial_worker`` (one trial in a process of its
+own); ``adaptive`` hosts the drivers that decide trial by trial (the
 Hypothesis search, stop-at-first-invalid); ``replay`` reruns a stored trial;
+``matrix`` runs ``cutbench matrix`` and stores the support matrix;
 ``catalog`` lists what a run can be made of here (``cutbench list``).
 """
