@@ -49,9 +49,9 @@ if source_checkout() is not None:
 
 
 def __getattr__(name: str):
-    """``cutbench.open_run`` and ``cutbench.Run``: the front door (:mod:`cutbench.api`), imported on first use so
-    that ``import cutbench`` loads none of the rooms (PEP 562)."""
-    if name in ("open_run", "Run"):
+    """``cutbench.run``, ``cutbench.open_run`` and ``cutbench.Run``: the front door (:mod:`cutbench.api`), imported
+    on first use so that ``import cutbench`` loads none of the rooms (PEP 562)."""
+    if name in ("run", "open_run", "Run"):
         from cutbench import api
 
         return getattr(api, name)

@@ -1,8 +1,9 @@
 """The public Python API: every name code outside cutbench needs, from one module.
 
-- **Stored runs** (``docs/python-api.md``): ``open_run``, ``Run`` and what its
-  methods return (``Comparison``, ``Reanalysis``, ``RunVerdict``);
-  ``cutbench.open_run`` is the same function.
+- **Runs** (``docs/python-api.md``): ``run`` (a scenario, as ``cutbench run``),
+  ``open_run`` (a stored one), ``Run`` and what its methods return
+  (``Comparison``, ``Reanalysis``, ``RunVerdict``); ``cutbench.run`` and
+  ``cutbench.open_run`` are the same functions.
 - **A backend** (``docs/backends.md``): the ``Checkpointer`` protocol,
   ``Capabilities``, ``CutContext``, ``Child`` (the process handle a stage gets
   and ``launch`` returns), the errors a stage raises (``StageRefused``,
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 # Every public name and the module that defines it. The block under TYPE_CHECKING below names the same
 # (tests/unit/test_layout.py keeps the two equal), so that a type checker sees each name's real type.
 _HOMES: dict[str, str] = {
-    **dict.fromkeys(("open_run", "Run", "Comparison", "Reanalysis", "RunVerdict"), "cutbench.harness.integrations.runs"),
+    **dict.fromkeys(("run", "open_run", "Run", "Comparison", "Reanalysis", "RunVerdict"), "cutbench.harness.integrations.runs"),
     **dict.fromkeys(("CutbenchError", "InvalidArgument", "Unavailable", "StageRefused", "StageFailed", "HarnessFault"),
                     "cutbench.errors"),
     **dict.fromkeys(("Checkpointer", "Capabilities", "CutContext"), "cutbench.harness.nemesis.base"),
@@ -73,7 +74,7 @@ if TYPE_CHECKING:  # `X as X`: a re-export, for type checkers (each name's type)
                                  InvalidArgument as InvalidArgument, StageFailed as StageFailed, StageRefused as StageRefused,
                                  Unavailable as Unavailable)
     from cutbench.harness.integrations.runs import (Comparison as Comparison, Reanalysis as Reanalysis, Run as Run,
-                                                    RunVerdict as RunVerdict, open_run as open_run)
+                                                    RunVerdict as RunVerdict, open_run as open_run, run as run)
     from cutbench.harness.nemesis.base import (Capabilities as Capabilities, Checkpointer as Checkpointer,
                                                CutContext as CutContext)
     from cutbench.procs import Child as Child

@@ -1,4 +1,4 @@
-"""Stored runs for code: ``cutbench.open_run(path)`` and the :class:`Run` it returns.
+"""Runs for code: ``cutbench.run(scenario)`` and ``cutbench.open_run(path)``, and the :class:`Run` they return.
 
 A finished (or interrupted) run directory as pandas DataFrames and plain
 values, for a notebook or a script::
@@ -44,7 +44,7 @@ from cutbench.harness.reports import summary as _summary
 from cutbench.harness.store import analysis as _analysis
 from cutbench.harness.store.rundir import RunDir, read_matrix
 
-__all__ = ["Run", "open_run", "Comparison", "Reanalysis", "RunVerdict"]
+__all__ = ["Run", "open_run", "run", "Comparison", "Reanalysis", "RunVerdict"]
 
 # Columns of trials.parquet stored as JSON, and what an empty cell reads as.
 JSON_COLUMNS: dict[str, type] = {"findings": list, "startup": dict, "measures": dict}
@@ -220,6 +220,31 @@ class Run:
         """Every verdict recomputed from the stored data by the current oracle (as ``cutbench analyze``);
         ``.differences`` lists the trials whose verdict changed."""
         return _analysis.reanalyze(self._store)
+
+
+def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides: "list[str] | tuple[str, ...]" = (),
+        variants: "list[str] | tuple[str, ...]" = ()) -> Run:
+    """Run ``scenario`` (a scenario file, or a ``Scenario`` already loaded) as ``cutbench run`` does and return the
+    stored run, as :func:`open_run` gives it.
+
+    ``overrides`` are ``--set`` strings (``"plan.trials=4"``), applied to a file; ``variants`` picks
+    ``[[variants]]`` by name. Raises :class:`cutbench.errors.InvalidArgument` or ``Unavailable`` where the
+    command exits 254 (a bad field, nothing that can run here); a Ctrl-C stores the partial run and is raised
+    on as ``KeyboardInterrupt``. The run's exit code is ``Run.verdict``'s: nothing is printed.
+    """
+    from cutbench.harness.model.scenario import Scenario, load_scenario, select_variants
+    from cutbench.harness.runner.run import run_scenario
+
+    if isinstance(scenario, Scenario):
+        if overrides:
+            raise InvalidArgument("overrides apply to a scenario file; a loaded Scenario is changed with dataclasses.replace")
+        scen = scenario
+    else:
+        scen = load_scenario(scenario, list(overrides))
+    outcome = run_scenario(select_variants(scen, tuple(variants)), out)
+    if not outcome.complete:
+        raise KeyboardInterrupt(f"interrupted; the partial run is stored in {outcome.run.path}")
+    return open_run(outcome.run.path)
 
 
 def open_run(path: str | Path) -> Run:
