@@ -252,6 +252,7 @@ class RayExecutor:
                                    store=self.store, workdir=self.workdir, trials_per_gpu=self.trials_per_gpu,
                                    token=self.token, recordings=session.references.recordings,
                                    supports={b: session.support.of(b) for b in {s.backend for s in specs}})
+        pool.watch = session.watch  # the receiver is this driver's: a trial it died during runs again
         log.run_pool(pool, len(specs))
         return {}
 

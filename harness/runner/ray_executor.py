@@ -55,6 +55,7 @@ from cutbench.procs import package_env
 
 if TYPE_CHECKING:
     from cutbench.harness.model.trial import TrialResult, TrialSpec
+    from cutbench.harness.runner.shared import ReceiverWatch
 
 INSTALL = "pip install 'cutbench[ray]' (in a checkout: .venv/bin/pip install -e '.[ray]')"
 WORKER_MODULE = "cutbench.harness.runner.trial_worker"
@@ -227,8 +228,8 @@ class RayCluster:
         self.check_nodes(requests, options)
         task = self.ray.remote(run_task).options(**options)
         gpus = self.node_gpus()
-        return RayTrials(self.ray, lambda i: task.remote(requests[i], gpus, self.node_id, self.visible_devices),
-                         specs, window)
+        return RayTrials(self.ray, lambda i, attempt: task.remote({**requests[i], "attempt": attempt}, gpus, self.node_id,
+                                                                  self.visible_devices), specs, window)
 
     def node_gpus(self) -> dict[str, int]:
         """The GPUs of each node that may run trials, by node id (what a task needs to see its node's GPUs)."""
@@ -289,29 +290,47 @@ class RayTrials:
     """
 
     ray: Any
-    submit: Callable[[int], Any]
+    submit: "Callable[[int, int], Any]"  # (plan position, attempt) -> the task's reference
     specs: "list[TrialSpec]"
     window: int
     late: "dict[int, TrialResult]" = field(default_factory=dict)
+    watch: "ReceiverWatch | None" = None  # the driver's receiver: a trial it died during runs again
 
     def run(self, on_result: "Callable[[int, TrialResult], None]") -> None:
-        """Run every spec; raise what a trial's process could not get past (this host cannot run the trial)."""
+        """Run every spec; raise what a trial's process could not get past (this host cannot run the trial), and
+        the watch's ``ReceiverLost`` when the run's receiver cannot come back."""
+        from cutbench.harness.runner.shared import RECEIVER_RERUNS  # here: a Ray task that imports this module does not need it
+
         todo = deque(range(len(self.specs)))
         pending: dict[Any, int] = {}
+        attempts: dict[Any, tuple[int, int]] = {}  # reference -> (attempt, the receiver's deaths when submitted)
         try:
             while todo or pending:
                 while todo and len(pending) < self.window:
                     index = todo.popleft()
-                    pending[self.submit(index)] = index
+                    ref = self.submit(index, 0)
+                    pending[ref], attempts[ref] = index, (0, self._deaths())
                 ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)  # Ctrl-C is seen here
                 for ref in ready:
-                    index = pending.pop(ref)
+                    index, (attempt, before) = pending.pop(ref), attempts.pop(ref)
                     result = self._result(ref, index)
+                    if result is not None and self.watch is not None and self._deaths() != before:
+                        if attempt < RECEIVER_RERUNS:  # the receiver died while it ran: its verdict is not judged
+                            self.watch.rerun(self.specs[index].trial_id)
+                            again = self.submit(index, attempt + 1)
+                            pending[again], attempts[again] = index, (attempt + 1, self._deaths())
+                            continue
+                        result = self.watch.spoiled(result)
                     if result is not None:
                         on_result(index, result)
+                self._deaths()  # a receiver gone for good stops the run here, between results
         except BaseException:
             self._cancel(pending)
             raise
+
+    def _deaths(self) -> int:
+        """How often the run's receiver died so far (0 without a watch); raises ``ReceiverLost`` when it is gone."""
+        return self.watch.check() if self.watch is not None else 0
 
     def _result(self, ref: Any, index: int) -> "TrialResult | None":
         try:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from cutbench.errors import HarnessFault, Unavailable
 from cutbench.harness import nemesis as checkpointers
-from cutbench.harness.model.trial import TrialRecord, TrialSpec
+from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.harness.nemesis.base import remove_tree
 from cutbench.workloads import api as workload_api
 
@@ -296,6 +296,9 @@ class SupportLookup:
         return self.known[backend]
 
 
+RECEIVER_RERUNS = 2  # times a trial runs again because the run's receiver died while it ran
+
+
 class ReceiverLost(Unavailable):
     """The run's receiver died and could not be started again on its store: the run stops (its finished trials
     are stored; ``--resume`` runs the rest)."""
@@ -361,6 +364,13 @@ class ReceiverWatch:
                      f"{self.handle.store_url} ({self.ATTEMPTS} tries); its log ends:\n{errors[-1]}\n")
         event["lost"] = self.lost
         self.on_lost(self.lost)
+
+    def spoiled(self, result: TrialResult) -> TrialResult:
+        """``result`` as ``unknown``: the receiver died in every attempt of its trial, so what the last one saw
+        may be of the harness's making (never judged)."""
+        why = f"harness: the run's receiver died during each of the {RECEIVER_RERUNS + 1} attempts of this trial"
+        result.record.status, result.record.error = "unknown", why
+        return replace(result, verdict=Verdict("unknown", (), why))
 
     def rerun(self, trial_id: str) -> None:
         """Note that trial ``trial_id`` runs again because the receiver died while it ran."""

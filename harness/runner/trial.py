@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,12 @@ from cutbench.harness.environment.cpu_account import StageSampler
 from cutbench.harness.environment.engines import RUN_LABEL
 from cutbench.harness.model.plan import CutPlan, position
 from cutbench.harness.model.timeline import Timeline
-from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
+from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.coordinator import TrialCoordinator
-from cutbench.harness.runner.shared import (ImageDiscards, ReceiverWatch, References, SupportLookup,
-                                            ThreadResources)
+from cutbench.harness.runner.shared import (RECEIVER_RERUNS, ImageDiscards, ReceiverWatch, References,
+                                            SupportLookup, ThreadResources)
 from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
@@ -44,7 +44,6 @@ from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
 
 POLL_S = 0.005
 RECEIVER_GONE = "the run's receiver is gone"  # why a trial stopped waiting on its workload (never judged)
-RECEIVER_RERUNS = 2  # times a trial runs again because the run's receiver died while it ran
 
 
 class Session:
@@ -137,23 +136,21 @@ class Session:
             if callable(close):
                 close()
 
-    def run_trial(self, spec: TrialSpec) -> TrialResult:
+    def run_trial(self, spec: TrialSpec, attempt: int = 0) -> TrialResult:
         """Run one trial to its verdict and return its :class:`TrialResult`; never raises for a failing stage or
         workload. A trial during which the run's receiver died is run again, under a fresh receiver key, up to
-        :data:`RECEIVER_RERUNS` times (:class:`ReceiverWatch`); raises its ``ReceiverLost`` when the receiver
-        cannot come back."""
+        :data:`~cutbench.harness.runner.shared.RECEIVER_RERUNS` times (:class:`ReceiverWatch`); raises its
+        ``ReceiverLost`` when the receiver cannot come back. ``attempt`` numbers a rerun the driver of a Ray run
+        asked for (its receiver key is that attempt's)."""
         if self.watch is None:
-            return TrialRunner(self, spec).run()
+            return TrialRunner(self, spec, attempt=attempt).run()
         for attempt in range(RECEIVER_RERUNS + 1):
             before = self.watch.check()
             result = TrialRunner(self, spec, attempt=attempt).run()
             if self.watch.check() == before:
                 return result
             self.watch.rerun(spec.trial_id)
-        # A receiver that died in every attempt: whatever the last one saw may be of the harness's making.
-        why = f"harness: the run's receiver died during each of the {RECEIVER_RERUNS + 1} attempts of this trial"
-        result.record.status, result.record.error = "unknown", why
-        return replace(result, verdict=Verdict("unknown", (), why))
+        return self.watch.spoiled(result)
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:

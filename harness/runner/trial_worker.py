@@ -10,7 +10,9 @@ orphans.
 
 ``REQUEST.json`` holds the trial's spec and what it needs of the run: the run
 id, the address of the run's one receiver (the driver's), a work directory
-and whether the workload tree starts in a PID namespace of its own. The
+and whether the workload tree starts in a PID namespace of its own; ``attempt``
+numbers a trial the driver runs again because its receiver died meanwhile
+(the receiver key is that attempt's). The
 process writes ``RESULT.pickle`` once, by rename: ``{"result": TrialResult}``,
 ``{"interrupted": True}`` after SIGINT or SIGTERM (the trial cleaned up as a
 serial trial does on Ctrl-C), or ``{"error": (type name, message)}`` when it
@@ -46,7 +48,7 @@ from cutbench.workloads import api as workload_api
 
 PR_SET_PDEATHSIG = 1
 REQUEST_KEYS = frozenset({"spec", "run_id", "receiver", "token", "store", "workdir", "pid_namespace", "node"})
-OPTIONAL_KEYS = frozenset({"check_only", "references", "support"})
+OPTIONAL_KEYS = frozenset({"attempt", "check_only", "references", "support"})
 
 
 class _Receiver:
@@ -139,7 +141,7 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
                 session.references.recordings[key] = workload_api.RecordedReference.from_dict(data)
             for backend, by_fault in (request.get("support") or {}).items():  # JSON made the (cell, where) pairs lists
                 session.support.known[backend] = {fault: {f: tuple(v) for f, v in cells.items()} for fault, cells in by_fault.items()}
-            result = session.run_trial(spec)
+            result = session.run_trial(spec, int(request.get("attempt", 0)))
     finally:
         if request["pid_namespace"]:
             # A tree that an interrupted restore left has no handle: it is this process's child.

@@ -188,3 +188,34 @@ def test_a_two_node_ray_cluster_spreads_the_trials_and_its_receiver_asks_for_the
     host = meta["ray"]["receiver"].rsplit(":", 1)[0]
     assert not host.startswith("127.") and meta["ray"]["receiver_token"], meta["ray"]  # routable, with the secret
     assert not _left_behind(run.run_id), "left behind"
+
+
+@pytest.mark.timeout(300)
+def test_a_receiver_killed_under_ray_is_restarted_and_the_trials_in_flight_run_again(criu, results_root: Path,
+                                                                                     serial_quick):
+    """The driver's receiver SIGKILLed while Ray tasks run: the driver starts it again on its store, runs again
+    every trial that was in flight, and stores the serial run's verdicts."""
+    from tests.criu.test_receiver_death import _receivers_of
+
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(QUICK), "--set", PHASES, "--out",
+                             str(results_root), "--executor", "ray", "--jobs", "2", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not list(results_root.glob("*/trials/t0001.json")):
+            time.sleep(0.02)
+        killed = _receivers_of(proc.pid)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(killed) == 1 and proc.returncode == 1, err[-3000:]
+    run = RunDir.open(json.loads(out)["run_dir"])
+    trials = run.table("trials")
+    assert (trials["outcome"] != "unknown").all()
+    assert verdicts_by_plan(trials) == verdicts_by_plan(serial_quick.trials)
+    [event] = run.meta()["receiver_restarts"]
+    assert event["exit_status"] == -signal.SIGKILL and event["trials_rerun"], event  # a trial was in flight

@@ -140,10 +140,10 @@ def test_a_worker_request_names_its_keys(tmp_path: Path):
 
     request = {k: None for k in REQUEST_KEYS}
     path = tmp_path / "request.json"
-    for extra in ({}, {"check_only": True}):
+    for extra in ({}, {"check_only": True}, {"attempt": 1}):
         path.write_text(json.dumps({**request, **extra}))
         assert read_request(path) == {**request, **extra}
     path.write_text(json.dumps({**request, "surprise": 1}))
-    with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally check_only, references, support\\)"):
+    with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally attempt, check_only, references, support\\)"):
         read_request(path)
     assert decode(pickle.dumps({"checked": True}), "(node check)") is None
