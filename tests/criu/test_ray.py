@@ -195,7 +195,7 @@ def test_a_receiver_killed_under_ray_is_restarted_and_the_trials_in_flight_run_a
                                                                                      serial_quick):
     """The driver's receiver SIGKILLed while Ray tasks run: the driver starts it again on its store, runs again
     every trial that was in flight, and stores the serial run's verdicts."""
-    from tests.criu.test_receiver_death import _receivers_of
+    from tests.fixtures.receiver_fixtures import receivers_of
 
     proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(QUICK), "--set", PHASES, "--out",
                              str(results_root), "--executor", "ray", "--jobs", "2", "--json"],
@@ -204,7 +204,7 @@ def test_a_receiver_killed_under_ray_is_restarted_and_the_trials_in_flight_run_a
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not list(results_root.glob("*/trials/t0001.json")):
             time.sleep(0.02)
-        killed = _receivers_of(proc.pid)
+        killed = receivers_of(proc.pid)
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=240)

@@ -19,26 +19,13 @@ import pytest
 
 from cutbench.harness.store.analysis import verdicts_by_plan
 from cutbench.harness.store.rundir import RunDir
+from tests.fixtures.receiver_fixtures import receivers_of
 from tests.fixtures.run_fixtures import counter_scenario
 
 pytestmark = pytest.mark.criu
 
 SCENARIO = counter_scenario("receiver-death", modes=["at_least_once", "idempotent"], faults=["kill", "leave_running"],
                             phases=["publish"])
-
-
-def _receivers_of(harness: int) -> list[int]:
-    """The pids of the receiver processes the harness ``harness`` started (they name it in ``--exit-with``)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"cutbench.receivers" in argv and b"--exit-with" in argv and str(harness).encode() in argv:
-                out.append(int(entry.name))
-    return out
 
 
 def _store_of(pid: int) -> str:
@@ -61,7 +48,7 @@ def _run(tmp_path: Path, name: str, store: str, *, kill_after_first: bool, break
             stored = list(out.glob("*/trials/t0001.json"))
             # t0002 is running: its directory is in the session's work directory (cutbench-RUN_ID-…).
             if stored and glob.glob(f"{tempfile.gettempdir()}/cutbench-{stored[0].parents[1].name}-*/t0002"):
-                for pid in _receivers_of(proc.pid):
+                for pid in receivers_of(proc.pid):
                     if break_store:  # the file a new receiver would open becomes a directory: it cannot start
                         db = Path(_store_of(pid).removeprefix("sqlite:"))
                         db.rename(db.with_suffix(".gone"))
