@@ -68,12 +68,21 @@ def _run(tmp_path: Path, name: str, store: str, *, kill_after_first: bool, break
     return (Path(json.loads(stdout)["run_dir"]) if code == 1 else stderr), killed
 
 
+@pytest.fixture(scope="module")
+def calm(criu, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The undisturbed run both stores' disturbed runs are held to (the verdicts do not depend on the store; one per
+    test worker)."""
+    run, _ = _run(tmp_path_factory.mktemp("calm"), "calm", "sqlite", kill_after_first=False)
+    assert isinstance(run, Path)
+    return run
+
+
 @pytest.mark.parametrize("store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_a_killed_receiver_is_restarted_and_the_verdicts_are_an_undisturbed_runs(store: str, tmp_path: Path, request):
+def test_a_killed_receiver_is_restarted_and_the_verdicts_are_an_undisturbed_runs(store: str, tmp_path: Path, request,
+                                                                                   calm: Path):
     url = "sqlite" if store == "sqlite" else request.getfixturevalue("pg_url")
-    calm, _ = _run(tmp_path, "calm", url, kill_after_first=False)
     disturbed, killed = _run(tmp_path, "disturbed", url, kill_after_first=True)
-    assert len(killed) == 1 and isinstance(calm, Path) and isinstance(disturbed, Path)
+    assert len(killed) == 1 and isinstance(disturbed, Path)
 
     calm_trials, disturbed_trials = RunDir.open(calm).table("trials"), RunDir.open(disturbed).table("trials")
     assert len(disturbed_trials) == 4 and (disturbed_trials["outcome"] != "unknown").all()
