@@ -237,7 +237,7 @@ def execute(
     complete = False
     full: OSError | None = None
     lost: ReceiverLost | None = None
-    watched: list[ReceiverWatch] = []
+    watch: ReceiverWatch | None = None  # the session's, read after it closed: what run.toml says of the receiver
     try:
         listen, token = executor.receiver_exposure()
         images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
@@ -245,7 +245,7 @@ def execute(
                      listen=listen, token=token) as session, \
                 leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
                                 receiver_pid=session.receiver.pid if session.receiver is not None else None):
-            watched += [session.watch] if session.watch is not None else []
+            watch = session.watch
             meta.executor = executor.describe(session)  # now with where the trials reach the receiver
             session.support.configure(support_matrix, env)
             if resume is not None:  # judged by the references the run recorded, as its first trials were
@@ -269,8 +269,8 @@ def execute(
         lost = exc  # the run stops; what finished is stored below, partial, for --resume
     finally:
         executor.close()
-        if watched and watched[0].events:  # said in run.toml: when it died, its last words, the trials run again
-            meta.extra["receiver_restarts"] = watched[0].events
+        if watch is not None and watch.events:  # said in run.toml: when it died, its last words, the trials run again
+            meta.extra["receiver_restarts"] = watch.events
         try:
             frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
         except OSError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -346,8 +347,6 @@ class ReceiverWatch:
             return self.generation
 
     def _revive(self, rc: int) -> None:
-        import time
-
         self.generation += 1
         event: dict[str, Any] = {"at": time.time(), "exit_status": rc, "log_tail": _last_lines(self.handle.log_tail()),
                                  "store": self.handle.store_url, "trials_rerun": []}

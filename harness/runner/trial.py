@@ -144,9 +144,9 @@ class Session:
         asked for (its receiver key is that attempt's)."""
         if self.watch is None:
             return TrialRunner(self, spec, attempt=attempt).run()
-        for attempt in range(RECEIVER_RERUNS + 1):
+        for again in range(RECEIVER_RERUNS + 1):
             before = self.watch.check()
-            result = TrialRunner(self, spec, attempt=attempt).run()
+            result = TrialRunner(self, spec, attempt=again).run()
             if self.watch.check() == before:
                 return result
             self.watch.rerun(spec.trial_id)

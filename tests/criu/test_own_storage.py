@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.criu
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[callable]:
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     """``mount(name, size)`` mounts a tmpfs of ``size`` (``"3m"``) under ``tmp_path``; all are unmounted after."""
     mounted: list[Path] = []
 
@@ -70,7 +71,7 @@ def test_an_images_directory_that_fills_in_a_dump_is_unknown_and_the_run_fails(s
 
 def test_a_results_directory_that_fills_during_the_run_says_how_to_finish(small_tmpfs, tmp_path: Path):
     out = small_tmpfs("out", "6m")
-    proc = subprocess.Popen([*cli_argv(), "run", str(_scenario(tmp_path, phases='["admit", "launch", "publish", "ack", "commit"]')),
+    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(_scenario(tmp_path, phases='["admit", "launch", "publish", "ack", "commit"]')),
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def fill_once_a_trial_is_stored() -> None:
@@ -103,9 +104,3 @@ def test_a_results_directory_that_fills_during_the_run_says_how_to_finish(small_
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(list((run_dir / "trials").glob("t*.json"))) == 5 and (run_dir / "report.html").is_file()
 
-
-def cli_argv() -> list[str]:
-    """The ``cutbench`` command as :func:`cli` runs it."""
-    import sys
-
-    return [sys.executable, "-m", "cutbench"]
