@@ -94,8 +94,12 @@ def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
 CHILD_MARK = "CUTBENCH_HARNESS_CHILD"
 
 
-def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False) -> "Child":
+def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_namespace: bool = False,
+          stdout: int | None = None, stderr: int | None = None) -> "Child":
     """Start ``argv`` in a new session with stdio on /dev/null; return its :class:`Child`.
+
+    ``stdout``/``stderr``: a file descriptor to give it instead (the write end of a pipe the harness reads:
+    a program judged from its output).
 
     The environment is ``env`` (default this process's) with this cutbench on ``PYTHONPATH``
     (:func:`package_env`). ``pid_namespace``: as the init of a new PID namespace (see the module
@@ -110,8 +114,8 @@ def spawn(argv: list[str], *, cwd: str, env: dict[str, str] | None = None, pid_n
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if stdout is None else stdout,
+        stderr=subprocess.DEVNULL if stderr is None else stderr,
         start_new_session=True,
         close_fds=True,
     )

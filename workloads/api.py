@@ -37,6 +37,8 @@ DOMAINS: tuple[str, ...] = ("cpu", "cuda", "peer", "receiver", "ipc", "shared_fi
 
 BUILTIN: dict[str, str] = {
     "counter": "cutbench.workloads.counter:Counter",
+    # A program that knows nothing of cutbench, judged from what it shows the outside world (docs/programs.md).
+    "program": "cutbench.workloads.program:Program",
     "persistent_kernel": "cutbench.workloads.persistent_kernel:PersistentKernel",
     "nccl_ranks": "cutbench.workloads.nccl_ranks:NcclRanks",
     "request_service": "cutbench.workloads.request_service:RequestService",
@@ -178,6 +180,10 @@ def reference_key(workload: str, params: dict[str, Any], array: str) -> str:
     return f"{stem}-{array}-{hashlib.blake2b(text.encode(), digest_size=6).hexdigest()}"
 
 
+# The payload a program's reference gives for an effect its uninterrupted runs never showed.
+NOT_SHOWN = "(never shown by the uninterrupted runs)"
+
+
 class ReferenceMismatch(WorkloadError):
     """A recorded reference that does not belong to the workload, parameters or machine it is asked for."""
 
@@ -203,14 +209,25 @@ class RecordedReference:
     checksums: dict[int, str]
     machine: dict[str, Any] = field(default_factory=dict)
     runs: int = 1
+    # A program's (workloads/program.py): each op's identity, "stream#index"; an op it does not hold is an effect
+    # the uninterrupted runs never showed (its payload is NOT_SHOWN, so the oracle says mixed_epoch).
+    keys: dict[int, str] = field(default_factory=dict)
 
     def payload(self, op: int) -> str:
         """The payload effect ``op`` carried in the uninterrupted run."""
+        if self.keys and int(op) not in self.payloads:
+            return NOT_SHOWN
         try:
             return self.payloads[int(op)]
         except KeyError:
             raise KeyError(f"the recorded reference of {self.workload} holds no effect for op {op} "
                            f"(recorded ops 1..{max(self.payloads, default=0)})") from None
+
+    def describe(self, op: int) -> str:
+        """What op ``op`` is, for a finding: a program's effect as "stream#index" ("" for a workload's op)."""
+        if not self.keys:
+            return ""
+        return self.keys.get(int(op), "an effect the uninterrupted runs never showed")
 
     def checksum(self, op: int) -> str:
         """The state checksum after ``op`` ops in the uninterrupted run."""
@@ -229,10 +246,14 @@ class RecordedReference:
         if not report or report.get("checksum") is None:
             raise WorkloadError(f"workload {workload!r}: the uninterrupted run wrote no report with a checksum")
         payloads: dict[int, str] = {}
+        keys: dict[int, str] = {}
         if effects is not None and len(effects):
             for op, digest, decision in zip(effects["op_id"], effects["digest"], effects["decision"], strict=True):
                 if decision in ("applied", "committed"):
                     payloads.setdefault(int(op), str(digest))
+            if "stream" in effects and "index" in effects:  # a program's effects name their identity
+                for op, stream, index in zip(effects["op_id"], effects["stream"], effects["index"], strict=True):
+                    keys.setdefault(int(op), f"{stream}#{index}")
         last = int(report.get("host_op") or 0)
         absent = [op for op in range(1, last + 1) if op not in payloads]
         if absent:
@@ -240,16 +261,17 @@ class RecordedReference:
                                 f"holds no applied effect for op(s) {absent[:5]}")
         checksums = {int(k): str(v) for k, v in (report.get("checksums") or {}).items()}
         checksums[last] = str(report["checksum"])
-        return cls(workload, dict(params), array, payloads, checksums, dict(machine or {}))
+        return cls(workload, dict(params), array, payloads, checksums, dict(machine or {}), keys=keys)
 
     def first_difference(self, other: "RecordedReference") -> str | None:
-        """Where two recordings of one workload disagree first (an op's payload or checksum), or None."""
-        for what, mine, theirs in (("effect payload", self.payloads, other.payloads),
+        """Where two recordings of one workload disagree first (an op's identity, payload or checksum), or None."""
+        for what, mine, theirs in (("effect", self.keys, other.keys), ("effect payload", self.payloads, other.payloads),
                                    ("state checksum", self.checksums, other.checksums)):
             for op in sorted(set(mine) | set(theirs)):
                 if mine.get(op) != theirs.get(op):
-                    return (f"op {op}: {what} {str(mine.get(op, 'absent'))[:16]} in one run, "
-                            f"{str(theirs.get(op, 'absent'))[:16]} in the other")
+                    where = f"op {op} ({self.keys[op]})" if op in self.keys and what != "effect" else f"op {op}"
+                    return (f"{where}: {what} {str(mine.get(op, 'absent'))[:32]} in one run, "
+                            f"{str(theirs.get(op, 'absent'))[:32]} in the other")
         return None
 
     def check(self, workload: str, params: dict[str, Any], array: str, machine: dict[str, Any] | None = None) -> None:
@@ -271,7 +293,8 @@ class RecordedReference:
         """JSON-ready form (op numbers as strings)."""
         return {"workload": self.workload, "params": self.params, "array": self.array, "runs": self.runs,
                 "machine": self.machine, "payloads": {str(k): v for k, v in sorted(self.payloads.items())},
-                "checksums": {str(k): v for k, v in sorted(self.checksums.items())}}
+                "checksums": {str(k): v for k, v in sorted(self.checksums.items())},
+                **({"keys": {str(k): v for k, v in sorted(self.keys.items())}} if self.keys else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> "RecordedReference":
@@ -282,7 +305,8 @@ class RecordedReference:
             return cls(str(data["workload"]), dict(data["params"]), str(data["array"]),
                        {int(k): str(v) for k, v in dict(data["payloads"]).items()},
                        {int(k): str(v) for k, v in dict(data["checksums"]).items()},
-                       dict(data.get("machine") or {}), int(data.get("runs", 1)))
+                       dict(data.get("machine") or {}), int(data.get("runs", 1)),
+                       {int(k): str(v) for k, v in dict(data.get("keys") or {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"recorded reference: bad or missing field ({type(exc).__name__}: {exc})") from None
 

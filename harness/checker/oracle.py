@@ -32,6 +32,7 @@ definitions as plain loops, and the tests hold the two to the same findings.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -354,6 +355,19 @@ def find_certificate_unsound(trial: TrialRecord, findings: list[Finding]) -> lis
             for c in trial.certificates if c.get("eligible") and c.get("restored")]
 
 
+def _named(findings: list[Finding], reference: Any) -> list[Finding]:
+    """``findings`` with each op's identity appended where the reference names it (a program's effect:
+    "stream#index"); unchanged for a workload's ops."""
+    describe = getattr(reference, "describe", None)
+    if not callable(describe):
+        return findings
+    out = []
+    for f in findings:
+        what = describe(f.op) if f.op is not None else ""
+        out.append(replace(f, detail=f"{f.detail} [{what}]") if what else f)
+    return out
+
+
 # The finders, composed by ``judge``: each takes the trial's record, its
 # effects and the workload's reference and returns its findings. One that
 # raises makes the trial ``unknown`` (naming it), never ``valid``.
@@ -401,6 +415,7 @@ def judge(trial: TrialRecord | dict[str, Any], effects: pd.DataFrame | None, ref
         except Exception as exc:  # a checker bug must not pass a trial
             return Verdict("unknown", reason=f"checker: finder {name} raised {type(exc).__name__}: {exc}")
     if findings:
+        findings = _named(findings, reference)
         findings += find_certificate_unsound(rec, findings)
         return Verdict("invalid", tuple(findings))
     if rec.status == "refused":

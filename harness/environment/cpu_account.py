@@ -152,11 +152,11 @@ def helper_thread(owner: int) -> Iterator[None]:
 
 def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = True, input: bytes | str | None = None,
                  stdin: Any = None, env: Mapping[str, str] | None = None,
-                 cwd: str | None = None) -> subprocess.CompletedProcess:
+                 cwd: str | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
     """``subprocess.run(argv, capture_output=True, timeout=timeout)``, and the child's usage credited under ``role``.
 
     ``input`` is fed to its stdin; otherwise ``stdin`` is passed on (None: this process's, as ``subprocess.run``
-    does).
+    does). ``pass_fds`` stay open in the child (a restore's inherited pipes).
 
     The child is waited for through a pidfd (no reaping until it is read):
     once it has exited its ``/proc/<pid>/io`` is read as a zombie, then
@@ -172,7 +172,7 @@ def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = Tru
             feed.write(input.encode() if isinstance(input, str) else input)
             feed.seek(0)
         proc = subprocess.Popen(argv, stdin=feed if input is not None else stdin, stdout=out, stderr=err,
-                                env=dict(env) if env is not None else None, cwd=cwd)
+                                env=dict(env) if env is not None else None, cwd=cwd, pass_fds=pass_fds)
         timed_out = False
         try:
             timed_out = _wait_measured(proc, timeout, role)

@@ -253,7 +253,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
     # First the fields with a form or a dependency of their own, in the order they have always been checked.
     name = get("name", Path(source_path).stem or "scenario")
     workload = get("workload.name")
-    params = _validate_workload(workload, dict(get("workload.params")))
+    params = _validate_workload(workload, dict(get("workload.params")), Path(source_path).parent if source_path else Path.cwd())
     store = get("receiver.store")
     if store != "sqlite" and not store.startswith(("postgresql://", "postgres://", "sqlite:")):
         raise InvalidArgument(f"receiver.store = {store!r}: allowed 'sqlite', 'sqlite:PATH' or a postgresql:// URL")
@@ -280,6 +280,10 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
            "plan_phases": tuple(phases), "executor": executor, "ray_address": ray_address}
     # Every other field is the schema's alone, checked in the order it is declared.
     rest = {f.attr: get(f.key) for f in schema.FIELDS if f.attr and f.attr not in own and f.attr != "jobs"}
+    if _is_program(workload) and rest["cut_mode"] != "async":
+        raise InvalidArgument(f"plan.cut_mode = {rest['cut_mode']!r}: a program cannot park at a point; set "
+                              "plan.cut_mode = \"async\" (the cut lands after the k-th effect it shows, plus "
+                              "plan.async_offset_ms)")
     # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
     jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
     return Scenario(**own, **rest, jobs=jobs, source_path=source_path, variants=variants)
@@ -465,7 +469,9 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
     return table
 
 
-def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:
+def _validate_workload(name: str, params: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The workload's parameters, complete and checked; paths a parameter names relative to the scenario's folder
+    ``base`` made absolute where the workload says which (``anchor``: a program's files)."""
     from cutbench.workloads import api
 
     # The class is the workload.name's problem (unknown, not importable, not a workload); the parameters, the params'.
@@ -474,9 +480,18 @@ def _validate_workload(name: str, params: dict[str, Any]) -> dict[str, Any]:
     except api.WorkloadError as exc:
         raise InvalidArgument(f"workload.name: {exc}") from None
     try:
-        return api.resolve_params(cls, params)
+        out = api.resolve_params(cls, params)
     except api.WorkloadError as exc:
         raise InvalidArgument(f"workload.params: {exc}") from None
+    anchor = getattr(cls, "anchor", None)
+    return anchor(out, base) if callable(anchor) else out
+
+
+def _is_program(name: str) -> bool:
+    """Whether workload ``name`` is a program started as it is (docs/programs.md), not a workload class."""
+    from cutbench.workloads import api
+
+    return bool(getattr(api.load(name), "program", False))
 
 
 def _workload_phases(name: str) -> tuple[str, ...]:

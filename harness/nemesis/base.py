@@ -11,6 +11,7 @@ restore. Failures are reported by raising :class:`~cutbench.errors.StageRefused`
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -49,6 +50,9 @@ class CutContext:
     certifier: Any = None
     # The workload's phases in execution order (to compare its control slots with the cut).
     phases: tuple[str, ...] = ()
+    # A program that knows nothing of cutbench (the ``program`` workload): how to start it again and its output
+    # pipes for a restore (:class:`ProgramControl`); None for a workload of cutbench's, which ``control`` drives.
+    program: "ProgramControl | None" = None
 
     def mark(self, stage: str, *, op: int | None = None, phase: str | None = None) -> None:
         """Report that capture stage ``stage`` (``cuda_lock``, ``criu_freeze``, ``app_save``) has taken its domain now.
@@ -94,6 +98,27 @@ class Capabilities:
         unknown = sorted(set(self.faults) - set(FAULTS))
         if unknown:
             raise InvalidArgument(f"capabilities.faults contains {unknown}: allowed {', '.join(FAULTS)}")
+
+
+class ProgramControl(Protocol):
+    """What a backend may ask of a program trial (``CutContext.program``; the runner implements it).
+
+    ``resume_args``: the program's own restart flag (``workload.params.resume``; empty when it has none).
+    ``start(extra_args)`` starts it again in its directory as the trial's next incarnation, observed as the
+    first was (without ``extra_args``: from the beginning) and returns its handle; ``shown()`` counts the
+    effects the running incarnation has shown. ``inherited_fds()`` gives fresh pipes for a CRIU restore,
+    ``[("pipe:[INODE]", fd)]`` for ``--inherit-fd``; ``restored()`` closes them once the restore returned.
+    """
+
+    resume_args: tuple[str, ...]
+
+    def start(self, extra_args: Sequence[str] = ()) -> Child: ...
+
+    def shown(self) -> int: ...
+
+    def inherited_fds(self) -> list[tuple[str, int]]: ...
+
+    def restored(self) -> None: ...
 
 
 class Certifier(Protocol):

@@ -17,6 +17,8 @@ decides each trial from the one before: it runs one trial at a time.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +29,7 @@ import pandas as pd
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
                              InvalidArgument, Unavailable)
 from cutbench import storage
+from cutbench.registry import CHECKPOINTERS
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
@@ -216,6 +219,8 @@ def execute(
     """
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(workload_api.load(scenario.workload)))])
+    check_programs([(s.workload, s.params, s.backend) for s in specs] if isinstance(specs, list) else
+                   [(scenario.workload, scenario.params, b) for b in scenario.backends])
     check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
                   results_root if resume is None else resume.run.path, workdir)
     env = environment.collect()
@@ -235,6 +240,7 @@ def execute(
     log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
                    meta.n_trials_planned or 0)
     complete = False
+    refused_input = False  # a program its control runs showed to be bad input: nothing of the run is kept
     full: OSError | None = None
     lost: ReceiverLost | None = None
     watch: ReceiverWatch | None = None  # the session's, read after it closed: what run.toml says of the receiver
@@ -261,6 +267,9 @@ def execute(
         complete = True
     except KeyboardInterrupt:
         complete = False
+    except InvalidArgument:
+        refused_input = not log.results and resume is None
+        raise
     except OSError as exc:
         if not storage.is_full_error(exc):
             raise
@@ -271,12 +280,15 @@ def execute(
         executor.close()
         if watch is not None and watch.events:  # said in run.toml: when it died, its last words, the trials run again
             meta.extra["receiver_restarts"] = watch.events
-        try:
-            frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
-        except OSError as exc:
-            if not storage.is_full_error(exc):
-                raise
-            full = full or exc
+        if refused_input:
+            shutil.rmtree(run.path, ignore_errors=True)
+        else:
+            try:
+                frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
+            except OSError as exc:
+                if not storage.is_full_error(exc):
+                    raise
+                full = full or exc
     if full is not None:
         raise Unavailable(results_full(run, full))
     if lost is not None:
@@ -296,6 +308,29 @@ def results_full(run: RunDir, exc: OSError) -> str:
         else f"cutbench run --resume {run.path}"
     return (f"the results directory {run.path} is full ({storage.mib(free)} free of {storage.mib(total)}; "
             f"{exc.strerror or exc}): it holds {stored}; free space, then `{finish}` finishes the run")
+
+
+def check_programs(workloads: list[tuple[str, dict[str, Any], str]]) -> None:
+    """Refuse, before anything runs, a program workload (``(name, params, backend)``) that cannot be started as
+    its scenario says (:func:`~cutbench.harness.runner.program.check_program`: its command not found, a file
+    missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
+    container engine). Raises :class:`InvalidArgument` naming it."""
+    from cutbench.harness.runner.program import check_program
+
+    checked: set[str] = set()
+    for name, params, backend in workloads:
+        if not getattr(workload_api.load(name), "program", False):
+            continue
+        if hasattr(CHECKPOINTERS.load(backend), "launch"):
+            raise InvalidArgument(f"pipeline.backends: {backend!r} starts the workload in a container of its own; a "
+                                  "program runs under criu, the GPU tools, app and restart (docs/programs.md)")
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in checked:
+            checked.add(key)
+            try:
+                check_program(params)
+            except workload_api.WorkloadError as exc:
+                raise InvalidArgument(str(exc)) from None
 
 
 def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
@@ -564,6 +599,7 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
         run.write_reference(key, rec.to_dict())
 
     failures = session.record_references(specs, jobs, machine=environment.fingerprint(env), keep=store)
+    check_program_references(specs, session, failures)
     if not failures:
         return specs, []
     keep: list[TrialSpec] = []
@@ -578,6 +614,26 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
         else:
             keep.append(spec)
     return keep, list(skipped.values())
+
+
+def check_program_references(specs: list[TrialSpec], session: Session, failures: dict[str, str]) -> None:
+    """Raise :class:`InvalidArgument`, before any trial, for a program whose uninterrupted runs show it cannot be
+    judged as its scenario says: it failed or showed no effect (bad input: the command, its files, the effects
+    rule), or it shows fewer effects than ``workload.params.ops`` (the cuts would wait for effects that never
+    come). A program that does not reproduce itself stays in ``failures``: its arms are skipped, with the first
+    differing effect, as any recorded workload's."""
+    for spec in specs:
+        cls = workload_api.load(spec.workload)
+        if not getattr(cls, "program", False):
+            continue
+        key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+        why = failures.get(key)
+        if why is not None and "not deterministic" not in why:
+            raise InvalidArgument(f"program {spec.params['command']!r}: {why}")
+        recorded = session.references.recordings.get(key)
+        if recorded is not None and len(recorded.payloads) < spec.params["ops"]:
+            raise InvalidArgument(f"workload.params.ops = {spec.params['ops']}: the program shows "
+                                  f"{len(recorded.payloads)} effects uninterrupted; set ops (and plan.ops) at most that")
 
 
 def store_run(run: RunDir, results: list[TrialResult], meta: RunMeta, *, complete: bool,

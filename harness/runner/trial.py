@@ -43,6 +43,8 @@ from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
 
 POLL_S = 0.005
+# The runners of other kinds of workload (TrialRunner's subclasses, each listed as it is defined).
+RUNNERS: list[type["TrialRunner"]] = []
 RECEIVER_GONE = "the run's receiver is gone"  # why a trial stopped waiting on its workload (never judged)
 
 
@@ -143,14 +145,21 @@ class Session:
         ``ReceiverLost`` when the receiver cannot come back. ``attempt`` numbers a rerun the driver of a Ray run
         asked for (its receiver key is that attempt's)."""
         if self.watch is None:
-            return TrialRunner(self, spec, attempt=attempt).run()
+            return self.runner(spec, attempt=attempt).run()
         for again in range(RECEIVER_RERUNS + 1):
             before = self.watch.check()
-            result = TrialRunner(self, spec, attempt=again).run()
+            result = self.runner(spec, attempt=again).run()
             if self.watch.check() == before:
                 return result
             self.watch.rerun(spec.trial_id)
         return self.watch.spoiled(result)
+
+    def runner(self, spec: TrialSpec, **kwargs: Any) -> "TrialRunner":
+        """The runner of one trial of ``spec``: the first of :data:`RUNNERS` that runs its workload (a program
+        that knows nothing of cutbench: :mod:`~cutbench.harness.runner.program`), else a :class:`TrialRunner`."""
+        cls = workload_api.load(spec.workload, spec.workload_path)
+        kind = next((r for r in RUNNERS if r.runs(cls)), TrialRunner)
+        return kind(self, spec, **kwargs)
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
@@ -162,13 +171,26 @@ class Session:
         recording is of the workload, not of a tool.
         """
         def observe(clean: TrialSpec) -> tuple[TrialRecord, pd.DataFrame]:
-            return TrialRunner(self, clean, plain_launch=True).observe()
+            return self.runner(clean, plain_launch=True).observe()
 
         return self.references.record(specs, jobs, observe, machine=machine, keep=keep)
 
 
 class TrialRunner:
-    """One trial's side effects, from spawn to verdict (see :meth:`run`)."""
+    """One trial's side effects, from spawn to verdict (see :meth:`run`).
+
+    A subclass that runs other workloads (a program's) says which in :meth:`runs` and is listed in
+    :data:`RUNNERS` when it is defined; :meth:`Session.runner` picks it.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        RUNNERS.append(cls)
+
+    @classmethod
+    def runs(cls, workload: type) -> bool:
+        """Whether this runner runs trials of ``workload`` (the base runs cutbench's workload classes)."""
+        return not getattr(workload, "program", False)
 
     def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False, attempt: int = 0):
         self.s = session

@@ -49,7 +49,16 @@ class AppCheckpointer:
         return None
 
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
-        """Stage ``app_save``: request a save at the next op boundary and wait for it."""
+        """Stage ``app_save``: request a save at the next op boundary and wait for it (a program that knows nothing
+        of cutbench saves on its own schedule: nothing to request)."""
+        if ctx.program is not None:
+            if not ctx.program.resume_args:
+                raise StageRefused("app_save", "the program declares no restart of its own (workload.params.resume, "
+                                               "e.g. [\"-cpi\", \"md.cpt\"])")
+            with ctx.timeline.stage("app_save", ctx.cut_index) as extra:
+                extra["detail"] = "the program's own checkpoint, on its own schedule"
+            ctx.facts["image_bytes"] = 0
+            return
         control = ctx.control
         if control is None:
             raise HarnessFault("app_save", "no control channel to the workload")
@@ -83,7 +92,13 @@ class AppCheckpointer:
         ctx.mark("app_save", op=control.get("saved_op"), phase="")  # the state after that op, complete
 
     def restore(self, ctx: CutContext) -> int:
-        """Stage ``app_restore``: start the workload again with ``--resume``; returns once it loaded the state."""
+        """Stage ``app_restore``: start the workload again with ``--resume``; returns once it loaded the state (a
+        program: started again with its own restart flag)."""
+        if ctx.program is not None:
+            with ctx.timeline.stage("app_restore", ctx.cut_index) as extra:
+                child = ctx.program.start(ctx.program.resume_args)
+                extra["pid"] = child.pid
+            return child.pid
         control = ctx.control
         if self._command is None or control is None:
             raise HarnessFault("app_restore", "no saved command line to restart")

@@ -48,8 +48,9 @@ def criu_error_tail(log: Path, limit: int = 6) -> str:
     return " | ".join((errors or lines)[-limit:])
 
 
-def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run CRIU with ``args``; a timeout becomes a CompletedProcess with returncode -9.
+def run_criu(args: list[str], *, timeout: float, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """Run CRIU with ``args`` (``pass_fds`` open in it: ``--inherit-fd``'s); a timeout becomes a CompletedProcess
+    with returncode -9.
 
     CRIU's CPU-seconds, faults and bytes written (its helpers' included) are
     credited to the calling trial's stage as role ``criu`` (``cpu_account.run_measured``).
@@ -58,7 +59,7 @@ def run_criu(args: list[str], *, timeout: float) -> subprocess.CompletedProcess[
 
     argv = list(_criu_argv()) + args
     try:
-        return run_measured(argv, role="criu", timeout=timeout)
+        return run_measured(argv, role="criu", timeout=timeout, pass_fds=pass_fds)
     except subprocess.TimeoutExpired as exc:
         # run_measured (text mode) raises with its output decoded; TimeoutExpired itself allows bytes.
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
@@ -133,8 +134,17 @@ class CriuCheckpointer:
                 tcp, "--network-lock", NETWORK_LOCK, *self.extra_args]
         if ctx.facts.get("shell_job"):
             args.append("--shell-job")
+        # A program's output pipes, whose reader (the harness) is outside the tree: the restored program writes on
+        # into fresh ones; without them it would find no reader (docs/criu.md, "A program's stdout").
+        inherited = ctx.program.inherited_fds() if ctx.program is not None else []
+        for key, fd in inherited:
+            args += ["--inherit-fd", f"fd[{fd}]:{key}"]
         with ctx.timeline.stage("criu_restore", ctx.cut_index) as extra:
-            proc = run_criu(args, timeout=ctx.stage_timeout_s)
+            try:
+                proc = run_criu(args, timeout=ctx.stage_timeout_s, pass_fds=tuple(fd for _key, fd in inherited))
+            finally:
+                if ctx.program is not None:
+                    ctx.program.restored()
             if proc.returncode != 0:
                 raise restore_failure("criu_restore", f"criu restore exit {proc.returncode}: "
                                                       f"{_words(proc, images / 'restore.log')}", ctx)

@@ -52,7 +52,10 @@ class RestartCheckpointer:
         ctx.facts["image_bytes"] = 0
 
     def restore(self, ctx: CutContext) -> int:
-        """Stage ``restart_spawn``: start the workload again from op 1; returns once it is up."""
+        """Stage ``restart_spawn``: start the workload again from op 1; returns once it is up (a program: once
+        it has shown as many effects again as it had at the cut)."""
+        if ctx.program is not None:
+            return self._restart_program(ctx)
         control = ctx.control
         if self._command is None or control is None:
             raise HarnessFault("restart_spawn", "no command line recorded to start again")
@@ -68,6 +71,28 @@ class RestartCheckpointer:
         except BaseException:
             child.kill()  # no handle of the trial knows this pid yet: nothing else would stop it
             raise
+        return child.pid
+
+    def _restart_program(self, ctx: CutContext) -> int:
+        """Start the program again from the beginning and wait (``restart_catch_up``) until it has shown the cut's
+        ``op`` effects again; returns its pid. It exiting or not getting there in time fails the stage."""
+        program = ctx.program
+        assert program is not None
+        with ctx.timeline.stage("restart_spawn", ctx.cut_index) as extra:
+            child = program.start()
+            extra["pid"] = child.pid
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
+            extra["pid"] = child.pid
+            while program.shown() < ctx.cut.op:
+                if not child.alive():
+                    raise StageFailed("restart_catch_up", f"the started program exited ({child.returncode}) after "
+                                                          f"{program.shown()} of {ctx.cut.op} effects")
+                if time.monotonic() > deadline:
+                    child.kill()
+                    raise StageFailed("restart_catch_up", f"the started program did not show {ctx.cut.op} effects "
+                                                          f"within {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
         return child.pid
 
     def _catch_up(self, child: Child, ctx: CutContext) -> None:

@@ -1,0 +1,52 @@
+"""A small program that knows nothing of cutbench: a hash chain that prints one line per step.
+
+    python ticker.py [--steps N] [--interval-ms MS] [--save-every K] [--resume]
+
+Each step advances a state (a SHA-256 chain) and prints ``step <n> <state>``
+on stdout. Every ``--save-every`` steps it saves its state to
+``ticker.state`` (written to a temporary file, then renamed); ``--resume``
+starts from that file instead of from step 0, as a real program's own
+restart flag does. At the end it writes ``result.txt``. Deterministic: the
+same steps always print the same lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+STATE = "ticker.state"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--interval-ms", type=float, default=20.0)
+    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
+    step, state = 0, hashlib.sha256(b"ticker").hexdigest()
+    if args.resume and os.path.exists(STATE):
+        with open(STATE) as fh:
+            saved_step, saved_state = fh.read().split()
+        step, state = int(saved_step), saved_state
+        print(f"resumed from step {step}", file=sys.stderr, flush=True)
+    while step < args.steps:
+        step += 1
+        state = hashlib.sha256(f"{state}:{step}".encode()).hexdigest()
+        print(f"step {step} {state}", flush=True)
+        if step % args.save_every == 0:
+            with open(STATE + ".tmp", "w") as fh:
+                fh.write(f"{step} {state}")
+            os.replace(STATE + ".tmp", STATE)
+        time.sleep(args.interval_ms / 1000.0)
+    with open("result.txt", "w") as fh:
+        fh.write(state + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

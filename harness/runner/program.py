@@ -1,0 +1,525 @@
+"""A trial of a program that knows nothing of cutbench (the ``program`` workload: docs/programs.md).
+
+The program is started as it is, in the trial's directory, with its stdout
+and stderr piped to readers in the harness: outside the checkpointed tree,
+like a log collector or a client would be. :class:`Observer` turns the
+stream the scenario names (a pipe, or a file the program appends to, tailed
+here) into effects ``(stream, index, payload)`` with the workload's effects
+rule, tags each with the incarnation that showed it, and keeps the program's
+last words. :class:`ProgramRunner` places the cut after the k-th effect
+(plus the plan's async offset), drives the same pipeline as any trial, and
+hands the backends the hooks a program needs (:class:`ProgramHooks`): a CRIU
+restore continues the program's output into fresh pipes (``--inherit-fd``);
+``restart`` starts it again from the beginning; ``app`` starts it with its
+own restart flag. The effects become the trial's effects table, numbered by
+the reference's order, and the oracle judges them as any workload's.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cutbench.errors import HarnessFault
+from cutbench.harness.model.trial import TrialRecord
+from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.pipeline import execute_cut
+from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner, _TrialState
+from cutbench.procs import Child, spawn
+from cutbench.receivers.schema import EXPORT_COLUMNS, rows_to_frame
+from cutbench.workloads import program as program_api
+from cutbench.workloads.api import WorkloadError
+
+# Extra columns of a program's effects: which stream, the effect's index in it, and the payload as seen
+# (cut to PAYLOAD_CHARS: the digest is the identity; the text is for a reader of the table).
+PROGRAM_COLUMNS = ("stream", "index", "payload")
+PAYLOAD_CHARS = 200
+TAIL_LINES = 40  # of each of the program's pipes, for its last words
+FILE_POLL_S = 0.005
+
+
+@dataclass
+class Seen:
+    """One effect as the outside world saw it."""
+
+    t: float  # unix time it was read
+    incarnation: int  # 0: the first start; +1 at each restore or start again
+    key: str  # "stream#index", the effect's identity
+    stream: str
+    index: str
+    digest: str
+    payload: str
+
+
+class Observer:
+    """What the outside world sees of one program across its incarnations: effects and last words."""
+
+    def __init__(self, params: dict[str, Any], directory: Path):
+        self.params = params
+        self.directory = directory
+        self.stream = params["stream"]
+        self.file = program_api.Program.stream_file(params)
+        self.lock = threading.Lock()
+        self.seen: list[Seen] = []
+        self.keys: set[str] = set()
+        self.incarnation = -1
+        self.tails: dict[str, deque[str]] = {p: deque(maxlen=TAIL_LINES) for p in program_api.PIPES}
+        self.rule_error = ""  # a parser that raised: the harness's input, never a finding
+        self.lines = 0  # lines of the effect stream read, for "matched nothing" on a control run
+        self.head: list[str] = []  # its first lines, to show with that
+        self.readers: list[threading.Thread] = []
+        self._rule: program_api.LineParser | None = None  # a pipe stream's, of the running incarnation
+        self._snapshot: program_api.LineParser | None = None  # its state at the cut (a restored copy continues it)
+        self._stop = threading.Event()
+        self._tailer: threading.Thread | None = None
+        self._pending: list[tuple[int, int]] = []  # (read end, write end) of pipes handed to a restore
+        self.pipe_inodes: dict[str, int] = {}  # the running incarnation's pipes (what a CRIU image of it names)
+
+    # -- counting -------------------------------------------------------------
+    def distinct(self) -> int:
+        """How many distinct effects the outside world has seen."""
+        with self.lock:
+            return len(self.keys)
+
+    def shown_by(self, incarnation: int) -> int:
+        """How many effects incarnation ``incarnation`` showed."""
+        with self.lock:
+            return sum(1 for s in self.seen if s.incarnation == incarnation)
+
+    def last_words(self) -> str:
+        """The program's last lines on stderr (stdout's where stderr said nothing)."""
+        with self.lock:
+            lines = list(self.tails["stderr"]) or list(self.tails["stdout"])
+        return "\n".join(lines[-20:])
+
+    # -- pipes ----------------------------------------------------------------
+    def start(self, argv: list[str], *, fresh_rule: bool = True) -> Child:
+        """Start the program (``argv`` in its directory) as a new incarnation, its stdout and stderr piped to
+        readers here; return its handle. Raises ``OSError`` when it cannot be started."""
+        self.incarnation += 1
+        ends = {name: os.pipe() for name in program_api.PIPES}
+        if fresh_rule and self.file is None:
+            self._rule = self._make_rule()
+        try:
+            env = {**os.environ, **self.params["env"]}
+            child = spawn(argv, cwd=str(self.directory), env=env, stdout=ends["stdout"][1], stderr=ends["stderr"][1])
+        except BaseException:
+            for r, w in ends.values():
+                os.close(r)
+                os.close(w)
+            raise
+        self.pipe_inodes = {name: os.fstat(r).st_ino for name, (r, _w) in ends.items()}
+        for name, (r, w) in ends.items():
+            os.close(w)  # the program holds the write ends: EOF when it (and its children) are gone
+            self._read(name, r, self.incarnation)
+        if self.file is not None and self._tailer is None:
+            self._tailer = threading.Thread(target=self._tail, name="cutbench-tail", daemon=True)
+            self._tailer.start()
+        return child
+
+    def snapshot(self) -> None:
+        """Keep the effects rule's state as it is now (the cut): a restored copy of the program continues from here."""
+        with self.lock:
+            self._snapshot = copy.deepcopy(self._rule)
+
+    def inherited_fds(self) -> list[tuple[str, int]]:
+        """Fresh pipes for a CRIU restore of the program, whose image holds the running incarnation's pipes:
+        ``[("pipe:[INODE]", write end)]`` for ``--inherit-fd``, their readers already running as the next
+        incarnation. :meth:`restored` closes the write ends once the restore returned."""
+        self.incarnation += 1
+        if self.file is None:
+            self._rule = self._snapshot if self._snapshot is not None else self._make_rule()
+        out, inodes = [], {}
+        for name, inode in self.pipe_inodes.items():
+            r, w = os.pipe()
+            self._pending.append((r, w))
+            inodes[name] = os.fstat(r).st_ino
+            self._read(name, r, self.incarnation)
+            out.append((f"pipe:[{inode}]", w))
+        self.pipe_inodes = inodes
+        return out
+
+    def restored(self) -> None:
+        """The restore returned: close this side's write ends of the pipes handed to it."""
+        for _r, w in self._pending:
+            try:
+                os.close(w)
+            except OSError:
+                pass
+        self._pending.clear()
+
+    def _read(self, name: str, fd: int, incarnation: int) -> None:
+        thread = threading.Thread(target=self._reader, args=(name, fd, incarnation), daemon=True,
+                                  name=f"cutbench-{name}-{incarnation}")
+        self.readers.append(thread)
+        thread.start()
+
+    def _reader(self, name: str, fd: int, incarnation: int) -> None:
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            buffered = b""
+            while True:
+                chunk = pipe.read(65536)
+                if not chunk:
+                    break
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for raw in lines:
+                    self._line(name, raw.decode(errors="replace"), incarnation)
+            if buffered:
+                self._line(name, buffered.decode(errors="replace"), incarnation)
+
+    def _line(self, name: str, line: str, incarnation: int) -> None:
+        with self.lock:
+            self.tails[name].append(line)
+            if name != self.stream:
+                return
+            self._count(line)
+            rule = self._rule
+        if rule is not None:
+            self._effects(rule, line, incarnation)
+
+    def _count(self, line: str) -> None:
+        """One more line of the effect stream read (the caller holds the lock)."""
+        self.lines += 1
+        if len(self.head) < 5:
+            self.head.append(line)
+
+    def nothing_matched(self) -> str:
+        """Why a run that showed no effect cannot be judged: the rule and what the stream held."""
+        shown = "; ".join(repr(line[:120]) for line in self.head) or "nothing"
+        return (f"the effects rule matched nothing in the {self.lines} lines of {self.stream} (its first lines: "
+                f"{shown}): check workload.params.effects or parser")
+
+    def _effects(self, rule: program_api.LineParser, line: str, incarnation: int) -> None:
+        try:
+            found = list(rule(line))
+        except Exception as exc:  # the scenario's parser: said before any trial, never a finding
+            with self.lock:
+                self.rule_error = self.rule_error or f"the effects parser raised {type(exc).__name__}: {exc} on {line!r}"
+            return
+        now = time.time()
+        with self.lock:
+            for index, payload in found:
+                key = f"{self.stream}#{index}"
+                text = str(payload)
+                self.seen.append(Seen(now, incarnation, key, self.stream, str(index), program_api.digest(text),
+                                      text[:PAYLOAD_CHARS]))
+                self.keys.add(key)
+
+    def _make_rule(self) -> program_api.LineParser:
+        return program_api.Program.rule(self.params)
+
+    # -- a file it appends to ----------------------------------------------------
+    def _tail(self) -> None:
+        """Read the stream's file as it grows, as ``tail -F`` does: a file replaced (a new inode: the program
+        started again and moved the old one aside) or cut shorter than what was read (a restart that truncates
+        its log to its checkpoint) is read again from where it differs, and what follows counts as seen again."""
+        assert self.file is not None
+        path = self.directory / self.file
+        kept = b""  # what was read so far, to find where a rewritten file differs
+        inode = None
+        rule = self._make_rule()
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                with open(path, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    data = fh.read()
+            except OSError:
+                data, st = None, None
+            if data is not None and st is not None:
+                if inode is not None and (st.st_ino != inode or not data.startswith(kept)):
+                    same = 0 if st.st_ino != inode else _common_prefix(kept, data)
+                    same = kept.rfind(b"\n", 0, same) + 1  # back to a line's start
+                    kept, rule = kept[:same], self._make_rule()
+                    for line in kept.split(b"\n")[:-1]:  # the parser's state at that line, its effects already seen
+                        rule(line.decode(errors="replace"))
+                inode = st.st_ino
+                end = data.rfind(b"\n") + 1
+                if end > len(kept):
+                    fresh, kept = data[len(kept):end], data[:end]
+                    for raw in fresh.split(b"\n")[:-1]:
+                        line = raw.decode(errors="replace")
+                        with self.lock:
+                            self._count(line)
+                            incarnation = self.incarnation
+                        self._effects(rule, line, incarnation)
+            if stopping:
+                return
+            self._stop.wait(FILE_POLL_S)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Read what is left (the pipes to their end, the file once more) and stop the readers."""
+        self.restored()
+        deadline = time.monotonic() + timeout
+        for thread in self.readers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()
+        if self._tailer is not None:
+            self._tailer.join(max(0.1, deadline - time.monotonic()))
+
+    # -- the trial's table --------------------------------------------------------
+    def frame(self, trial: str, order: dict[str, int] | None) -> pd.DataFrame:
+        """The effects as the trial's effects table: the receiver's columns plus :data:`PROGRAM_COLUMNS`.
+
+        ``order`` numbers the identities by the reference (op *i*: its *i*-th effect); an identity it does not
+        hold gets a number after them, in the order first seen. None (a control run): numbered as first seen.
+        A repeat of an identity is a further ``attempt``; ``epoch`` and ``sender`` are the incarnation.
+        """
+        numbers = dict(order or {})
+        start = len(numbers)
+        counts: dict[str, int] = {}
+        rows = []
+        with self.lock:
+            seen = list(self.seen)
+        for seq, s in enumerate(seen, 1):
+            if s.key not in numbers:
+                start += 1
+                numbers[s.key] = start
+            counts[s.key] = counts.get(s.key, 0) + 1
+            rows.append((seq, trial, numbers[s.key], counts[s.key], s.incarnation, s.digest, s.incarnation, "",
+                         "publish", "applied", seq, s.t, s.incarnation, "at_least_once", s.stream, s.index, s.payload))
+        return rows_to_frame(rows, EXPORT_COLUMNS + PROGRAM_COLUMNS)
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:  # the longest equal prefix, by halves
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ProgramHooks:
+    """What a backend may ask of a program trial (``CutContext.program``): start it again, its progress, and
+    its pipes for a restore. See :class:`cutbench.harness.nemesis.base.ProgramControl`."""
+
+    def __init__(self, runner: "ProgramRunner"):
+        self.runner = runner
+        self.resume_args: tuple[str, ...] = tuple(runner.spec.params["resume"])
+
+    def start(self, extra_args: Sequence[str] = ()) -> Child:
+        """Start the program again in its directory (its command, then ``extra_args``: its own restart flag) as a
+        new incarnation; without ``extra_args`` it starts from the beginning (a fresh start). Returns its handle."""
+        child = self.runner.launch(list(extra_args))
+        return child
+
+    def shown(self) -> int:
+        """Effects the running incarnation has shown so far."""
+        obs = self.runner.observer
+        return obs.shown_by(obs.incarnation)
+
+    def inherited_fds(self) -> list[tuple[str, int]]:
+        """Fresh pipes in place of the ones the dumped program wrote to: ``[("pipe:[INODE]", write end)]``."""
+        return self.runner.observer.inherited_fds()
+
+    def restored(self) -> None:
+        """The restore returned (or failed): this side's ends of the fresh pipes are closed."""
+        self.runner.observer.restored()
+
+
+class ProgramRunner(TrialRunner):
+    """One trial of a ``program`` workload (see the module docstring)."""
+
+    @classmethod
+    def runs(cls, workload: type) -> bool:
+        """Programs (``program = True`` on the workload class)."""
+        return bool(getattr(workload, "program", False))
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.observer = Observer(self.spec.params, self.tdir)
+        self.fresh_starts = 0
+
+    def _hwm(self) -> int | None:
+        return len(self.observer.seen)
+
+    def launch(self, extra_args: list[str]) -> Child:
+        """Start the program (its command and ``extra_args``) as the next incarnation."""
+        child = self.observer.start([*self.spec.params["command"], *extra_args])
+        if not extra_args:
+            self.fresh_starts += 1
+        return child
+
+    def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
+        """Start, cut, restore and watch the program; return what the outside world saw (record and effects)."""
+        spec, params = self.spec, self.spec.params
+        started = time.monotonic()
+        self.tdir.mkdir(parents=True)
+        backend = self.s.threads.backend(spec.backend)
+        state = _TrialState()
+        child: Child | None = None
+        order: dict[str, int] | None = None
+        try:
+            if not self.plain_launch:
+                reference = self.s.references.get(self.cls, spec.params, spec.array)
+                order = {key: op for op, key in reference.keys.items()}
+            for name in params["files"]:
+                source = Path(name)
+                (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
+            with self.timeline.stage("spawn"):
+                child = self.child = self.launch([])
+            plan = spec.cut_plan()
+            for i, cut in enumerate(plan.cuts):
+                reached = self._reach_effect(child, cut.op, cut.async_offset_ms, i)
+                if reached:
+                    state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
+                    break
+                if not self._cut(backend, child, i, cut, state):
+                    break
+            if state.status not in ("unknown", "deadlock") and not state.down:
+                self._program_to_end(child, state)
+        except HarnessFault as exc:
+            state.status, state.error = "unknown", exc.reason
+        except Exception as exc:  # harness-side failure: no verdict possible
+            state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
+        finally:
+            if child is not None and child.alive():
+                child.kill()
+            if child is not None:
+                child.kill_groups()
+            for target in self.cut_targets:
+                target.kill()
+            self.observer.close()
+        if self.observer.rule_error:
+            state.status, state.error = "unknown", self.observer.rule_error
+        completed = state.status == "completed" and child is not None and child.returncode == 0
+        if completed and self.plain_launch and not self.observer.distinct():
+            state.status, state.error, completed = "unknown", self.observer.nothing_matched(), False
+        distinct = self.observer.distinct()
+        host_op = len(order) if (order and completed) else distinct
+        report = {"host_op": host_op, "checksum": program_api.artefacts_digest(self.tdir, list(params["artefacts"])),
+                  "effects_seen": len(self.observer.seen), "effect_lines": self.observer.lines,
+                  "incarnations": self.observer.incarnation + 1} if completed else None
+        effects = self.observer.frame(self.receiver_trial, order)
+        again = int((effects["attempt"] > 1).sum()) if len(effects) else 0
+        if again:
+            state.facts["recomputed_ops"] = again  # effects the outside world saw once more
+        words = self.observer.last_words()
+        record = TrialRecord(
+            trial_id=spec.trial_id, status=state.status, error=state.error, failed_stage=state.failed_stage,
+            exit_code=child.returncode if child else None, restores=state.restores, cut_outcomes=state.outcomes,
+            report=report, marker_op=host_op if completed else 0, progress_op=distinct, progress_phase="effect" if distinct else "",
+            workload_domains=sorted(program_api.Program.domains | program_api.Program.domains_for(params)),
+            covered_domains=sorted(backend.capabilities.covers), duration_s=time.monotonic() - started,
+            facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
+            fresh_starts=self.fresh_starts,
+        )
+        if state.status == "completed" and not completed:
+            record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}" + \
+                (f": {words.splitlines()[-1]}" if words.strip() else "")
+            record.log_tail = words
+        shutil.rmtree(self.tdir, ignore_errors=True)
+        return record, effects
+
+    def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
+        """Carry out cut ``i`` on the running program; return whether the trial goes on after it."""
+        self.s.images.settle()
+        self.observer.snapshot()
+        ctx = CutContext(images_dir=Path(self.spec.images_dir) / f"cutbench-{self.s.run_id}-{self.spec.trial_id}-c{i}",
+                         timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
+                         prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
+                         program=ProgramHooks(self))
+        outcome = execute_cut(backend, child, ctx, release=lambda: None, before_resume=lambda: None,
+                              keep_images=self.spec.keep_images, discard=self.s.images.discard)
+        state.outcomes.append(asdict(outcome))
+        for key, value in ctx.facts.items():
+            state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
+        if outcome.status == "restored":
+            state.restores += 1
+            return True
+        if outcome.status in ("refused", "failed", "error"):
+            state.status = {"refused": "refused", "failed": "lost", "error": "unknown"}[outcome.status]
+            state.error, state.failed_stage = outcome.error, outcome.stage
+            state.down = outcome.status == "failed"
+            return False
+        return True
+
+    def _reach_effect(self, child: Child, k: int, offset_ms: float, i: int) -> str:
+        """Wait until the outside world has seen ``k`` distinct effects, then ``offset_ms`` more; "" when reached,
+        else why not (``no effect …``: the watchdog, after an earlier cut)."""
+        deadline = time.monotonic() + self.spec.stage_timeout_s
+        last, last_change = self.observer.distinct(), time.monotonic()
+        with self.timeline.stage("reach_cut", i) as extra:
+            while True:
+                now = self.observer.distinct()
+                if now >= k:
+                    time.sleep(offset_ms / 1000.0)
+                    extra["detail"] = f"async +{offset_ms:g}ms after effect {k}"
+                    return ""
+                if self.observer.rule_error:
+                    return self.observer.rule_error
+                rc = child.poll()
+                if rc is not None:
+                    words = self.observer.last_words()
+                    return (f"the program exited ({rc}) after {now} effect(s), before cut {i} at effect {k}"
+                            + (f": {words.splitlines()[-1]}" if words.strip() else ""))
+                t = time.monotonic()
+                if now != last:
+                    last, last_change = now, t
+                elif i > 0 and t - last_change > self.spec.watchdog_s:
+                    return f"no effect for {self.spec.watchdog_s:g}s before cut {i}"
+                if t > deadline:
+                    return f"the program did not show {k} effects within {self.spec.stage_timeout_s:g}s (it showed {now})"
+                time.sleep(POLL_S)
+
+    def _program_to_end(self, child: Child, state: _TrialState) -> None:
+        """Wait for the program (the restored or started-again one) to exit; fold how it ended into the status."""
+        spec = self.spec
+        deadline = time.monotonic() + spec.trial_timeout_s
+        last, last_change = len(self.observer.seen), time.monotonic()
+        with self.timeline.stage("run_to_end") as extra:
+            while True:
+                rc = child.poll()
+                if rc is not None:
+                    extra["detail"] = f"exit {rc}"
+                    break
+                now, t = len(self.observer.seen), time.monotonic()
+                if now != last:
+                    last, last_change = now, t
+                elif t - last_change > spec.watchdog_s:
+                    child.kill()
+                    extra["detail"] = "watchdog"
+                    state.status, state.error = "deadlock", f"no effect for {spec.watchdog_s:g}s (the program showed {now})"
+                    return
+                if t > deadline:
+                    child.kill()
+                    state.status, state.error = "unknown", f"trial timeout {spec.trial_timeout_s:g}s"
+                    return
+                if self._receiver_gone():
+                    child.kill()
+                    state.status, state.error = "unknown", RECEIVER_GONE
+                    return
+                time.sleep(POLL_S * 2)
+        if rc != 0 and state.status == "completed" and state.restores:
+            # The tool brought the program back and it died on its own afterwards: the restore's failure (its
+            # uninterrupted control runs ran to their end), in the program's own last words.
+            words = self.observer.last_words()
+            state.status, state.failed_stage = "lost", "after_restore"
+            state.error = f"the restored program ended with exit {rc}" + (f": {words.splitlines()[-1]}" if words.strip() else "")
+
+
+def check_program(params: dict[str, Any]) -> None:
+    """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
+    its command not found, a file it starts with missing, an effects parser that cannot be made."""
+    why = program_api.Program.missing_command(params)
+    if why:
+        raise WorkloadError(f"workload.params.command = {params['command']!r}: {why}")
+    missing = program_api.Program.missing_files(params)
+    if missing:
+        raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
+    program_api.Program.rule(params)

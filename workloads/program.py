@@ -1,0 +1,217 @@
+"""``program``: a program that knows nothing of cutbench, judged from what it shows the outside world.
+
+A scenario names the program's command, the files it starts with, and the
+stream the harness watches (its stdout, its stderr or a file it appends to,
+such as a log); an **effects rule** turns each line of that stream into an
+effect with an identity, ``(stream, index, payload)``: a regular expression
+with a named group ``index`` (and ``payload``; the whole line otherwise), or
+a parser named by import path. The program imports nothing of cutbench and
+cutbench imports nothing of the program; the harness side of it (starting
+the program with its stream piped to a reader outside the checkpointed tree,
+the readers, the cuts at the k-th effect) is
+:mod:`cutbench.harness.runner.program`. See docs/programs.md.
+
+Its ground truth is recorded (``ground_truth = "recorded"``): two
+uninterrupted runs on this machine must show the same effects, in the same
+order, and leave the same final artefacts (``artefacts``, by digest). A
+trial's effects are then numbered by the reference's order (op *i* is the
+*i*-th effect of the uninterrupted run), so the oracle's findings
+(duplicate, missing, mixed_epoch) read as they do for any workload, with the
+stream and index named.
+
+A parser is a callable made fresh for each program start (``parser =
+"module:factory"``, the module found in the scenario's folder): ``factory()``
+returns a callable that takes one line (without its newline) and returns the
+effects it completes, as ``(index, payload)`` pairs (none for most lines). It
+imports nothing of cutbench either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cutbench.workloads.api import WorkloadError
+
+# Where a program's effects come from: its standard output or error, or a file (relative to its directory).
+PIPES: tuple[str, ...] = ("stdout", "stderr")
+FILE_PREFIX = "file:"
+
+# A parser: one line in, the effects it completes out.
+LineParser = Callable[[str], Iterable[tuple[Any, Any]]]
+
+
+def digest(text: str) -> str:
+    """The payload digest of an effect whose payload is ``text`` (what the reference compares)."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+class RegexRule:
+    """The effects rule of a regular expression: one effect per matching line.
+
+    ``index`` is the match's group ``index`` where the pattern has one, else the count of matches so far
+    (from 1); ``payload`` its group ``payload``, else the whole line.
+    """
+
+    def __init__(self, pattern: str):
+        self.pattern = re.compile(pattern)
+        self.count = 0
+
+    def __call__(self, line: str) -> list[tuple[Any, Any]]:
+        match = self.pattern.search(line)
+        if match is None:
+            return []
+        self.count += 1
+        groups = match.groupdict()
+        index = groups.get("index") if groups.get("index") is not None else self.count
+        payload = groups.get("payload") if groups.get("payload") is not None else line.strip()
+        return [(index, payload)]
+
+
+class Program:
+    """The ``program`` workload (see the module docstring): parameters and their checks, nothing that runs."""
+
+    name: ClassVar[str] = "program"
+    # What a plain process holds (its memory and files open): CRIU's. A program that keeps more (files it
+    # rewrites, a GPU) says so with the ``domains`` parameter.
+    domains: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    # One kind of point: an effect was seen. A program cannot park, so every cut is asynchronous: it lands
+    # after the k-th effect (plus the plan's async offset), wherever the program then is.
+    phases: ClassVar[tuple[str, ...]] = ("effect",)
+    arrays: ClassVar[tuple[str, ...]] = ("numpy",)  # no array library of cutbench's: the harness starts no CUDA for it
+    ground_truth: ClassVar[str] = "recorded"
+    # Started by the harness as it is (cutbench.harness.runner.program), not as a workload class in a workload process.
+    program: ClassVar[bool] = True
+    defaults: ClassVar[dict[str, Any]] = {
+        "command": [],  # argv; the first word found on PATH or a path (relative: in the program's directory)
+        "env": {},  # variables added to the harness's environment
+        "files": [],  # copied into the program's directory before it starts (relative: to the scenario's folder)
+        "stream": "stdout",  # "stdout", "stderr" or "file:PATH" (a file it appends to, relative to its directory)
+        "effects": "",  # a regular expression (named groups: index, payload), or ...
+        "parser": "",  # ... "module:factory", the module in the scenario's folder (parser_path)
+        "parser_path": "",  # where the parser's module is found (set to the scenario's folder when empty)
+        "ops": 1,  # effects the cuts choose among (plan.ops lies within 1..ops)
+        "artefacts": [],  # files it leaves, compared with the reference's by digest (relative to its directory)
+        "resume": [],  # its own restart flag, appended to the command by the `app` backend (GROMACS: -cpi md.cpt)
+        "domains": [],  # state domains it keeps beyond a plain process's (e.g. "disk")
+    }
+
+    def __init__(self, rt: Any, params: dict[str, Any]) -> None:
+        raise WorkloadError("a program is started as it is, never as a workload class (cutbench.harness.runner.program)")
+
+    def run_op(self, op: int) -> None:
+        """Never called: see ``__init__``."""
+
+    @classmethod
+    def validate_params(cls, params: dict[str, Any]) -> None:
+        """Raise :class:`WorkloadError` naming the first bad parameter and its fix."""
+        command = params["command"]
+        if not command or not all(isinstance(w, str) and w for w in command):
+            raise WorkloadError("workload.params.command: give the program's command line as a list of words, "
+                                "e.g. command = [\"python3\", \"serve.py\"]")
+        for key in ("files", "artefacts", "resume", "domains"):
+            if not all(isinstance(v, str) and v for v in params[key]):
+                raise WorkloadError(f"workload.params.{key} = {params[key]!r}: a list of non-empty strings")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in params["env"].items()):
+            raise WorkloadError(f"workload.params.env = {params['env']!r}: an inline table of strings, e.g. "
+                                "env = { OMP_NUM_THREADS = \"1\" }")
+        stream = params["stream"]
+        if stream not in PIPES and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+            raise WorkloadError(f"workload.params.stream = {stream!r}: allowed {', '.join(map(repr, PIPES))} or "
+                                "'file:PATH' (a file the program appends to, relative to its directory)")
+        if bool(params["effects"]) == bool(params["parser"]):
+            raise WorkloadError("workload.params: give exactly one effects rule: effects = a regular expression "
+                                "(named groups index, payload) or parser = \"module:factory\"")
+        if params["effects"]:
+            try:
+                re.compile(params["effects"])
+            except re.error as exc:
+                raise WorkloadError(f"workload.params.effects = {params['effects']!r}: not a regular expression "
+                                    f"({exc})") from None
+        elif ":" not in params["parser"]:
+            raise WorkloadError(f"workload.params.parser = {params['parser']!r}: expected 'module:factory'")
+        if params["ops"] < 1:
+            raise WorkloadError(f"workload.params.ops = {params['ops']}: the effects the cuts choose among, >= 1")
+        from cutbench.workloads.api import DOMAINS
+
+        unknown = sorted(set(params["domains"]) - set(DOMAINS))
+        if unknown:
+            raise WorkloadError(f"workload.params.domains: unknown {unknown}; allowed {', '.join(DOMAINS)}")
+
+    @classmethod
+    def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
+        """The domains the scenario says the program keeps beyond a plain process's."""
+        return frozenset(params.get("domains") or ())
+
+    @classmethod
+    def anchor(cls, params: dict[str, Any], base: Path) -> dict[str, Any]:
+        """``params`` with the paths a scenario wrote relative to its folder ``base`` made absolute (``files``,
+        the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
+        out = dict(params)
+        out["files"] = [str((base / f).resolve()) for f in params["files"]]
+        if params["parser"] and not params["parser_path"]:
+            out["parser_path"] = str(base.resolve())
+        return out
+
+    @staticmethod
+    def stream_file(params: dict[str, Any]) -> str | None:
+        """The file the program's effects are read from (relative to its directory), or None for a pipe."""
+        stream = params["stream"]
+        return stream[len(FILE_PREFIX):] if stream.startswith(FILE_PREFIX) else None
+
+    @staticmethod
+    def rule(params: dict[str, Any]) -> LineParser:
+        """A fresh effects rule for one start of the program: the regular expression's, or the parser's factory
+        called. Raises :class:`WorkloadError` naming the parser when it cannot be imported or made."""
+        if params["effects"]:
+            return RegexRule(params["effects"])
+        from cutbench.registry import import_target
+        from cutbench.workloads.api import add_import_path
+
+        if params["parser_path"]:
+            add_import_path([params["parser_path"]])
+        try:
+            factory = import_target(params["parser"], "effects parser")
+            parser = factory()
+        except Exception as exc:
+            raise WorkloadError(f"workload.params.parser = {params['parser']!r}: cannot make a parser "
+                                f"({type(exc).__name__}: {exc})") from None
+        if not callable(parser):
+            raise WorkloadError(f"workload.params.parser = {params['parser']!r}: the factory returned "
+                                f"{type(parser).__name__}, not a callable taking one line")
+        return parser
+
+    @staticmethod
+    def missing_command(params: dict[str, Any]) -> str | None:
+        """Why the program's command cannot be started (its first word not found or not executable), or None."""
+        first = params["command"][0]
+        if os.sep in first:
+            return None  # relative to the program's directory (one of its files): checked when it starts
+        env_path = dict(os.environ, **params["env"]).get("PATH", os.defpath)
+        if shutil.which(first, path=env_path) is None:
+            return f"command {first!r} not found on PATH ({env_path})"
+        return None
+
+    @staticmethod
+    def missing_files(params: dict[str, Any]) -> list[str]:
+        """The files the program starts with that do not exist."""
+        return [f for f in params["files"] if not Path(f).exists()]
+
+
+def artefacts_digest(directory: Path, names: list[str]) -> str:
+    """One digest of the program's final artefacts under ``directory`` (each name and its bytes; an absent one
+    as absent), or of nothing when it names none."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in names:
+        path = directory / name
+        h.update(name.encode() + b"\0")
+        try:
+            h.update(path.read_bytes())
+        except OSError:
+            h.update(b"\0absent\0")
+    return h.hexdigest()
