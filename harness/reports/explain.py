@@ -95,6 +95,20 @@ def _senders_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
     return {int(op): [e for e in senders(g) if e is not None] for op, g in applied.groupby("op_id")}
 
 
+def _shown(effects: pd.DataFrame, ops: list[int]) -> str:
+    """A program's effects ``ops`` by stream and index, ``"file:md.log effects 5600 … 5900 (4)"``; "" for a
+    workload's (its effects name no stream)."""
+    if not ops or effects.empty or not {"stream", "index", "op_id"} <= set(effects.columns):
+        return ""
+    rows = effects[effects["op_id"].isin(ops) & effects["stream"].notna()].drop_duplicates("op_id").sort_values("op_id")
+    parts = []
+    for stream, group in rows.groupby("stream", sort=False):
+        index = [str(i) for i in group["index"]]
+        span = index[0] if len(index) == 1 else f"{index[0]} … {index[-1]}"
+        parts.append(f"{stream} effect{'s' * (len(index) > 1)} {span} ({len(index)})")
+    return " and ".join(parts)
+
+
 def _incarnations(epochs: list[int]) -> str:
     """``[0, 1]`` as ``"the original (incarnation 0) and the restored process (incarnation 1)"``."""
     said = [("the original" if e == 0 else "the restored process" if e == 1 else "a later restored process")
@@ -137,6 +151,16 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
     for f in findings:
         by_kind.setdefault(f["kind"], []).append(f)
     dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if isinstance(f.get("op"), int)]
+    shown = _shown(effects, dup)
+    if shown:  # a program's: what its outside world saw
+        epochs = _senders_of(effects, dup)
+        who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
+        sentences.append(f"The outside world saw {shown} twice or more, shown by {who}: "
+                         + ("the program started again from its beginning" if tool == "restart" else
+                            "the program started again from its own last checkpoint" if tool == "app" else
+                            "the restored program resumed from the image")
+                         + " and showed again what had been shown since.")
+        dup = []
     if dup:
         epochs = _senders_of(effects, dup)
         who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
