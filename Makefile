@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres chromium containers demo lint test clean
+.PHONY: venv criu postgres chromium containers gromacs demo lint test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ postgres:
 # The report test opens report.html in a real headless browser: Debian's chromium.
 chromium:
 	@sh .ci/provision-chromium.sh
+
+# The program tests run GROMACS as it is (examples/programs/gromacs): Debian's gromacs.
+gromacs:
+	@sh .ci/provision-gromacs.sh
 
 # The docker and podman backend tests run real engines: Debian's docker.io and
 # podman, installed here when absent (the tests start and stop their dockerd).
@@ -57,8 +61,8 @@ lint: venv
 # --dist loadgroup keeps a group (the container engines, Ray, a module's shared fixture) on one worker.
 TEST_WORKERS ?= 4
 
-test: lint criu postgres chromium containers
-	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 \
+test: lint criu postgres chromium containers gromacs
+	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 CUTBENCH_REQUIRE_GROMACS=1 \
 		$(BIN)/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 clean:

@@ -1,0 +1,131 @@
+"""A program as it is, through its outside world: the observer on real processes (pipes, a log that is truncated or
+replaced, as a restart does), and every bad input refused before any trial with exit 254 and nothing kept
+(docs/programs.md, "Bad input")."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cutbench.harness.runner.program import Observer
+from cutbench.workloads import api
+from cutbench.workloads.program import Program
+from tests.fixtures.run_fixtures import cli
+
+
+def observe(tmp_path: Path, script: str, **over) -> Observer:
+    """Run ``script`` (Python) as a program in ``tmp_path`` under an observer; return the observer once it ended."""
+    (tmp_path / "prog.py").write_text(textwrap.dedent(script))
+    params = api.resolve_params(Program, {"command": [sys.executable, "prog.py"], "effects": r"^step (?P<index>\d+)", **over})
+    obs = Observer(params, tmp_path)
+    child = obs.start(params["command"])
+    assert child.wait(30) == 0
+    obs.close()
+    return obs
+
+
+def test_a_pipe_s_lines_are_effects_and_stderr_is_the_program_s_last_words(tmp_path):
+    obs = observe(tmp_path, """
+        import sys
+        for i in range(1, 4):
+            print(f"step {i}", flush=True)
+        print("noise")
+        print("done, bye", file=sys.stderr)
+    """)
+    assert [s.key for s in obs.seen] == ["stdout#1", "stdout#2", "stdout#3"] and obs.lines == 4
+    assert obs.last_words() == "done, bye"
+
+
+def test_a_log_cut_back_and_written_again_is_seen_again_from_where_it_differs(tmp_path):
+    # What GROMACS's -cpi -append does to md.log: truncate to the checkpoint, set up (a while), then log those steps
+    # again. (A file cut back and written again to the same bytes within one poll is not seen as rewritten.)
+    obs = observe(tmp_path, """
+        import time
+        with open("log.txt", "a") as f:
+            for i in range(1, 6):
+                f.write(f"step {i}\\n"); f.flush(); time.sleep(0.05)
+            time.sleep(0.2)
+            f.truncate(len("step 1\\nstep 2\\nstep 3\\n"))
+            time.sleep(0.2)
+            for i in range(4, 7):
+                f.write(f"step {i}\\n"); f.flush(); time.sleep(0.05)
+            time.sleep(0.1)
+    """, stream="file:log.txt")
+    assert [s.index for s in obs.seen] == ["1", "2", "3", "4", "5", "4", "5", "6"]
+
+
+def test_a_log_replaced_by_a_new_file_is_read_again_from_its_start(tmp_path):
+    # What a program started again does when it moves its old log aside (GROMACS: #md.log.1#).
+    obs = observe(tmp_path, """
+        import os, time
+        with open("log.txt", "w") as f:
+            for i in range(1, 4):
+                f.write(f"step {i}\\n"); f.flush(); time.sleep(0.05)
+        time.sleep(0.2)
+        os.rename("log.txt", "old.txt")
+        with open("log.txt", "w") as f:
+            for i in range(1, 3):
+                f.write(f"step {i}\\n"); f.flush(); time.sleep(0.05)
+        time.sleep(0.1)
+    """, stream="file:log.txt")
+    assert [s.index for s in obs.seen] == ["1", "2", "3", "1", "2"]
+
+
+def scenario(tmp_path: Path, params: str, *, ops: int = 1) -> Path:
+    path = tmp_path / "prog.toml"
+    path.write_text(textwrap.dedent(f"""
+        name = "bad-program"
+        [workload]
+        name = "program"
+        [workload.params]
+        {params}
+        ops = {ops}
+        [pipeline]
+        backends = ["restart"]
+        faults = ["kill"]
+        [plan]
+        cut_mode = "async"
+        ops = [1, 1]
+        phases = ["effect"]
+        [run]
+        trial_timeout_s = 30
+        stage_timeout_s = 30
+    """))
+    return path
+
+
+PRINTS = 'command = ["python3", "-c", "print(\'step 1\'); print(\'step 2\')"]\n'
+
+
+@pytest.mark.parametrize("params, ops, said", [
+    ('command = ["no-such-program-here", "--flag"]\neffects = "x"', 1,
+     "workload.params.command = ['no-such-program-here', '--flag']: command 'no-such-program-here' not found on PATH"),
+    ('command = ["python3", "-c", "import sys; print(\'it broke here\', file=sys.stderr); sys.exit(3)"]\neffects = "x"', 1,
+     "the program ended with exit 3: it broke here"),
+    ('command = ["python3", "-c", "print(\'hello\')"]\neffects = "^step"', 1,
+     "the effects rule matched nothing in the 1 lines of stdout (its first lines: 'hello')"),
+    (PRINTS + 'parser = "broken:make"', 1, "the effects parser raised ZeroDivisionError"),
+    (PRINTS + 'parser = "absent_module:make"', 1, "workload.params.parser = 'absent_module:make': cannot make a parser"),
+    (PRINTS + 'effects = "^step (?P<index>\\\\d+)"', 3, "workload.params.ops = 3: the program shows 2 effects uninterrupted"),
+    ('command = ["true"]\neffects = "x"\nfiles = ["missing.tpr"]', 1, "workload.params.files:"),
+], ids=["command-not-found", "exits-before-first-effect", "rule-matches-nothing", "parser-raises", "parser-not-found",
+        "fewer-effects-than-ops", "file-missing"])
+def test_a_program_that_cannot_be_judged_as_written_is_refused_before_any_trial(tmp_path, params, ops, said):
+    (tmp_path / "broken.py").write_text("def make():\n    return lambda line: [(1, 1 / 0)]\n")
+    out = tmp_path / "results"
+    proc = cli("run", str(scenario(tmp_path, params, ops=ops)), "--out", str(out))
+    assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert said in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.iterdir()), "a refused program leaves no run directory"
+
+
+def test_a_program_that_does_not_reproduce_itself_is_named_and_never_judged(tmp_path):
+    params = ('command = ["python3", "-c", "import time; print(\'step 1 \' + str(time.time_ns()))"]\n'
+              'effects = "^step (?P<index>\\\\d+) (?P<payload>\\\\d+)"')
+    proc = cli("run", str(scenario(tmp_path, params)), "--out", str(tmp_path / "results"))
+    assert proc.returncode == 254, proc.stderr[-2000:]  # nothing was tested
+    assert "not deterministic on this machine: two uninterrupted runs differ at op 1 (stdout#1): effect payload" in proc.stdout + proc.stderr

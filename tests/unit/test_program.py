@@ -1,0 +1,170 @@
+"""The program workload's pure parts: its parameters, effects rules, the GROMACS log parser, how a program's effects
+are numbered by the reference, and how findings name the stream and index (docs/programs.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cutbench.errors import InvalidArgument
+from cutbench.harness.checker import oracle
+from cutbench.harness.model.scenario import parse_scenario
+from cutbench.harness.model.trial import TrialRecord
+from cutbench.harness.runner.program import Observer, Seen, _common_prefix
+from cutbench.workloads import api
+from cutbench.workloads.program import Program, RegexRule, digest
+from tests.conftest import REPO
+
+GROMACS = REPO / "examples" / "programs" / "gromacs"
+
+
+def params(**over):
+    return api.resolve_params(Program, {"command": ["prog"], "effects": r"^step (?P<index>\d+)", **over})
+
+
+@pytest.mark.parametrize("over, names", [
+    ({"command": []}, "workload.params.command"),
+    ({"stream": "stdin"}, "workload.params.stream"),
+    ({"stream": "file:"}, "workload.params.stream"),
+    ({"parser": "mod:make"}, "exactly one effects rule"),
+    ({"effects": "", "parser": ""}, "exactly one effects rule"),
+    ({"effects": "(unclosed"}, "workload.params.effects"),
+    ({"effects": "", "parser": "no_colon"}, "workload.params.parser"),
+    ({"ops": 0}, "workload.params.ops"),
+    ({"domains": ["gpu-ish"]}, "workload.params.domains"),
+    ({"env": {"A": 1}}, "workload.params.env"),
+])
+def test_bad_program_parameters_name_the_field(over, names):
+    with pytest.raises(api.WorkloadError, match=names.replace(".", r"\.")):
+        params(**over)
+
+
+def test_a_regex_rule_takes_index_and_payload_groups_else_counts_and_takes_the_line():
+    rule = RegexRule(r"^step (?P<index>\d+) (?P<payload>\w+)$")
+    assert rule("step 7 abc") == [("7", "abc")] and rule("noise") == []
+    plain = RegexRule("tick")
+    assert plain("tick one ") == [(1, "tick one")] and plain("x") == [] and plain("tick two") == [(2, "tick two")]
+
+
+def _gmx_parser():
+    spec = importlib.util.spec_from_file_location("gmx_log", GROMACS / "gmx_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Energies()
+
+
+LOG = """\
+           Step           Time
+            100        0.20000
+
+Writing checkpoint, step 100 at Thu Dec  3 20:14:07 2026
+
+   Energies (kJ/mol)
+        LJ (SR)   Coulomb (SR)      Potential
+    9.06618e+02   -4.63865e+03   -3.73203e+03
+  Conserved En.    Temperature
+    5.34556e+03    7.18372e+02
+
+           Step           Time
+            200        0.40000
+
+   Energies (kJ/mol)
+        LJ (SR)
+    7.18956e+02
+
+	<======  ###############  ==>
+	<====  A V E R A G E S  ====>
+   Energies (kJ/mol)
+        LJ (SR)
+    8.00000e+02
+
+"""
+
+
+def test_the_gromacs_parser_makes_one_effect_per_energy_record_and_ignores_the_rest():
+    parser = _gmx_parser()
+    out = [e for line in LOG.splitlines() for e in parser(line)]
+    assert out == [(100, "9.06618e+02 -4.63865e+03 -3.73203e+03 5.34556e+03 7.18372e+02"), (200, "7.18956e+02")]
+
+
+def _seen(key, incarnation, payload="p"):
+    stream, index = key.split("#")
+    return Seen(0.0, incarnation, key, stream, index, digest(payload), payload)
+
+
+def test_effects_are_numbered_by_the_reference_and_a_repeat_is_a_further_attempt(tmp_path):
+    obs = Observer(params(), tmp_path)
+    obs.seen = [_seen("stdout#1", 0), _seen("stdout#2", 0), _seen("stdout#2", 1), _seen("stdout#9", 1)]
+    frame = obs.frame("run/t1", {"stdout#1": 1, "stdout#2": 2, "stdout#3": 3})
+    assert frame["op_id"].tolist() == [1, 2, 2, 4]  # never shown uninterrupted: after the reference's ops
+    assert frame["attempt"].tolist() == [1, 1, 2, 1] and frame["sender"].tolist() == [0, 0, 1, 1]
+    assert set(frame["decision"]) == {"applied"} and frame["index"].tolist() == ["1", "2", "2", "9"]
+    # A control run: numbered as first seen.
+    assert obs.frame("run/ref", None)["op_id"].tolist() == [1, 2, 2, 3]
+
+
+def _reference(obs_frame):
+    return api.RecordedReference.from_run("program", {}, "numpy", obs_frame,
+                                          {"host_op": int(obs_frame["op_id"].max()), "checksum": "c"})
+
+
+def test_a_program_s_reference_names_each_op_and_its_findings_say_the_stream_and_index(tmp_path):
+    obs = Observer(params(), tmp_path)
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#2", 0, "b"), _seen("stdout#3", 0, "c")]
+    ref = _reference(obs.frame("r", None))
+    assert ref.keys == {1: "stdout#1", 2: "stdout#2", 3: "stdout#3"}
+    assert api.RecordedReference.from_dict(ref.to_dict()) == ref
+    # A trial that saw effect 2 twice and an effect the reference never held, with a different payload.
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#2", 0, "b"), _seen("stdout#2", 1, "b"),
+                _seen("stdout#3", 1, "c"), _seen("stdout#4", 1, "d")]
+    effects = obs.frame("t", {v: k for k, v in ref.keys.items()})
+    record = TrialRecord(status="completed", restores=1, cut_outcomes=[{"status": "restored"}],
+                         report={"host_op": 3, "checksum": "c"}, workload_domains=["cpu"], covered_domains=["cpu"])
+    verdict = oracle.judge(record, effects, ref)
+    details = {(f.kind, f.op): f.detail for f in verdict.findings}
+    assert details[("duplicate", 2)].endswith("[stdout#2]")
+    assert details[("mixed_epoch", 4)].endswith("[an effect the uninterrupted runs never showed]")
+    assert api.NOT_SHOWN[:12] in details[("mixed_epoch", 4)]
+
+
+def test_two_recordings_that_disagree_name_the_first_differing_effect(tmp_path):
+    obs = Observer(params(), tmp_path)
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#2", 0, "b")]
+    one = _reference(obs.frame("r", None))
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#2", 0, "B")]
+    other = _reference(obs.frame("r", None))
+    assert one.first_difference(other).startswith("op 2 (stdout#2): effect payload")
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#3", 0, "b")]
+    assert _reference(obs.frame("r", None)).first_difference(one) == "op 2: effect stdout#3 in one run, stdout#2 in the other"
+
+
+def test_common_prefix():
+    assert _common_prefix(b"abcdef", b"abcxef") == 3 and _common_prefix(b"ab", b"abc") == 2 and _common_prefix(b"", b"x") == 0
+
+
+def _scenario(tmp_path: Path, **plan) -> dict:
+    return {"workload": {"name": "program", "params": {"command": ["python3", "p.py"], "files": ["p.py"],
+                                                       "parser": "mine:make"}},
+            "pipeline": {"backends": ["restart"], "faults": ["kill"]},
+            "plan": {"ops": [1, 1], "phases": ["effect"], **plan}}
+
+
+def test_a_program_scenario_must_cut_asynchronously(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"plan\.cut_mode = 'precise': a program cannot park"):
+        parse_scenario(_scenario(tmp_path), source_path=str(tmp_path / "s.toml"))
+
+
+def test_a_program_s_files_and_parser_are_found_beside_its_scenario(tmp_path):
+    scen = parse_scenario(_scenario(tmp_path, cut_mode="async"), source_path=str(tmp_path / "sub" / "s.toml"))
+    assert scen.params["files"] == [str((tmp_path / "sub" / "p.py").resolve())]
+    assert scen.params["parser_path"] == str((tmp_path / "sub").resolve())
+    assert Program.missing_command({**scen.params, "command": ["no-such-program-here"]}).startswith("command 'no-such")
+
+
+def test_effects_frame_columns_are_the_receiver_s_and_the_program_s(tmp_path):
+    frame = Observer(params(), tmp_path).frame("t", None)
+    assert isinstance(frame, pd.DataFrame) and frame.empty
+    assert {"op_id", "digest", "decision", "epoch", "sender", "stream", "index", "payload"} <= set(frame.columns)
