@@ -242,8 +242,8 @@ class Observer:
                     same = 0 if st.st_ino != inode else _common_prefix(kept, data)
                     same = kept.rfind(b"\n", 0, same) + 1  # back to a line's start
                     kept, rule = kept[:same], self._make_rule()
-                    for line in kept.split(b"\n")[:-1]:  # the parser's state at that line, its effects already seen
-                        rule(line.decode(errors="replace"))
+                    for old in kept.split(b"\n")[:-1]:  # the parser's state at that line, its effects already seen
+                        rule(old.decode(errors="replace"))
                 inode = st.st_ino
                 end = data.rfind(b"\n") + 1
                 if end > len(kept):

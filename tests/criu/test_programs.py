@@ -1,0 +1,68 @@
+"""Programs that know nothing of cutbench, cut through real CRIU and judged from what they show the outside world
+(examples/programs: a Python program's stdout, GROMACS's md.log). What each tool keeps and loses is asserted as
+measured (docs/programs.md, "What the examples show")."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+from tests.fixtures.run_fixtures import cli
+
+PROGRAMS = REPO / "examples" / "programs"
+
+
+def run(scenario, out):
+    """``cutbench run SCENARIO --out OUT``; its trials as ``{(backend, fault): row}`` and the findings' kinds."""
+    proc = cli("run", str(scenario), "--out", str(out), "--json", timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    trials = pd.read_parquet((out / "latest").resolve() / "trials.parquet")
+    rows = {}
+    for row in trials.to_dict("records"):
+        row["kinds"] = {f["kind"] for f in json.loads(row["findings"] or "[]")}
+        rows[(row["backend"], row["fault"])] = row
+    assert (trials["outcome"] != "unknown").all(), trials[["backend", "fault", "error"]].to_string()
+    return rows
+
+
+def test_an_unmodified_program_s_stdout_under_criu_restart_and_app(criu, tmp_path):
+    rows = run(PROGRAMS / "ticker" / "ticker.toml", tmp_path)
+    # The system-level cut under kill: the restored program writes on into a fresh pipe, every step once.
+    assert rows[("criu", "kill")]["outcome"] == "valid"
+    # leave_running: what the original printed after the dump, the restored copy prints again.
+    assert rows[("criu", "leave_running")]["kinds"] == {"duplicate"}
+    for fault in ("kill", "leave_running"):
+        # A requeue starts over: every step before the cut shown again, and the trial is `restarted`.
+        restart = rows[("restart", fault)]
+        assert restart["kinds"] == {"duplicate", "restarted"} and restart["recomputed_ops"] >= 12
+        # Its own --resume: only the steps since its last save (every 10) are shown again, all equal to the reference.
+        app = rows[("app", fault)]
+        assert app["kinds"] == {"duplicate"} and 1 <= app["recomputed_ops"] < restart["recomputed_ops"]
+
+
+@pytest.fixture
+def gromacs():
+    if shutil.which("gmx") is None:
+        reason = "GROMACS (gmx) is not installed: `make gromacs` installs Debian's package"
+        if os.environ.get("CI") or os.environ.get("CUTBENCH_REQUIRE_GROMACS") == "1":
+            pytest.fail(f"{reason} (required here because CI or CUTBENCH_REQUIRE_GROMACS=1 is set)")
+        pytest.skip(reason)
+
+
+def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs, tmp_path):
+    rows = run(PROGRAMS / "gromacs" / "gromacs.toml", tmp_path)
+    # CRIU under kill: every energy record once, and md.gro bit for bit the uninterrupted runs'.
+    assert rows[("criu", "kill")]["outcome"] == "valid"
+    # leave_running: md.log grew after the dump, and CRIU will not restore a file of another size: the program is lost.
+    lost = rows[("criu", "leave_running")]
+    assert lost["kinds"] == {"process_lost"} and "has bad size" in lost["error"]
+    # -cpi: the records since its last checkpoint are logged again (equal ones: no mixed_epoch), md.gro equal.
+    assert rows[("app", "kill")]["kinds"] == {"duplicate"} and rows[("app", "kill")]["recomputed_ops"] >= 1
+    # A requeue without -cpi: from step 0 again.
+    assert rows[("restart", "kill")]["kinds"] == {"duplicate", "restarted"}
+    assert rows[("restart", "kill")]["recomputed_ops"] >= 60
