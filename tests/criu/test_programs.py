@@ -66,3 +66,11 @@ def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs
     # A requeue without -cpi: from step 0 again.
     assert rows[("restart", "kill")]["kinds"] == {"duplicate", "restarted"}
     assert rows[("restart", "kill")]["recomputed_ops"] >= 60
+
+
+def test_a_gate_on_a_program_as_it_is_is_a_few_lines_of_toml(criu, pytester: pytest.Pytester, tmp_path):
+    gate = REPO / "examples" / "ci_gate" / "scenarios" / "program.toml"
+    assert len([line for line in gate.read_text().splitlines() if line and not line.startswith("#")]) <= 14
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(gate),
+                                           "--cutbench-out", str(tmp_path / "results"))
+    result.assert_outcomes(passed=1)
