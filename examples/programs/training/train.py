@@ -1,6 +1,7 @@
 """A plain PyTorch training script that knows nothing of cutbench.
 
-    python train.py [--steps N] [--save-every K] [--workers W] [--device cuda|cpu] [--step-ms MS] [--resume]
+    python train.py [--steps N] [--save-every K] [--workers W] [--start fork|spawn] [--device cuda|cpu]
+                    [--step-ms MS] [--resume]
 
 A small MLP regresses a fixed random teacher on batches a ``DataLoader``
 with worker processes draws from a synthetic dataset (batch *i* is made from
@@ -12,7 +13,9 @@ file, then renamed): ``--resume`` continues from that file. At the end it
 writes ``final.txt``: the SHA-256 of every parameter's bytes. Deterministic
 (seeds, ``torch.use_deterministic_algorithms``): the same steps print the
 same lines. ``--step-ms`` waits that long after each step (a bigger model's step
-time, so that a cut lands mid-run on a fast GPU).
+time, so that a cut lands mid-run on a fast GPU). ``--start``: how the loader starts
+its workers (``fork``, PyTorch's default on Linux: after CUDA started in the
+parent; or ``spawn``: fresh interpreters).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> int:
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--start", choices=("fork", "spawn"), default="fork")
     parser.add_argument("--step-ms", type=float, default=0.0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
@@ -73,7 +77,8 @@ def main() -> int:
         opt.load_state_dict(saved["opt"])
         start = saved["step"]
         print(f"resumed from step {start}", file=sys.stderr, flush=True)
-    loader = DataLoader(Batches(args.steps, start), batch_size=None, shuffle=False, num_workers=args.workers)
+    loader = DataLoader(Batches(args.steps, start), batch_size=None, shuffle=False, num_workers=args.workers,
+                        multiprocessing_context=args.start if args.workers else None)
     step = start
     for x, y in loader:
         step += 1
