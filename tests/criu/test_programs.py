@@ -69,7 +69,7 @@ def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs
 
 
 def test_a_gate_on_a_program_as_it_is_is_a_few_lines_of_toml(criu, pytester: pytest.Pytester, tmp_path):
-    gate = REPO / "examples" / "ci_gate" / "scenarios" / "program.toml"
+    gate = REPO / "examples" / "programs" / "ticker" / "gate.toml"
     assert len([line for line in gate.read_text().splitlines() if line and not line.startswith("#")]) <= 14
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(gate),
                                            "--cutbench-out", str(tmp_path / "results"))
