@@ -46,6 +46,8 @@ PROGRAM_COLUMNS = ("stream", "index", "payload")
 PAYLOAD_CHARS = 200
 TAIL_LINES = 40  # of each of the program's pipes, for its last words
 FILE_POLL_S = 0.005
+READ_BYTES = 65536  # a pipe's whole buffer
+READ_WAIT_S = 0.002  # between reads of a pipe that had less: the effects are seen at most this much later
 
 
 @dataclass
@@ -168,31 +170,35 @@ class Observer:
         with os.fdopen(fd, "rb", buffering=0) as pipe:
             buffered = b""
             while True:
-                chunk = pipe.read(65536)
+                chunk = pipe.read(READ_BYTES)
                 if not chunk:
                     break
                 buffered += chunk
                 *lines, buffered = buffered.split(b"\n")
-                for raw in lines:
-                    self._line(name, raw.decode(errors="replace"), incarnation)
+                if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
+                    self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation)
+                if len(chunk) < READ_BYTES:
+                    # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a
+                    # reader woken for every line costs the program is the observer's cost).
+                    time.sleep(READ_WAIT_S)
             if buffered:
-                self._line(name, buffered.decode(errors="replace"), incarnation)
+                self._lines(name, [buffered.decode(errors="replace")], incarnation)
 
-    def _line(self, name: str, line: str, incarnation: int) -> None:
+    def _lines(self, name: str, lines: list[str], incarnation: int) -> None:
         with self.lock:
-            self.tails[name].append(line)
+            self.tails[name].extend(lines[-TAIL_LINES:])
             if name != self.stream:
                 return
-            self._count(line)
+            self._count(lines)
             rule = self._rule
         if rule is not None:
-            self._effects(rule, line, incarnation)
+            self._effects(rule, lines, incarnation)
 
-    def _count(self, line: str) -> None:
-        """One more line of the effect stream read (the caller holds the lock)."""
-        self.lines += 1
+    def _count(self, lines: list[str]) -> None:
+        """More lines of the effect stream read (the caller holds the lock)."""
+        self.lines += len(lines)
         if len(self.head) < 5:
-            self.head.append(line)
+            self.head.extend(lines[: 5 - len(self.head)])
 
     def nothing_matched(self) -> str:
         """Why a run that showed no effect cannot be judged: the rule and what the stream held."""
@@ -200,21 +206,23 @@ class Observer:
         return (f"the effects rule matched nothing in the {self.lines} lines of {self.stream} (its first lines: "
                 f"{shown}): check workload.params.effects or parser")
 
-    def _effects(self, rule: program_api.LineParser, line: str, incarnation: int) -> None:
-        try:
-            found = list(rule(line))
-        except Exception as exc:  # the scenario's parser: said before any trial, never a finding
-            with self.lock:
-                self.rule_error = self.rule_error or f"the effects parser raised {type(exc).__name__}: {exc} on {line!r}"
+    def _effects(self, rule: program_api.LineParser, lines: list[str], incarnation: int) -> None:
+        found: list[tuple[Any, Any]] = []
+        for line in lines:
+            try:
+                found.extend(rule(line))
+            except Exception as exc:  # the scenario's parser: said before any trial, never a finding
+                with self.lock:
+                    self.rule_error = self.rule_error or f"the effects parser raised {type(exc).__name__}: {exc} on {line!r}"
+                return
+        if not found:
             return
-        now = time.time()
+        now, stream = time.time(), self.stream
+        seen = [Seen(now, incarnation, f"{stream}#{index}", stream, str(index), program_api.digest(str(payload)),
+                     str(payload)[:PAYLOAD_CHARS]) for index, payload in found]
         with self.lock:
-            for index, payload in found:
-                key = f"{self.stream}#{index}"
-                text = str(payload)
-                self.seen.append(Seen(now, incarnation, key, self.stream, str(index), program_api.digest(text),
-                                      text[:PAYLOAD_CHARS]))
-                self.keys.add(key)
+            self.seen.extend(seen)
+            self.keys.update(s.key for s in seen)
 
     def _make_rule(self) -> program_api.LineParser:
         return program_api.Program.rule(self.params)
@@ -248,12 +256,11 @@ class Observer:
                 end = data.rfind(b"\n") + 1
                 if end > len(kept):
                     fresh, kept = data[len(kept):end], data[:end]
-                    for raw in fresh.split(b"\n")[:-1]:
-                        line = raw.decode(errors="replace")
-                        with self.lock:
-                            self._count(line)
-                            incarnation = self.incarnation
-                        self._effects(rule, line, incarnation)
+                    lines = [raw.decode(errors="replace") for raw in fresh.split(b"\n")[:-1]]
+                    with self.lock:
+                        self._count(lines)
+                        incarnation = self.incarnation
+                    self._effects(rule, lines, incarnation)
             if stopping:
                 return
             self._stop.wait(FILE_POLL_S)
