@@ -38,9 +38,21 @@ from typing import Any, ClassVar
 
 from cutbench.workloads.api import WorkloadError
 
-# Where a program's effects come from: its standard output or error, or a file (relative to its directory).
+# Where a program's effects come from: its standard output or error, a file (relative to its directory), or
+# what a server streams back to cutbench's own clients (HTTP: see the ``http`` parameter).
 PIPES: tuple[str, ...] = ("stdout", "stderr")
 FILE_PREFIX = "file:"
+HTTP = "http"
+# What a client does when its stream breaks (the server went away mid-response).
+RETRY_POLICIES: tuple[str, ...] = ("give_up", "same_id", "new_id")
+# The load generator's settings (``http``), with their defaults.
+HTTP_DEFAULTS: dict[str, Any] = {
+    "requests": 8,  # requests in all, numbered 1..requests
+    "concurrency": 4,  # at once: a new one is admitted as one ends, while the others are mid-stream
+    "path": "/generate",
+    "body": '{"id": "{id}", "n": {n}}',  # POSTed as JSON; {id}: the request's id (r1, r2, ...), {n}: its number
+    "retry": "give_up",  # after a broken stream: give up, send it again with the same id, or as a new request
+}
 
 # A parser: one line in, the effects it completes out.
 LineParser = Callable[[str], Iterable[tuple[Any, Any]]]
@@ -91,7 +103,9 @@ class Program:
         "command": [],  # argv; the first word found on PATH or a path (relative: in the program's directory)
         "env": {},  # variables added to the harness's environment
         "files": [],  # copied into the program's directory before it starts (relative: to the scenario's folder)
-        "stream": "stdout",  # "stdout", "stderr" or "file:PATH" (a file it appends to, relative to its directory)
+        "stream": "stdout",  # "stdout", "stderr", "file:PATH" (a file it appends to) or "http" (it serves)
+        "http": {},  # for stream "http": the load generator's settings (HTTP_DEFAULTS)
+        "port": 0,  # for stream "http": where it listens, written for "{port}" in its command (0: a free one)
         "effects": "",  # a regular expression (named groups: index, payload), or ...
         "parser": "",  # ... "module:factory", the module in the scenario's folder (parser_path)
         "parser_path": "",  # where the parser's module is found (set to the scenario's folder when empty)
@@ -121,9 +135,17 @@ class Program:
             raise WorkloadError(f"workload.params.env = {params['env']!r}: an inline table of strings, e.g. "
                                 "env = { OMP_NUM_THREADS = \"1\" }")
         stream = params["stream"]
-        if stream not in PIPES and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
-            raise WorkloadError(f"workload.params.stream = {stream!r}: allowed {', '.join(map(repr, PIPES))} or "
-                                "'file:PATH' (a file the program appends to, relative to its directory)")
+        if stream not in (*PIPES, HTTP) and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+            raise WorkloadError(f"workload.params.stream = {stream!r}: allowed {', '.join(map(repr, PIPES))}, "
+                                "'file:PATH' (a file the program appends to, relative to its directory) or 'http' "
+                                "(a server cutbench's clients stream from)")
+        if stream == HTTP:
+            cls.http_settings(params)
+            if not any("{port}" in word for word in command):
+                raise WorkloadError("workload.params.command: a server's command says where it listens with "
+                                    "\"{port}\", e.g. [\"python3\", \"serve.py\", \"--port\", \"{port}\"]")
+        if not 0 <= params["port"] <= 65535:
+            raise WorkloadError(f"workload.params.port = {params['port']}: 0 (a free one) or a port number")
         if bool(params["effects"]) == bool(params["parser"]):
             raise WorkloadError("workload.params: give exactly one effects rule: effects = a regular expression "
                                 "(named groups index, payload) or parser = \"module:factory\"")
@@ -143,6 +165,25 @@ class Program:
         if unknown:
             raise WorkloadError(f"workload.params.domains: unknown {unknown}; allowed {', '.join(DOMAINS)}")
 
+    @staticmethod
+    def http_settings(params: dict[str, Any]) -> dict[str, Any]:
+        """The load generator's settings: ``params["http"]`` over :data:`HTTP_DEFAULTS`, checked; raises
+        :class:`WorkloadError` naming the bad one."""
+        given = params.get("http") or {}
+        unknown = sorted(set(given) - set(HTTP_DEFAULTS))
+        if unknown:
+            raise WorkloadError(f"workload.params.http: unknown {unknown}; allowed {', '.join(HTTP_DEFAULTS)}")
+        out = {**HTTP_DEFAULTS, **given}
+        for key in ("requests", "concurrency"):
+            if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
+                raise WorkloadError(f"workload.params.http.{key} = {out[key]!r}: an integer >= 1")
+        for key in ("path", "body"):
+            if not isinstance(out[key], str) or not out[key]:
+                raise WorkloadError(f"workload.params.http.{key} = {out[key]!r}: a non-empty string")
+        if out["retry"] not in RETRY_POLICIES:
+            raise WorkloadError(f"workload.params.http.retry = {out['retry']!r}: allowed {', '.join(RETRY_POLICIES)}")
+        return out
+
     @classmethod
     def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
         """The domains the scenario says the program keeps beyond a plain process's."""
@@ -157,6 +198,11 @@ class Program:
         if params["parser"] and not params["parser_path"]:
             out["parser_path"] = str(base.resolve())
         return out
+
+    @staticmethod
+    def command_for(params: dict[str, Any], port: int) -> list[str]:
+        """The program's command with ``{port}`` written as ``port`` (a server's)."""
+        return [word.replace("{port}", str(port)) for word in params["command"]]
 
     @staticmethod
     def stream_file(params: dict[str, Any]) -> str | None:

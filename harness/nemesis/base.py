@@ -104,6 +104,8 @@ class ProgramControl(Protocol):
     """What a backend may ask of a program trial (``CutContext.program``; the runner implements it).
 
     ``resume_args``: the program's own restart flag (``workload.params.resume``; empty when it has none).
+    ``catches_up``: whether a program started again from its beginning redoes its work by itself (a batch
+    program), so that a requeue waits until it has shown the cut's effects again (a server does not).
     ``start(extra_args)`` starts it again in its directory as the trial's next incarnation, observed as the
     first was (without ``extra_args``: from the beginning) and returns its handle; ``shown()`` counts the
     effects the running incarnation has shown. ``inherited_fds()`` gives fresh pipes for a CRIU restore,
@@ -111,6 +113,7 @@ class ProgramControl(Protocol):
     """
 
     resume_args: tuple[str, ...]
+    catches_up: bool
 
     def start(self, extra_args: Sequence[str] = ()) -> Child: ...
 

@@ -18,12 +18,15 @@ the reference's order, and the oracle judges them as any workload's.
 from __future__ import annotations
 
 import copy
+import http.client
+import re
+import socket
 import os
 import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,7 @@ PAYLOAD_CHARS = 200
 TAIL_LINES = 40  # of each of the program's pipes, for its last words
 FILE_POLL_S = 0.005
 READ_BYTES = 65536  # a pipe's whole buffer
+MAX_RETRIES = 3  # a client's retries of one request (same_id, new_id) before it gives up
 READ_WAIT_S = 0.002  # between reads of a pipe that had less: the effects are seen at most this much later
 
 
@@ -64,13 +68,27 @@ class Seen:
 
 
 class Observer:
-    """What the outside world sees of one program across its incarnations: effects and last words."""
+    """What the outside world sees of one program across its incarnations: effects and last words.
 
-    def __init__(self, params: dict[str, Any], directory: Path):
+    For a server (``stream = "http"``) the outside world is cutbench's own clients: :meth:`start_load` keeps
+    ``concurrency`` streamed requests open at once, admitting the next as one ends, each read line by line
+    through a fresh effects rule, its effects under the request's id as their stream. ``wait_s`` bounds how
+    long a client waits for a server that went away (a restore, a start again) before its retry policy
+    applies.
+    """
+
+    def __init__(self, params: dict[str, Any], directory: Path, *, wait_s: float = 60.0):
         self.params = params
         self.directory = directory
         self.stream = params["stream"]
         self.file = program_api.Program.stream_file(params)
+        self.http = program_api.Program.http_settings(params) if self.stream == program_api.HTTP else None
+        self.port = 0
+        self.wait_s = wait_s
+        self.load_done = threading.Event()
+        self.broken: list[dict[str, Any]] = []  # each broken stream: request, attempt, what the client did
+        self._clients: list[threading.Thread] = []
+        self._requests: Iterator[int] = iter(())
         self.lock = threading.Lock()
         self.seen: list[Seen] = []
         self.keys: set[str] = set()
@@ -206,7 +224,7 @@ class Observer:
         return (f"the effects rule matched nothing in the {self.lines} lines of {self.stream} (its first lines: "
                 f"{shown}): check workload.params.effects or parser")
 
-    def _effects(self, rule: program_api.LineParser, lines: list[str], incarnation: int) -> None:
+    def _effects(self, rule: program_api.LineParser, lines: list[str], incarnation: int, stream: str = "") -> None:
         found: list[tuple[Any, Any]] = []
         for line in lines:
             try:
@@ -217,7 +235,7 @@ class Observer:
                 return
         if not found:
             return
-        now, stream = time.time(), self.stream
+        now, stream = time.time(), stream or self.stream
         seen = [Seen(now, incarnation, f"{stream}#{index}", stream, str(index), program_api.digest(str(payload)),
                      str(payload)[:PAYLOAD_CHARS]) for index, payload in found]
         with self.lock:
@@ -226,6 +244,96 @@ class Observer:
 
     def _make_rule(self) -> program_api.LineParser:
         return program_api.Program.rule(self.params)
+
+    # -- a server: cutbench's own clients ------------------------------------------------
+    def listening(self, child: Child) -> str:
+        """Wait until the server accepts connections on its port; "" when it does, else why not."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                return ""
+            except OSError:
+                pass
+            if not child.alive():
+                words = self.last_words()
+                return (f"the program exited ({child.returncode}) before it listened on 127.0.0.1:{self.port}"
+                        + (f": {words.splitlines()[-1]}" if words.strip() else ""))
+            if time.monotonic() > deadline:
+                return f"the server never listened on 127.0.0.1:{self.port} within {self.wait_s:g}s"
+            time.sleep(0.02)
+
+    def start_load(self) -> None:
+        """Start the clients: ``concurrency`` at once, ``requests`` in all; :attr:`load_done` is set when every
+        request ended (completed, or given up by its retry policy)."""
+        assert self.http is not None
+        self._requests = iter(range(1, self.http["requests"] + 1))
+        self._clients = [threading.Thread(target=self._client, name=f"cutbench-client-{i}", daemon=True)
+                         for i in range(self.http["concurrency"])]
+        for thread in self._clients:
+            thread.start()
+        threading.Thread(target=self._await_clients, name="cutbench-load", daemon=True).start()
+
+    def _await_clients(self) -> None:
+        for thread in self._clients:
+            thread.join()
+        self.load_done.set()
+
+    def _client(self) -> None:
+        assert self.http is not None
+        while not self._stop.is_set():
+            with self.lock:
+                n = next(self._requests, None)
+            if n is None:
+                return
+            rid, attempt = f"r{n}", 0
+            while not self._stop.is_set():
+                broke = self._request(rid, n)
+                if not broke:
+                    break
+                policy = self.http["retry"]
+                with self.lock:
+                    self.broken.append({"request": rid, "attempt": attempt, "why": broke, "then": policy})
+                if policy == "give_up" or attempt >= MAX_RETRIES:
+                    break
+                attempt += 1
+                if policy == "new_id":
+                    rid = f"r{n}.{attempt}"
+                self._await_server()
+
+    def _await_server(self) -> None:
+        """Wait (up to ``wait_s``) until the server accepts connections again (a restore or a start again)."""
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+
+    def _request(self, rid: str, n: int) -> str:
+        """One streamed request: its lines become effects under ``rid``; "" when the response ended cleanly, else
+        why the stream broke."""
+        assert self.http is not None
+        body = self.http["body"].replace("{id}", rid).replace("{n}", str(n))
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.wait_s)
+        rule = self._make_rule()
+        try:
+            conn.request("POST", self.http["path"], body=body.encode(), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                return f"HTTP {response.status}"
+            for raw in _body_lines(response):
+                line = raw.decode(errors="replace").rstrip("\r")
+                with self.lock:
+                    self._count([line])
+                    incarnation = self.incarnation
+                self._effects(rule, [line], incarnation, stream=rid)
+            return ""
+        except (OSError, http.client.HTTPException) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
 
     # -- a file it appends to ----------------------------------------------------
     def _tail(self) -> None:
@@ -266,12 +374,12 @@ class Observer:
             self._stop.wait(FILE_POLL_S)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Read what is left (the pipes to their end, the file once more) and stop the readers."""
+        """Read what is left (the pipes to their end, the file once more) and stop the readers and clients."""
         self.restored()
+        self._stop.set()  # the tailer reads once more; a client stops retrying
         deadline = time.monotonic() + timeout
-        for thread in self.readers:
+        for thread in [*self.readers, *self._clients]:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self._stop.set()
         if self._tailer is not None:
             self._tailer.join(max(0.1, deadline - time.monotonic()))
 
@@ -280,15 +388,19 @@ class Observer:
         """The effects as the trial's effects table: the receiver's columns plus :data:`PROGRAM_COLUMNS`.
 
         ``order`` numbers the identities by the reference (op *i*: its *i*-th effect); an identity it does not
-        hold gets a number after them, in the order first seen. None (a control run): numbered as first seen.
+        hold gets a number after them, in the order first seen. None (a control run): numbered in stream and
+        index order (numbers as numbers), which does not depend on how concurrent clients interleaved.
         A repeat of an identity is a further ``attempt``; ``epoch`` and ``sender`` are the incarnation.
         """
-        numbers = dict(order or {})
+        with self.lock:
+            seen = list(self.seen)
+        if order is None:  # a control run: its distinct effects in stream and index order (clients interleave)
+            keys = sorted({(s.stream, s.index) for s in seen}, key=lambda k: (_natural(k[0]), _natural(k[1])))
+            order = {f"{stream}#{index}": i for i, (stream, index) in enumerate(keys, 1)}
+        numbers = dict(order)
         start = len(numbers)
         counts: dict[str, int] = {}
         rows = []
-        with self.lock:
-            seen = list(self.seen)
         for seq, s in enumerate(seen, 1):
             if s.key not in numbers:
                 start += 1
@@ -297,6 +409,11 @@ class Observer:
             rows.append((seq, trial, numbers[s.key], counts[s.key], s.incarnation, s.digest, s.incarnation, "",
                          "publish", "applied", seq, s.t, s.incarnation, "at_least_once", s.stream, s.index, s.payload))
         return rows_to_frame(rows, EXPORT_COLUMNS + PROGRAM_COLUMNS)
+
+
+def _natural(text: str) -> tuple[tuple[int, Any], ...]:
+    """``text`` as a sort key in which its runs of digits compare as numbers ("r2" before "r10")."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|\D+", text))
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
@@ -318,6 +435,8 @@ class ProgramHooks:
     def __init__(self, runner: "ProgramRunner"):
         self.runner = runner
         self.resume_args: tuple[str, ...] = tuple(runner.spec.params["resume"])
+        # A server started again redoes nothing by itself (its clients ask again, or not): nothing to catch up.
+        self.catches_up = runner.observer.http is None
 
     def start(self, extra_args: Sequence[str] = ()) -> Child:
         """Start the program again in its directory (its command, then ``extra_args``: its own restart flag) as a
@@ -349,15 +468,19 @@ class ProgramRunner(TrialRunner):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.observer = Observer(self.spec.params, self.tdir)
+        self.observer = Observer(self.spec.params, self.tdir, wait_s=self.spec.stage_timeout_s)
+        if self.observer.http is not None:
+            self.observer.port = self.spec.params["port"] or free_port()
         self.fresh_starts = 0
+        self.served = False  # a server whose clients all finished (it is then stopped: a server never exits)
 
     def _hwm(self) -> int | None:
         return len(self.observer.seen)
 
     def launch(self, extra_args: list[str]) -> Child:
         """Start the program (its command and ``extra_args``) as the next incarnation."""
-        child = self.observer.start([*self.spec.params["command"], *extra_args])
+        command = program_api.Program.command_for(self.spec.params, self.observer.port)
+        child = self.observer.start([*command, *extra_args])
         if not extra_args:
             self.fresh_starts += 1
         return child
@@ -380,6 +503,12 @@ class ProgramRunner(TrialRunner):
                 (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
             with self.timeline.stage("spawn"):
                 child = self.child = self.launch([])
+            if self.observer.http is not None:
+                with self.timeline.stage("listen"):
+                    why = self.observer.listening(child)
+                if why:
+                    raise HarnessFault("listen", why)
+                self.observer.start_load()
             plan = spec.cut_plan()
             for i, cut in enumerate(plan.cuts):
                 reached = self._reach_effect(child, cut.op, cut.async_offset_ms, i)
@@ -404,7 +533,7 @@ class ProgramRunner(TrialRunner):
             self.observer.close()
         if self.observer.rule_error:
             state.status, state.error = "unknown", self.observer.rule_error
-        completed = state.status == "completed" and child is not None and child.returncode == 0
+        completed = state.status == "completed" and child is not None and (child.returncode == 0 or self.served)
         if completed and self.plain_launch and not self.observer.distinct():
             state.status, state.error, completed = "unknown", self.observer.nothing_matched(), False
         distinct = self.observer.distinct()
@@ -419,7 +548,8 @@ class ProgramRunner(TrialRunner):
         words = self.observer.last_words()
         record = TrialRecord(
             trial_id=spec.trial_id, status=state.status, error=state.error, failed_stage=state.failed_stage,
-            exit_code=child.returncode if child else None, restores=state.restores, cut_outcomes=state.outcomes,
+            # A server the harness stopped once its clients were done ended as it should: exit 0.
+            exit_code=0 if self.served else child.returncode if child else None, restores=state.restores, cut_outcomes=state.outcomes,
             report=report, marker_op=host_op if completed else 0, progress_op=distinct, progress_phase="effect" if distinct else "",
             workload_domains=sorted(program_api.Program.domains | program_api.Program.domains_for(params)),
             covered_domains=sorted(backend.capabilities.covers), duration_s=time.monotonic() - started,
@@ -489,8 +619,14 @@ class ProgramRunner(TrialRunner):
         spec = self.spec
         deadline = time.monotonic() + spec.trial_timeout_s
         last, last_change = len(self.observer.seen), time.monotonic()
+        rc: int | None = None
         with self.timeline.stage("run_to_end") as extra:
             while True:
+                if self.observer.load_done.is_set():  # a server's clients are done: it is stopped, it never exits
+                    child.kill()
+                    self.served, rc = True, 0
+                    extra["detail"] = f"served {len(self.observer.seen)} effects"
+                    break
                 rc = child.poll()
                 if rc is not None:
                     extra["detail"] = f"exit {rc}"
@@ -520,9 +656,69 @@ class ProgramRunner(TrialRunner):
             state.error = f"the restored program ended with exit {rc}" + (f": {words.splitlines()[-1]}" if words.strip() else "")
 
 
+class BrokenStream(http.client.HTTPException):
+    """A response whose connection went away before its end (a chunked stream's last chunk, its length)."""
+
+
+def _body_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    """The lines of ``response``'s body as they arrive (without their newline), read from the connection itself;
+    raises :class:`BrokenStream` when it ends before the body does. (http.client's own ``readline`` takes a
+    chunked stream cut short for a complete one.) A body without a length or chunks ends with the connection:
+    whether it broke cannot be told."""
+    fp = response.fp
+    if fp is None:
+        return
+    pending = b""
+    if response.chunked:
+        while True:
+            size_line = fp.readline()
+            try:
+                size = int(size_line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise BrokenStream("the stream ended before its last chunk") from None
+            if size == 0:
+                break
+            data = fp.read(size + 2)  # the chunk and its CRLF
+            if len(data) < size + 2:
+                raise BrokenStream("the stream ended inside a chunk")
+            pending += data[:size]
+            *lines, pending = pending.split(b"\n")
+            yield from lines
+    else:
+        left = response.length
+        while left is None or left > 0:
+            raw = fp.readline() if left is None else fp.readline(left)
+            if not raw:
+                if left is not None:
+                    raise BrokenStream(f"the stream ended {left} bytes before its length")
+                break
+            if left is not None:
+                left -= len(raw)
+            pending += raw
+            *lines, pending = pending.split(b"\n")
+            yield from lines
+    if pending:
+        yield pending
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server's ``{port}``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def check_program(params: dict[str, Any]) -> None:
     """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
-    its command not found, a file it starts with missing, an effects parser that cannot be made."""
+    its command not found, a file it starts with missing, an effects parser that cannot be made, the port it
+    is given already taken."""
+    if params["stream"] == program_api.HTTP and params["port"]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", params["port"]))
+            except OSError as exc:
+                raise WorkloadError(f"workload.params.port = {params['port']}: already taken on 127.0.0.1 "
+                                    f"({exc.strerror}); give another, or 0 for a free one") from None
     why = program_api.Program.missing_command(params)
     if why:
         raise WorkloadError(f"workload.params.command = {params['command']!r}: {why}")

@@ -74,3 +74,23 @@ def test_a_gate_on_a_program_as_it_is_is_a_few_lines_of_toml(criu, pytester: pyt
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", str(gate),
                                            "--cutbench-out", str(tmp_path / "results"))
     result.assert_outcomes(passed=1)
+
+
+def test_a_streaming_server_as_it_is_judged_from_its_clients_under_three_retry_policies(criu, tmp_path):
+    proc = cli("run", str(PROGRAMS / "server" / "server.toml"), "--out", str(tmp_path), "--json", timeout=900)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    trials = pd.read_parquet((tmp_path / "latest").resolve() / "trials.parquet")
+    assert (trials["outcome"] != "unknown").all(), trials[["variant", "backend", "fault", "error"]].to_string()
+    kinds = {(r["variant"], r["backend"], r["fault"]): {f["kind"] for f in json.loads(r["findings"] or "[]")}
+             for r in trials.to_dict("records")}
+    for policy in ("give_up", "same_id", "new_id"):
+        # A preemption through CRIU: the clients' connections come back established, every token once.
+        assert kinds[(policy, "criu", "kill")] == set()
+    # After leave_running the streams in flight break; what the clients then see is their policy's doing:
+    # giving up loses the rest, asking again with the same id sees the first tokens twice, a new id gets tokens
+    # the uninterrupted runs never sent under that id and loses the old request's rest.
+    assert kinds[("give_up", "criu", "leave_running")] == {"missing"}
+    assert kinds[("same_id", "criu", "leave_running")] == {"duplicate"}
+    assert kinds[("new_id", "criu", "leave_running")] == {"missing", "mixed_epoch"}
+    assert kinds[("same_id", "restart", "kill")] == {"duplicate", "restarted"}
+    assert kinds[("give_up", "restart", "kill")] == {"missing", "restarted"}

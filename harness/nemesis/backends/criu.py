@@ -100,8 +100,11 @@ class CriuCheckpointer:
         """``criu dump`` of ``target`` into ``ctx.images_dir``; refuses cleanly if the target survives a failure."""
         images = ctx.images_dir
         images.mkdir(parents=True, exist_ok=True)
+        # --skip-in-flight: a connection still waiting in a listening socket's queue (a client of a server that
+        # is being cut) is left out, and its client sees it reset; without it CRIU refuses the whole dump
+        # ("In-flight connection (l)"), whatever the program.
         args = ["dump", "-t", str(target.pid), "-D", str(images), "-o", "dump.log", "-v2",
-                "--tcp-established", "--network-lock", NETWORK_LOCK]
+                "--tcp-established", "--skip-in-flight", "--network-lock", NETWORK_LOCK]
         if leave_running:
             args.append("--leave-running")
         if _inherits_session(target.pid):

@@ -84,7 +84,7 @@ class RestartCheckpointer:
         deadline = time.monotonic() + ctx.stage_timeout_s
         with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
             extra["pid"] = child.pid
-            while program.shown() < ctx.cut.op:
+            while program.catches_up and program.shown() < ctx.cut.op:
                 if not child.alive():
                     raise StageFailed("restart_catch_up", f"the started program exited ({child.returncode}) after "
                                                           f"{program.shown()} of {ctx.cut.op} effects")
