@@ -4,6 +4,7 @@ replaced, as a restart does), and every bad input refused before any trial with 
 
 from __future__ import annotations
 
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -92,7 +93,7 @@ def scenario(tmp_path: Path, params: str, *, ops: int = 1) -> Path:
         phases = ["effect"]
         [run]
         trial_timeout_s = 30
-        stage_timeout_s = 30
+        stage_timeout_s = 5
     """))
     return path
 
@@ -111,12 +112,24 @@ PRINTS = 'command = ["python3", "-c", "print(\'step 1\'); print(\'step 2\')"]\n'
     (PRINTS + 'parser = "absent_module:make"', 1, "workload.params.parser = 'absent_module:make': cannot make a parser"),
     (PRINTS + 'effects = "^step (?P<index>\\\\d+)"', 3, "workload.params.ops = 3: the program shows 2 effects uninterrupted"),
     ('command = ["true"]\neffects = "x"\nfiles = ["missing.tpr"]', 1, "workload.params.files:"),
+    ('command = ["python3", "-c", "import time; time.sleep(60)", "{port}"]\nstream = "http"\neffects = "x"', 1,
+     "the server never listened on 127.0.0.1:"),
+    ('command = ["python3", "-c", "import sys; sys.exit(\'no model here\')", "{port}"]\nstream = "http"\neffects = "x"', 1,
+     "the program exited (1) before it listened on 127.0.0.1:"),
+    ('command = ["serve", "{port}"]\nstream = "http"\neffects = "x"\nport = TAKEN', 1, "already taken on 127.0.0.1"),
+    ('command = ["serve"]\nstream = "http"\neffects = "x"', 1, 'a server\'s command says where it listens with "{port}"'),
 ], ids=["command-not-found", "exits-before-first-effect", "rule-matches-nothing", "parser-raises", "parser-not-found",
-        "fewer-effects-than-ops", "file-missing"])
+        "fewer-effects-than-ops", "file-missing", "server-never-listens", "server-exits-first", "port-taken",
+        "server-without-port"])
 def test_a_program_that_cannot_be_judged_as_written_is_refused_before_any_trial(tmp_path, params, ops, said):
     (tmp_path / "broken.py").write_text("def make():\n    return lambda line: [(1, 1 / 0)]\n")
     out = tmp_path / "results"
-    proc = cli("run", str(scenario(tmp_path, params, ops=ops)), "--out", str(out))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    with taken:
+        proc = cli("run", str(scenario(tmp_path, params.replace("TAKEN", str(taken.getsockname()[1])), ops=ops)),
+                   "--out", str(out))
     assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert said in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
