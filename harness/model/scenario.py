@@ -280,6 +280,10 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
            "plan_phases": tuple(phases), "executor": executor, "ray_address": ray_address}
     # Every other field is the schema's alone, checked in the order it is declared.
     rest = {f.attr: get(f.key) for f in schema.FIELDS if f.attr and f.attr not in own and f.attr != "jobs"}
+    if _is_program(workload) and "fenced" in rest["modes"]:
+        raise InvalidArgument("receiver.modes: a program's outside world is at_least_once (every repeat of an effect "
+                              "is seen) or idempotent (it keeps an effect once: a repeat with the same payload is "
+                              "recomputed work); fenced needs a receiver the program talks to")
     if _is_program(workload) and rest["cut_mode"] != "async":
         raise InvalidArgument(f"plan.cut_mode = {rest['cut_mode']!r}: a program cannot park at a point; set "
                               "plan.cut_mode = \"async\" (the cut lands after the k-th effect it shows, plus "

@@ -384,13 +384,18 @@ class Observer:
             self._tailer.join(max(0.1, deadline - time.monotonic()))
 
     # -- the trial's table --------------------------------------------------------
-    def frame(self, trial: str, order: dict[str, int] | None) -> pd.DataFrame:
+    def frame(self, trial: str, order: dict[str, int] | None, mode: str = "at_least_once") -> pd.DataFrame:
         """The effects as the trial's effects table: the receiver's columns plus :data:`PROGRAM_COLUMNS`.
 
         ``order`` numbers the identities by the reference (op *i*: its *i*-th effect); an identity it does not
         hold gets a number after them, in the order first seen. None (a control run): numbered in stream and
         index order (numbers as numbers), which does not depend on how concurrent clients interleaved.
         A repeat of an identity is a further ``attempt``; ``epoch`` and ``sender`` are the incarnation.
+
+        ``mode`` is how the outside world takes a repeat (the arm's receiver mode): ``at_least_once`` sees every
+        one (a terminal, a client: each is ``applied``); ``idempotent`` keeps each effect once, as a store keyed
+        by step does: a repeat with the payload first seen is ``suppressed`` (recomputed work, not a
+        duplicate), and one with another payload stays ``applied`` (the outside world was shown two values).
         """
         with self.lock:
             seen = list(self.seen)
@@ -401,13 +406,16 @@ class Observer:
         start = len(numbers)
         counts: dict[str, int] = {}
         rows = []
+        first: dict[str, str] = {}  # each identity's first payload digest
         for seq, s in enumerate(seen, 1):
             if s.key not in numbers:
                 start += 1
                 numbers[s.key] = start
             counts[s.key] = counts.get(s.key, 0) + 1
+            kept = first.setdefault(s.key, s.digest)
+            decision = "suppressed" if mode == "idempotent" and counts[s.key] > 1 and s.digest == kept else "applied"
             rows.append((seq, trial, numbers[s.key], counts[s.key], s.incarnation, s.digest, s.incarnation, "",
-                         "publish", "applied", seq, s.t, s.incarnation, "at_least_once", s.stream, s.index, s.payload))
+                         "publish", decision, seq, s.t, s.incarnation, mode, s.stream, s.index, s.payload))
         return rows_to_frame(rows, EXPORT_COLUMNS + PROGRAM_COLUMNS)
 
 
@@ -541,7 +549,7 @@ class ProgramRunner(TrialRunner):
         report = {"host_op": host_op, "checksum": program_api.artefacts_digest(self.tdir, list(params["artefacts"])),
                   "effects_seen": len(self.observer.seen), "effect_lines": self.observer.lines,
                   "incarnations": self.observer.incarnation + 1} if completed else None
-        effects = self.observer.frame(self.receiver_trial, order)
+        effects = self.observer.frame(self.receiver_trial, order, spec.receiver_mode)
         again = int((effects["attempt"] > 1).sum()) if len(effects) else 0
         if again:
             state.facts["recomputed_ops"] = again  # effects the outside world saw once more

@@ -168,3 +168,18 @@ def test_effects_frame_columns_are_the_receiver_s_and_the_program_s(tmp_path):
     frame = Observer(params(), tmp_path).frame("t", None)
     assert isinstance(frame, pd.DataFrame) and frame.empty
     assert {"op_id", "digest", "decision", "epoch", "sender", "stream", "index", "payload"} <= set(frame.columns)
+
+
+def test_an_idempotent_outside_world_keeps_an_effect_once_unless_it_was_shown_another_value(tmp_path):
+    obs = Observer(params(), tmp_path)
+    obs.seen = [_seen("stdout#1", 0, "a"), _seen("stdout#1", 1, "a"), _seen("stdout#2", 0, "b"), _seen("stdout#2", 1, "B")]
+    frame = obs.frame("t", None, "idempotent")
+    assert frame["decision"].tolist() == ["applied", "suppressed", "applied", "applied"]
+    assert set(frame["mode"]) == {"idempotent"}
+    assert obs.frame("t", None)["decision"].tolist() == ["applied"] * 4
+
+
+def test_a_program_s_outside_world_is_never_fenced(tmp_path):
+    with pytest.raises(InvalidArgument, match="receiver.modes: a program's outside world"):
+        parse_scenario({**_scenario(tmp_path, cut_mode="async"), "receiver": {"modes": ["fenced"]}},
+                       source_path=str(tmp_path / "s.toml"))
