@@ -37,7 +37,8 @@ from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
 from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
-from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
@@ -161,10 +162,6 @@ def run_hypothesis(
     """
     if scenario.profile not in PROFILES:
         raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
-    if workload_api.records_reference(workload_api.load(scenario.workload)):
-        raise InvalidArgument(f"plan.source = 'hypothesis' with workload {scenario.workload!r}: its ground truth is "
-                              "recorded before the trials, which the adaptive search does not do yet; use plan.source = "
-                              "'exhaustive' or 'random'")
     arms, skipped = check_backends(scenario)
     sarms = search_arms(scenario, arms)
     outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
@@ -257,13 +254,26 @@ def execute(
             if resume is not None:  # judged by the references the run recorded, as its first trials were
                 session.references.recordings.update(
                     {k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
+            searchable = True
             if executor.specs is not None:
                 executor.specs, unjudgeable = record_references(session, executor.specs, executor.jobs, run, env)
                 if unjudgeable:  # said up front, in run.toml: these trials are not run
                     meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
                     meta.n_trials_planned = log.total = len(executor.specs) + len(log.results)
                     run.write_meta(meta.render())
-            meta.extra.update(executor.run(session, log))
+            elif resume is None:
+                # A driver decides its trials as it goes; they all share the scenario's workload, parameters and
+                # array, so one uncut spec records the ground truth the search's trials are judged by.
+                arms = scenario.arms()
+                _, unjudgeable = record_references(session, [spec_for(scenario, arms[0], CutPlan(), 0)] if arms else [],
+                                                   1, run, env)
+                if unjudgeable:  # nothing it would try can be judged: said in run.toml, and no trial runs
+                    meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
+                    meta.n_trials_planned = log.total = 0
+                    run.write_meta(meta.render())
+                    searchable = False
+            if searchable:
+                meta.extra.update(executor.run(session, log))
         complete = True
     except KeyboardInterrupt:
         complete = False

@@ -102,3 +102,14 @@ def test_a_streaming_server_as_it_is_judged_from_its_clients_under_three_retry_p
     assert kinds[("new_id", "criu", "leave_running")] == {"missing", "mixed_epoch"}
     assert kinds[("same_id", "restart", "kill")] == {"duplicate", "restarted"}
     assert kinds[("give_up", "restart", "kill")] == {"missing", "restarted"}
+
+
+def test_the_search_finds_and_shrinks_a_cut_of_a_program(criu, tmp_path):
+    # The adaptive source records the program's ground truth before its first trial, as a planned run does.
+    proc = cli("run", str(PROGRAMS / "ticker" / "ticker.toml"), "--out", str(tmp_path), "--json",
+               "--set", "plan.source=hypothesis", "--set", "plan.trials=4", "--set", 'pipeline.backends=["criu"]',
+               "--set", 'pipeline.faults=["leave_running"]', "--set", "plan.ops=[5, 30]", timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    search = json.loads(((tmp_path / "latest").resolve() / "search.json").read_text())
+    (arm,) = search["arms"]
+    assert arm["minimal_plan"]["cuts"][0]["op"] == 5 and arm["reproduced"], arm
