@@ -167,7 +167,7 @@ def cells(plan: CutPlan) -> list[str]:
 
 
 def explicit_plans(scenario: Scenario, sarm: SearchArm) -> list[CutPlan]:
-    """Plans that together cut once at every phase (precise, first listed values): tried first.
+    """Plans that together cut once at every phase (precise where allowed, first listed values): tried first.
 
     Swarm-style coverage: every phase of this arm (fault × receiver mode) is
     tried before generated plans. A plan holds up to ``plan.cuts_per_trial``
@@ -178,12 +178,17 @@ def explicit_plans(scenario: Scenario, sarm: SearchArm) -> list[CutPlan]:
     lo, hi = scenario.plan_ops
     phases = list(dict.fromkeys(phase for _, phase in scheduler.positions(scenario)))
     per_plan = max(1, min(scenario.cuts_per_trial, hi - lo + 1))
+    # The first mode plan.cut_mode allows ("async" alone for a program, which cannot park) for a plan's last cut;
+    # the cuts before it precise, as every plan must be (CutPlan.validate_for).
+    last_mode, last_offset = scheduler.modes(scenario)[0]
     plans = []
     for start in range(0, len(phases), per_plan):
         group = phases[start:start + per_plan]
         plans.append(CutPlan(tuple(
             scheduler.cut_from_position(sarm.arm, lo + m, phase, crash_after_ms=sarm.crash_after_ms[0],
-                                        split_window_ms=sarm.split_window_ms[0])
+                                        split_window_ms=sarm.split_window_ms[0],
+                                        **({"mode": last_mode, "async_offset_ms": last_offset}
+                                           if m == len(group) - 1 else {}))
             for m, phase in enumerate(group))))
     return plans[: max(1, scenario.trials - 1)]
 
