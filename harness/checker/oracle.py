@@ -363,7 +363,10 @@ def _named(findings: list[Finding], reference: Any) -> list[Finding]:
         return findings
     out = []
     for f in findings:
-        what = describe(f.op) if f.op is not None else ""
+        # Only findings about one effect: a duplicate, a missing one, a payload (not the final state, nor where
+        # a lost or stalled program stood).
+        about_effect = f.kind in ("duplicate", "missing") or (f.kind == "mixed_epoch" and f.detail.startswith("payload"))
+        what = describe(f.op) if about_effect and f.op is not None else ""
         out.append(replace(f, detail=f"{f.detail} [{what}]") if what else f)
     return out
 

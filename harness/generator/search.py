@@ -187,8 +187,8 @@ def explicit_plans(scenario: Scenario, sarm: SearchArm) -> list[CutPlan]:
         plans.append(CutPlan(tuple(
             scheduler.cut_from_position(sarm.arm, lo + m, phase, crash_after_ms=sarm.crash_after_ms[0],
                                         split_window_ms=sarm.split_window_ms[0],
-                                        **({"mode": last_mode, "async_offset_ms": last_offset}
-                                           if m == len(group) - 1 else {}))
+                                        mode=last_mode if m == len(group) - 1 else "precise",
+                                        async_offset_ms=last_offset if m == len(group) - 1 else 0.0)
             for m, phase in enumerate(group))))
     return plans[: max(1, scenario.trials - 1)]
 

@@ -290,6 +290,9 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
                               "plan.async_offset_ms)")
     # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
     jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
+    if _is_program(workload) and params.get("port") and jobs != 1:
+        raise InvalidArgument(f"workload.params.port = {params['port']}: trials that run at once cannot share one "
+                              "port; set port = 0 (a free one per trial) or run.jobs = 1")
     return Scenario(**own, **rest, jobs=jobs, source_path=source_path, variants=variants)
 
 

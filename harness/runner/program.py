@@ -98,8 +98,9 @@ class Observer:
         self.lines = 0  # lines of the effect stream read, for "matched nothing" on a control run
         self.head: list[str] = []  # its first lines, to show with that
         self.readers: list[threading.Thread] = []
-        self._rule: program_api.LineParser | None = None  # a pipe stream's, of the running incarnation
-        self._snapshot: program_api.LineParser | None = None  # its state at the cut (a restored copy continues it)
+        # The effect stream's reader of the running incarnation and its parser (each reader owns its parser: a
+        # restored incarnation's reader continues a copy of its predecessor's, once that one read to its end).
+        self._stream_reader: tuple[threading.Thread, dict[str, Any]] | None = None
         self._stop = threading.Event()
         self._tailer: threading.Thread | None = None
         self._pending: list[tuple[int, int]] = []  # (read end, write end) of pipes handed to a restore
@@ -123,13 +124,12 @@ class Observer:
         return "\n".join(lines[-20:])
 
     # -- pipes ----------------------------------------------------------------
-    def start(self, argv: list[str], *, fresh_rule: bool = True) -> Child:
+    def start(self, argv: list[str]) -> Child:
         """Start the program (``argv`` in its directory) as a new incarnation, its stdout and stderr piped to
-        readers here; return its handle. Raises ``OSError`` when it cannot be started."""
-        self.incarnation += 1
+        readers here, a fresh effects rule on its stream; return its handle. Raises ``OSError`` when it cannot
+        be started, :class:`~cutbench.workloads.api.WorkloadError` when the rule cannot be made."""
+        rule = self._make_rule() if self.file is None else None  # before any pipe: a factory that raises leaks none
         ends = {name: os.pipe() for name in program_api.PIPES}
-        if fresh_rule and self.file is None:
-            self._rule = self._make_rule()
         try:
             env = {**os.environ, **self.params["env"]}
             child = spawn(argv, cwd=str(self.directory), env=env, stdout=ends["stdout"][1], stderr=ends["stderr"][1])
@@ -138,33 +138,32 @@ class Observer:
                 os.close(r)
                 os.close(w)
             raise
+        self.incarnation += 1
         self.pipe_inodes = {name: os.fstat(r).st_ino for name, (r, _w) in ends.items()}
         for name, (r, w) in ends.items():
             os.close(w)  # the program holds the write ends: EOF when it (and its children) are gone
-            self._read(name, r, self.incarnation)
+            self._read(name, r, self.incarnation, {"rule": rule})
         if self.file is not None and self._tailer is None:
             self._tailer = threading.Thread(target=self._tail, name="cutbench-tail", daemon=True)
             self._tailer.start()
         return child
 
-    def snapshot(self) -> None:
-        """Keep the effects rule's state as it is now (the cut): a restored copy of the program continues from here."""
-        with self.lock:
-            self._snapshot = copy.deepcopy(self._rule)
-
     def inherited_fds(self) -> list[tuple[str, int]]:
         """Fresh pipes for a CRIU restore of the program, whose image holds the running incarnation's pipes:
         ``[("pipe:[INODE]", write end)]`` for ``--inherit-fd``, their readers already running as the next
-        incarnation. :meth:`restored` closes the write ends once the restore returned."""
+        incarnation. :meth:`restored` closes the write ends once the restore returned.
+
+        The restored program goes on with its output, so its effect stream's reader continues a copy of the
+        parser of the reader before it, once that one has read all the dumped program wrote (it was killed:
+        its pipe ends). After ``leave_running`` that includes what the original printed after the dump: a rule
+        that counts lines (no ``index`` group) counts those too."""
         self.incarnation += 1
-        if self.file is None:
-            self._rule = self._snapshot if self._snapshot is not None else self._make_rule()
         out, inodes = [], {}
         for name, inode in self.pipe_inodes.items():
             r, w = os.pipe()
             self._pending.append((r, w))
             inodes[name] = os.fstat(r).st_ino
-            self._read(name, r, self.incarnation)
+            self._read(name, r, self.incarnation, {"rule": None, "after": self._stream_reader} if name == self.stream else {"rule": None})
             out.append((f"pipe:[{inode}]", w))
         self.pipe_inodes = inodes
         return out
@@ -178,37 +177,51 @@ class Observer:
                 pass
         self._pending.clear()
 
-    def _read(self, name: str, fd: int, incarnation: int) -> None:
-        thread = threading.Thread(target=self._reader, args=(name, fd, incarnation), daemon=True,
+    def _read(self, name: str, fd: int, incarnation: int, parsing: dict[str, Any]) -> None:
+        thread = threading.Thread(target=self._reader, args=(name, fd, incarnation, parsing), daemon=True,
                                   name=f"cutbench-{name}-{incarnation}")
         self.readers.append(thread)
+        if name == self.stream:
+            self._stream_reader = (thread, parsing)
         thread.start()
 
-    def _reader(self, name: str, fd: int, incarnation: int) -> None:
-        with os.fdopen(fd, "rb", buffering=0) as pipe:
-            buffered = b""
-            while True:
-                chunk = pipe.read(READ_BYTES)
-                if not chunk:
-                    break
-                buffered += chunk
-                *lines, buffered = buffered.split(b"\n")
-                if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
-                    self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation)
-                if len(chunk) < READ_BYTES:
-                    # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a
-                    # reader woken for every line costs the program is the observer's cost).
-                    time.sleep(READ_WAIT_S)
-            if buffered:
-                self._lines(name, [buffered.decode(errors="replace")], incarnation)
+    def _reader(self, name: str, fd: int, incarnation: int, parsing: dict[str, Any]) -> None:
+        """Read one pipe of one incarnation to its end. ``parsing["rule"]`` is this reader's parser; with
+        ``parsing["after"]`` (a restored incarnation) it is a copy of that earlier reader's, made once that one
+        read to its end."""
+        try:
+            after = parsing.get("after")
+            if after is not None and name == self.stream and self.file is None:
+                earlier, its = after
+                earlier.join(self.wait_s)
+                parsing["rule"] = copy.deepcopy(its.get("rule")) or self._make_rule()
+            with os.fdopen(fd, "rb", buffering=0) as pipe:
+                buffered = b""
+                while True:
+                    chunk = pipe.read(READ_BYTES)
+                    if not chunk:
+                        break
+                    buffered += chunk
+                    *lines, buffered = buffered.split(b"\n")
+                    if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
+                        self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing)
+                    if len(chunk) < READ_BYTES:
+                        # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a
+                        # reader woken for every line costs the program is the observer's cost).
+                        time.sleep(READ_WAIT_S)
+                if buffered:
+                    self._lines(name, [buffered.decode(errors="replace")], incarnation, parsing)
+        except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
+            with self.lock:
+                self.rule_error = self.rule_error or f"reading the program's {name}: {type(exc).__name__}: {exc}"
 
-    def _lines(self, name: str, lines: list[str], incarnation: int) -> None:
+    def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any]) -> None:
         with self.lock:
             self.tails[name].extend(lines[-TAIL_LINES:])
             if name != self.stream:
                 return
             self._count(lines)
-            rule = self._rule
+        rule = parsing.get("rule")
         if rule is not None:
             self._effects(rule, lines, incarnation)
 
@@ -225,19 +238,20 @@ class Observer:
                 f"{shown}): check workload.params.effects or parser")
 
     def _effects(self, rule: program_api.LineParser, lines: list[str], incarnation: int, stream: str = "") -> None:
-        found: list[tuple[Any, Any]] = []
+        found: list[tuple[str, str]] = []
         for line in lines:
             try:
-                found.extend(rule(line))
+                found.extend((str(index), str(payload)) for index, payload in rule(line))
             except Exception as exc:  # the scenario's parser: said before any trial, never a finding
                 with self.lock:
-                    self.rule_error = self.rule_error or f"the effects parser raised {type(exc).__name__}: {exc} on {line!r}"
+                    self.rule_error = self.rule_error or (f"the effects parser raised {type(exc).__name__}: {exc} on "
+                                                          f"{line!r} (it returns (index, payload) pairs)")
                 return
         if not found:
             return
         now, stream = time.time(), stream or self.stream
-        seen = [Seen(now, incarnation, f"{stream}#{index}", stream, str(index), program_api.digest(str(payload)),
-                     str(payload)[:PAYLOAD_CHARS]) for index, payload in found]
+        seen = [Seen(now, incarnation, f"{stream}#{index}", stream, index, program_api.digest(payload),
+                     payload[:PAYLOAD_CHARS]) for index, payload in found]
         with self.lock:
             self.seen.extend(seen)
             self.keys.update(s.key for s in seen)
@@ -280,6 +294,13 @@ class Observer:
         self.load_done.set()
 
     def _client(self) -> None:
+        try:
+            self._serve_requests()
+        except Exception as exc:  # never a finding: the harness's own client failed (the trial is unknown)
+            with self.lock:
+                self.rule_error = self.rule_error or f"a client: {type(exc).__name__}: {exc}"
+
+    def _serve_requests(self) -> None:
         assert self.http is not None
         while not self._stop.is_set():
             with self.lock:
@@ -337,6 +358,13 @@ class Observer:
 
     # -- a file it appends to ----------------------------------------------------
     def _tail(self) -> None:
+        try:
+            self._tail_file()
+        except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
+            with self.lock:
+                self.rule_error = self.rule_error or f"reading {self.file}: {type(exc).__name__}: {exc}"
+
+    def _tail_file(self) -> None:
         """Read the stream's file as it grows, as ``tail -F`` does: a file replaced (a new inode: the program
         started again and moved the old one aside) or cut shorter than what was read (a restart that truncates
         its log to its checkpoint) is read again from where it differs, and what follows counts as seen again."""
@@ -541,9 +569,14 @@ class ProgramRunner(TrialRunner):
             self.observer.close()
         if self.observer.rule_error:
             state.status, state.error = "unknown", self.observer.rule_error
-        completed = state.status == "completed" and child is not None and (child.returncode == 0 or self.served)
+        # The program ran to its end (a refused cut lets it go on: its effects and artefacts are judged too).
+        completed = state.status in ("completed", "refused") and child is not None and (child.returncode == 0 or self.served)
         if completed and self.plain_launch and not self.observer.distinct():
             state.status, state.error, completed = "unknown", self.observer.nothing_matched(), False
+        if completed and self.plain_launch and self.observer.broken:
+            state.status, completed = "unknown", False
+            state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "
+                           f"{self.observer.broken[0]['why']}): the server cannot be the reference")
         distinct = self.observer.distinct()
         host_op = len(order) if (order and completed) else distinct
         report = {"host_op": host_op, "checksum": program_api.artefacts_digest(self.tdir, list(params["artefacts"])),
@@ -564,6 +597,9 @@ class ProgramRunner(TrialRunner):
             facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
             fresh_starts=self.fresh_starts,
         )
+        if state.status == "refused" and not completed and child is not None and child.returncode not in (0, None):
+            # A refusal after which the program did not run to its end was not a clean refusal.
+            state.status, state.error = "unknown", f"{state.error}; then the program ended with exit {child.returncode}"
         if state.status == "completed" and not completed:
             record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}" + \
                 (f": {words.splitlines()[-1]}" if words.strip() else "")
@@ -574,7 +610,6 @@ class ProgramRunner(TrialRunner):
     def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
         """Carry out cut ``i`` on the running program; return whether the trial goes on after it."""
         self.s.images.settle()
-        self.observer.snapshot()
         ctx = CutContext(images_dir=Path(self.spec.images_dir) / f"cutbench-{self.s.run_id}-{self.spec.trial_id}-c{i}",
                          timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
                          prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
@@ -630,14 +665,14 @@ class ProgramRunner(TrialRunner):
         rc: int | None = None
         with self.timeline.stage("run_to_end") as extra:
             while True:
+                rc = child.poll()
+                if rc is not None:
+                    extra["detail"] = f"exit {rc}"
+                    break
                 if self.observer.load_done.is_set():  # a server's clients are done: it is stopped, it never exits
                     child.kill()
                     self.served, rc = True, 0
                     extra["detail"] = f"served {len(self.observer.seen)} effects"
-                    break
-                rc = child.poll()
-                if rc is not None:
-                    extra["detail"] = f"exit {rc}"
                     break
                 now, t = len(self.observer.seen), time.monotonic()
                 if now != last:
