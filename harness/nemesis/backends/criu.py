@@ -123,6 +123,10 @@ class CriuCheckpointer:
                 # tool declined and the workload went on: a safe refusal.
                 if target.alive():
                     raise StageRefused("criu_dump", reason)
+                if target.returncode == 0:
+                    # An asynchronous cut that landed as the program finished: it was gone before CRIU got to it.
+                    raise HarnessFault("criu_dump", f"the workload ended on its own (exit 0) while it was being dumped: "
+                                                    f"the cut came after its end, no claim about the tool; {reason}")
                 raise StageFailed("criu_dump", reason + " (workload did not survive)")
             extra["bytes"] = dir_bytes(images)
             ctx.facts["image_bytes"] = extra["bytes"]
