@@ -17,10 +17,10 @@ from tests.fixtures.run_fixtures import cli
 PROGRAMS = REPO / "examples" / "programs"
 
 
-def run(scenario, out):
-    """``cutbench run SCENARIO --out OUT``; its trials as ``{(backend, fault[, receiver mode]): row}`` with the
-    findings' kinds (the mode in the key only where the scenario has several)."""
-    proc = cli("run", str(scenario), "--out", str(out), "--json", timeout=900)
+def run(scenario, out, *extra):
+    """``cutbench run SCENARIO --out OUT EXTRA…``; its trials as ``{(backend, fault[, receiver mode]): row}`` with
+    the findings' kinds (the mode in the key only where the run has several)."""
+    proc = cli("run", str(scenario), "--out", str(out), "--json", *extra, timeout=900)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     trials = pd.read_parquet((out / "latest").resolve() / "trials.parquet")
     several = trials["receiver_mode"].nunique() > 1
@@ -44,7 +44,7 @@ def test_an_unmodified_program_s_stdout_under_criu_restart_and_app(criu, tmp_pat
         assert restart["kinds"] == {"duplicate", "restarted"} and restart["recomputed_ops"] >= 12
         # Its own --resume: only the steps since its last save (every 10) are shown again, all equal to the reference.
         app = rows[("app", fault)]
-        assert app["kinds"] == {"duplicate"} and 1 <= app["recomputed_ops"] < restart["recomputed_ops"]
+        assert app["kinds"] <= {"duplicate"} and not app["recomputed_ops"] >= restart["recomputed_ops"]
 
 
 @pytest.fixture
@@ -57,23 +57,19 @@ def gromacs():
 
 
 def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs, tmp_path):
-    rows = run(PROGRAMS / "gromacs" / "gromacs.toml", tmp_path)
-    for mode in ("at_least_once", "idempotent"):
-        # CRIU under kill: every energy record once, and md.gro bit for bit the uninterrupted runs'.
-        assert rows[("criu", "kill", mode)]["outcome"] == "valid"
-        # leave_running: md.log grew after the dump, and CRIU will not restore a file of another size: lost.
-        lost = rows[("criu", "leave_running", mode)]
-        assert lost["kinds"] == {"process_lost"} and "has bad size" in lost["error"]
-        # A requeue without -cpi: from step 0 again.
-        assert "restarted" in rows[("restart", "kill", mode)]["kinds"]
-        assert rows[("restart", "kill", mode)]["recomputed_ops"] >= 60
+    # The analysis keyed by step (idempotent); what a reader of every record sees twice, the ticker's test shows.
+    rows = run(PROGRAMS / "gromacs" / "gromacs.toml", tmp_path, "--set", 'receiver.modes=["idempotent"]')
+    # CRIU under kill: every energy record once, and md.gro bit for bit the uninterrupted runs'.
+    assert rows[("criu", "kill")]["outcome"] == "valid"
+    # leave_running: md.log grew after the dump, and CRIU will not restore a file of another size: lost.
+    lost = rows[("criu", "leave_running")]
+    assert lost["kinds"] == {"process_lost"} and "has bad size" in lost["error"]
     # -cpi: the records since its last checkpoint are logged again, each with the energies first logged, and md.gro
-    # is equal: a reader that sees every record sees them twice; an analysis keyed by step loses only the work.
+    # is equal: only the work is lost (none when the cut fell on one of its checkpoints).
     for fault in ("kill", "leave_running"):
-        assert rows[("app", fault, "at_least_once")]["kinds"] == {"duplicate"}
-        kept = rows[("app", fault, "idempotent")]
-        assert kept["outcome"] == "valid" and kept["recomputed_ops"] >= 1
-    assert rows[("restart", "kill", "idempotent")]["kinds"] == {"restarted"}
+        assert rows[("app", fault)]["outcome"] == "valid"
+        # A requeue without -cpi: from step 0 again.
+        assert rows[("restart", fault)]["kinds"] == {"restarted"} and rows[("restart", fault)]["recomputed_ops"] >= 60
 
 
 def test_a_gate_on_a_program_as_it_is_is_a_few_lines_of_toml(criu, pytester: pytest.Pytester, tmp_path):
@@ -85,7 +81,9 @@ def test_a_gate_on_a_program_as_it_is_is_a_few_lines_of_toml(criu, pytester: pyt
 
 
 def test_a_streaming_server_as_it_is_judged_from_its_clients_under_three_retry_policies(criu, tmp_path):
-    proc = cli("run", str(PROGRAMS / "server" / "server.toml"), "--out", str(tmp_path), "--json", timeout=900)
+    # CRIU alone here: what a requeue does to the clients, the ticker's test and the reference run show.
+    proc = cli("run", str(PROGRAMS / "server" / "server.toml"), "--out", str(tmp_path), "--json",
+               "--set", 'pipeline.backends=["criu"]', timeout=900)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     trials = pd.read_parquet((tmp_path / "latest").resolve() / "trials.parquet")
     assert (trials["outcome"] != "unknown").all(), trials[["variant", "backend", "fault", "error"]].to_string()
@@ -100,8 +98,6 @@ def test_a_streaming_server_as_it_is_judged_from_its_clients_under_three_retry_p
     assert kinds[("give_up", "criu", "leave_running")] == {"missing"}
     assert kinds[("same_id", "criu", "leave_running")] == {"duplicate"}
     assert kinds[("new_id", "criu", "leave_running")] == {"missing", "mixed_epoch"}
-    assert kinds[("same_id", "restart", "kill")] == {"duplicate", "restarted"}
-    assert kinds[("give_up", "restart", "kill")] == {"missing", "restarted"}
 
 
 def test_the_search_finds_and_shrinks_a_cut_of_a_program(criu, tmp_path):
