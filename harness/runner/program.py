@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import http.client
 import re
+import select
 import socket
 import os
 import shutil
@@ -51,6 +52,7 @@ TAIL_LINES = 40  # of each of the program's pipes, for its last words
 FILE_POLL_S = 0.005
 READ_BYTES = 65536  # a pipe's whole buffer
 MAX_RETRIES = 3  # a client's retries of one request (same_id, new_id) before it gives up
+IDLE_CHECK_S = 0.1  # how often an idle pipe's reader looks whether the observer was closed
 READ_WAIT_S = 0.002  # between reads of a pipe that had less: the effects are seen at most this much later
 
 
@@ -198,6 +200,12 @@ class Observer:
             with os.fdopen(fd, "rb", buffering=0) as pipe:
                 buffered = b""
                 while True:
+                    # A process of the program that left its group (setsid) may hold the pipe open after the trial:
+                    # once the observer is closed, an idle pipe ends the reading instead of blocking it for good.
+                    if not select.select([pipe], [], [], IDLE_CHECK_S)[0]:
+                        if self._stop.is_set():
+                            break
+                        continue
                     chunk = pipe.read(READ_BYTES)
                     if not chunk:
                         break

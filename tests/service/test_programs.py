@@ -142,3 +142,22 @@ def test_a_program_that_does_not_reproduce_itself_is_named_and_never_judged(tmp_
     proc = cli("run", str(scenario(tmp_path, params)), "--out", str(tmp_path / "results"))
     assert proc.returncode == 254, proc.stderr[-2000:]  # nothing was tested
     assert "not deterministic on this machine: two uninterrupted runs differ at op 1 (stdout#1): effect payload" in proc.stdout + proc.stderr
+
+
+def test_a_pipe_a_stray_process_keeps_open_does_not_hold_its_reader_after_the_trial(tmp_path):
+    import os
+    import signal
+
+    # The program leaves behind a process of its own session that holds its stdout open (setsid): no EOF ever.
+    obs = observe(tmp_path, """
+        import subprocess, sys
+        stray = subprocess.Popen(["setsid", "sleep", "30"])
+        print(f"step 1", flush=True)
+        print(stray.pid, file=sys.stderr, flush=True)
+    """)
+    stray = int(obs.last_words().split()[-1])
+    try:
+        assert [s.key for s in obs.seen] == ["stdout#1"]
+        assert not any(t.is_alive() for t in obs.readers), "a reader stayed blocked on a pipe the stray holds"
+    finally:
+        os.kill(stray, signal.SIGKILL)
