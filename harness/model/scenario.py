@@ -280,17 +280,18 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
            "plan_phases": tuple(phases), "executor": executor, "ray_address": ray_address}
     # Every other field is the schema's alone, checked in the order it is declared.
     rest = {f.attr: get(f.key) for f in schema.FIELDS if f.attr and f.attr not in own and f.attr != "jobs"}
-    if _is_program(workload) and "fenced" in rest["modes"]:
+    program = _is_program(workload)
+    if program and "fenced" in rest["modes"]:
         raise InvalidArgument("receiver.modes: a program's outside world is at_least_once (every repeat of an effect "
                               "is seen) or idempotent (it keeps an effect once: a repeat with the same payload is "
                               "recomputed work); fenced needs a receiver the program talks to")
-    if _is_program(workload) and rest["cut_mode"] != "async":
+    if program and rest["cut_mode"] != "async":
         raise InvalidArgument(f"plan.cut_mode = {rest['cut_mode']!r}: a program cannot park at a point; set "
                               "plan.cut_mode = \"async\" (the cut lands after the k-th effect it shows, plus "
                               "plan.async_offset_ms)")
     # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
     jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
-    if _is_program(workload) and params.get("port") and jobs != 1:
+    if program and params.get("port") and jobs != 1:
         raise InvalidArgument(f"workload.params.port = {params['port']}: trials that run at once cannot share one "
                               "port; set port = 0 (a free one per trial) or run.jobs = 1")
     return Scenario(**own, **rest, jobs=jobs, source_path=source_path, variants=variants)

@@ -50,6 +50,7 @@ PROGRAM_COLUMNS = ("stream", "index", "payload")
 PAYLOAD_CHARS = 200
 TAIL_LINES = 40  # of each of the program's pipes, for its last words
 FILE_POLL_S = 0.005
+CHECK_BYTES = 4096  # of what a tailed file held, compared at each poll to see that it was not rewritten
 READ_BYTES = 65536  # a pipe's whole buffer
 MAX_RETRIES = 3  # a client's retries of one request (same_id, new_id) before it gives up
 IDLE_CHECK_S = 0.1  # how often an idle pipe's reader looks whether the observer was closed
@@ -94,6 +95,7 @@ class Observer:
         self.lock = threading.Lock()
         self.seen: list[Seen] = []
         self.keys: set[str] = set()
+        self.shown: dict[int, int] = {}  # effects shown, by incarnation (a restart's catch-up polls it)
         self.incarnation = -1
         self.tails: dict[str, deque[str]] = {p: deque(maxlen=TAIL_LINES) for p in program_api.PIPES}
         self.rule_error = ""  # a parser that raised: the harness's input, never a finding
@@ -114,16 +116,17 @@ class Observer:
         with self.lock:
             return len(self.keys)
 
-    def shown_by(self, incarnation: int) -> int:
-        """How many effects incarnation ``incarnation`` showed."""
-        with self.lock:
-            return sum(1 for s in self.seen if s.incarnation == incarnation)
 
     def last_words(self) -> str:
         """The program's last lines on stderr (stdout's where stderr said nothing)."""
         with self.lock:
             lines = list(self.tails["stderr"]) or list(self.tails["stdout"])
         return "\n".join(lines[-20:])
+
+    def last_line(self) -> str:
+        """``": <its last line>"`` of :meth:`last_words` (to end a message with), "" when it said nothing."""
+        words = self.last_words()
+        return f": {words.splitlines()[-1]}" if words.strip() else ""
 
     # -- pipes ----------------------------------------------------------------
     def start(self, argv: list[str]) -> Child:
@@ -193,7 +196,7 @@ class Observer:
         read to its end."""
         try:
             after = parsing.get("after")
-            if after is not None and name == self.stream and self.file is None:
+            if after is not None:  # given to the effect stream's reader of a restored incarnation only
                 earlier, its = after
                 earlier.join(self.wait_s)
                 parsing["rule"] = copy.deepcopy(its.get("rule")) or self._make_rule()
@@ -263,6 +266,7 @@ class Observer:
         with self.lock:
             self.seen.extend(seen)
             self.keys.update(s.key for s in seen)
+            self.shown[incarnation] = self.shown.get(incarnation, 0) + len(seen)
 
     def _make_rule(self) -> program_api.LineParser:
         return program_api.Program.rule(self.params)
@@ -278,9 +282,7 @@ class Observer:
             except OSError:
                 pass
             if not child.alive():
-                words = self.last_words()
-                return (f"the program exited ({child.returncode}) before it listened on 127.0.0.1:{self.port}"
-                        + (f": {words.splitlines()[-1]}" if words.strip() else ""))
+                return f"the program exited ({child.returncode}) before it listened on 127.0.0.1:{self.port}{self.last_line()}"
             if time.monotonic() > deadline:
                 return f"the server never listened on 127.0.0.1:{self.port} within {self.wait_s:g}s"
             time.sleep(0.02)
@@ -378,29 +380,27 @@ class Observer:
         its log to its checkpoint) is read again from where it differs, and what follows counts as seen again."""
         assert self.file is not None
         path = self.directory / self.file
-        kept = b""  # what was read so far, to find where a rewritten file differs
-        inode = None
+        kept = b""  # what was read so far, to its last whole line: where a rewritten file differs is found in it
+        inode: int | None = None
         rule = self._make_rule()
         while True:
             stopping = self._stop.is_set()
             try:
                 with open(path, "rb") as fh:
                     st = os.fstat(fh.fileno())
-                    data = fh.read()
+                    same, data = _unread(fh, st.st_size if st.st_ino == inode else None, kept)
             except OSError:
-                data, st = None, None
-            if data is not None and st is not None:
-                if inode is not None and (st.st_ino != inode or not data.startswith(kept)):
-                    same = 0 if st.st_ino != inode else _common_prefix(kept, data)
-                    same = kept.rfind(b"\n", 0, same) + 1  # back to a line's start
+                same, data = -1, b""
+            if same >= 0:
+                if same < len(kept):  # rewritten from there: the parser as it stood at that line, its effects seen
                     kept, rule = kept[:same], self._make_rule()
-                    for old in kept.split(b"\n")[:-1]:  # the parser's state at that line, its effects already seen
+                    for old in kept.split(b"\n")[:-1]:
                         rule(old.decode(errors="replace"))
                 inode = st.st_ino
                 end = data.rfind(b"\n") + 1
-                if end > len(kept):
-                    fresh, kept = data[len(kept):end], data[:end]
-                    lines = [raw.decode(errors="replace") for raw in fresh.split(b"\n")[:-1]]
+                if end:
+                    kept += data[:end]
+                    lines = [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]]
                     with self.lock:
                         self._count(lines)
                         incarnation = self.incarnation
@@ -460,16 +460,28 @@ def _natural(text: str) -> tuple[tuple[int, Any], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|\D+", text))
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    lo, hi = 0, n
-    while lo < hi:  # the longest equal prefix, by halves
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _unread(fh: Any, size: int | None, kept: bytes) -> tuple[int, bytes]:
+    """What of a tailed file is new: how much of ``kept`` (what was read of it, to a line's end) the open file
+    ``fh`` still holds, and its bytes from there on.
+
+    A file that is the one read before (its ``size`` given; None for another file), no shorter, and still holds
+    the last
+    :data:`CHECK_BYTES` read is read on from where the reading stopped (each poll reads what grew, not the
+    whole file); otherwise it is read whole and compared with ``kept``, and the reading goes back to the
+    start of the line where they first differ (all of it for another file).
+    """
+    if size is not None and size >= len(kept):
+        k = min(len(kept), CHECK_BYTES)
+        fh.seek(len(kept) - k)
+        grown = fh.read()
+        if grown[:k] == kept[len(kept) - k:]:
+            return len(kept), grown[k:]
+        fh.seek(0)
+    data = fh.read()
+    same = len(os.path.commonprefix([kept, data])) if size is not None else 0
+    if same < len(kept):
+        same = kept.rfind(b"\n", 0, same) + 1
+    return same, data[same:]
 
 
 class ProgramHooks:
@@ -485,13 +497,13 @@ class ProgramHooks:
     def start(self, extra_args: Sequence[str] = ()) -> Child:
         """Start the program again in its directory (its command, then ``extra_args``: its own restart flag) as a
         new incarnation; without ``extra_args`` it starts from the beginning (a fresh start). Returns its handle."""
-        child = self.runner.launch(list(extra_args))
-        return child
+        return self.runner.launch(list(extra_args))
 
     def shown(self) -> int:
         """Effects the running incarnation has shown so far."""
         obs = self.runner.observer
-        return obs.shown_by(obs.incarnation)
+        with obs.lock:
+            return obs.shown.get(obs.incarnation, 0)
 
     def inherited_fds(self) -> list[tuple[str, int]]:
         """Fresh pipes in place of the ones the dumped program wrote to: ``[("pipe:[INODE]", write end)]``."""
@@ -594,6 +606,9 @@ class ProgramRunner(TrialRunner):
         again = int((effects["attempt"] > 1).sum()) if len(effects) else 0
         if again:
             state.facts["recomputed_ops"] = again  # effects the outside world saw once more
+        if state.status == "refused" and not completed and child is not None and child.returncode not in (0, None):
+            # A refusal after which the program did not run to its end was not a clean refusal.
+            state.status, state.error = "unknown", f"{state.error}; then the program ended with exit {child.returncode}"
         words = self.observer.last_words()
         record = TrialRecord(
             trial_id=spec.trial_id, status=state.status, error=state.error, failed_stage=state.failed_stage,
@@ -605,12 +620,8 @@ class ProgramRunner(TrialRunner):
             facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
             fresh_starts=self.fresh_starts,
         )
-        if state.status == "refused" and not completed and child is not None and child.returncode not in (0, None):
-            # A refusal after which the program did not run to its end was not a clean refusal.
-            state.status, state.error = "unknown", f"{state.error}; then the program ended with exit {child.returncode}"
         if state.status == "completed" and not completed:
-            record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}" + \
-                (f": {words.splitlines()[-1]}" if words.strip() else "")
+            record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}{self.observer.last_line()}"
             record.log_tail = words
         shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
@@ -653,9 +664,7 @@ class ProgramRunner(TrialRunner):
                     return self.observer.rule_error
                 rc = child.poll()
                 if rc is not None:
-                    words = self.observer.last_words()
-                    return (f"the program exited ({rc}) after {now} effect(s), before cut {i} at effect {k}"
-                            + (f": {words.splitlines()[-1]}" if words.strip() else ""))
+                    return f"the program exited ({rc}) after {now} effect(s), before cut {i} at effect {k}{self.observer.last_line()}"
                 t = time.monotonic()
                 if now != last:
                     last, last_change = now, t
@@ -702,9 +711,8 @@ class ProgramRunner(TrialRunner):
         if rc != 0 and state.status == "completed" and state.restores:
             # The tool brought the program back and it died on its own afterwards: the restore's failure (its
             # uninterrupted control runs ran to their end), in the program's own last words.
-            words = self.observer.last_words()
             state.status, state.failed_stage = "lost", "after_restore"
-            state.error = f"the restored program ended with exit {rc}" + (f": {words.splitlines()[-1]}" if words.strip() else "")
+            state.error = f"the restored program ended with exit {rc}{self.observer.last_line()}"
 
 
 class BrokenStream(http.client.HTTPException):

@@ -159,7 +159,7 @@ class Session:
         that knows nothing of cutbench: :mod:`~cutbench.harness.runner.program`), else a :class:`TrialRunner`."""
         cls = workload_api.load(spec.workload, spec.workload_path)
         kind = next((r for r in RUNNERS if r.runs(cls)), TrialRunner)
-        return kind(self, spec, **kwargs)
+        return kind(self, spec, workload=cls, **kwargs)
 
     def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
                           keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
@@ -192,12 +192,13 @@ class TrialRunner:
         """Whether this runner runs trials of ``workload`` (the base runs cutbench's workload classes)."""
         return not getattr(workload, "program", False)
 
-    def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False, attempt: int = 0):
+    def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False, attempt: int = 0,
+                 workload: "type[workload_api.Workload] | None" = None):
         self.s = session
         self.spec = spec
         # Start the workload as the harness starts any process, not through the backend's own launch.
         self.plain_launch = plain_launch
-        self.cls = workload_api.load(spec.workload)
+        self.cls = workload or workload_api.load(spec.workload)  # the class Session.runner chose this runner by
         self.phases = tuple(self.cls.phases)
         # A trial run again (the receiver died during it) gets a key of its own: the first attempt's rows stay apart.
         self.receiver_trial = f"{session.run_id}/{spec.trial_id}" + (f"#{attempt}" if attempt else "")

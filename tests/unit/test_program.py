@@ -13,7 +13,7 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.checker import oracle
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.harness.model.trial import TrialRecord
-from cutbench.harness.runner.program import Observer, Seen, _common_prefix
+from cutbench.harness.runner.program import Observer, Seen, _unread
 from cutbench.workloads import api
 from cutbench.workloads.program import Program, RegexRule, digest
 from tests.conftest import REPO
@@ -141,8 +141,15 @@ def test_two_recordings_that_disagree_name_the_first_differing_effect(tmp_path):
     assert _reference(obs.frame("r", None)).first_difference(one) == "op 2: effect stdout#3 in one run, stdout#2 in the other"
 
 
-def test_common_prefix():
-    assert _common_prefix(b"abcdef", b"abcxef") == 3 and _common_prefix(b"ab", b"abc") == 2 and _common_prefix(b"", b"x") == 0
+def test_a_tailed_file_is_read_on_from_where_it_stopped_and_again_from_the_line_where_it_differs(tmp_path):
+    log = tmp_path / "log"
+    log.write_bytes(b"a 1\nb 2\nc 3\n")
+    with open(log, "rb") as fh:
+        assert _unread(fh, 12, b"a 1\nb 2\n") == (8, b"c 3\n")  # grown: only what is new is read
+    with open(log, "rb") as fh:
+        assert _unread(fh, 12, b"a 1\nb 9\n") == (4, b"b 2\nc 3\n")  # rewritten from its second line
+    with open(log, "rb") as fh:
+        assert _unread(fh, None, b"a 1\n") == (0, b"a 1\nb 2\nc 3\n")  # another file: all of it
 
 
 def _scenario(tmp_path: Path, **plan) -> dict:
