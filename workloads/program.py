@@ -92,9 +92,11 @@ class Program:
     # What a plain process holds (its memory and files open): CRIU's. A program that keeps more (files it
     # rewrites, a GPU) says so with the ``domains`` parameter.
     domains: ClassVar[frozenset[str]] = frozenset({"cpu"})
-    # One kind of point: an effect was seen. A program cannot park, so every cut is asynchronous: it lands
-    # after the k-th effect (plus the plan's async offset), wherever the program then is.
-    phases: ClassVar[tuple[str, ...]] = ("effect",)
+    # Where a cut lands, with no instrumentation in the program: after the k-th effect the outside world saw
+    # ("effect"), k x cut_time_ms after the program started ("time"), or once k x cut_bytes of its stream were
+    # read ("size"; for a file stream: the file reached that size). A program cannot park, so every cut is
+    # asynchronous: it lands there (plus the plan's async offset), wherever the program then is.
+    phases: ClassVar[tuple[str, ...]] = ("effect", "time", "size")
     arrays: ClassVar[tuple[str, ...]] = ("numpy",)  # no array library of cutbench's: the harness starts no CUDA for it
     ground_truth: ClassVar[str] = "recorded"
     # Started by the harness as it is (cutbench.harness.runner.program), not as a workload class in a workload process.
@@ -113,6 +115,8 @@ class Program:
         "artefacts": [],  # files it leaves, compared with the reference's by digest (relative to its directory)
         "resume": [],  # its own restart flag, appended to the command by the `app` backend (GROMACS: -cpi md.cpt)
         "domains": [],  # state domains it keeps beyond a plain process's (e.g. "disk")
+        "cut_time_ms": 100.0,  # a cut at op k of phase "time" lands k x this after the program started
+        "cut_bytes": 4096,  # a cut at op k of phase "size" lands once k x this many bytes of its stream were read
     }
 
     def __init__(self, rt: Any, params: dict[str, Any]) -> None:
@@ -157,6 +161,11 @@ class Program:
                                     f"({exc})") from None
         elif ":" not in params["parser"]:
             raise WorkloadError(f"workload.params.parser = {params['parser']!r}: expected 'module:factory'")
+        for key in ("cut_time_ms", "cut_bytes"):
+            value = params[key]
+            if value <= 0:
+                raise WorkloadError(f"workload.params.{key} = {value!r}: a number > 0 (the unit of a cut at op k "
+                                    f"of phase {'time' if key == 'cut_time_ms' else 'size'})")
         if params["ops"] < 1:
             raise WorkloadError(f"workload.params.ops = {params['ops']}: the effects the cuts choose among, >= 1")
         from cutbench.workloads.api import DOMAINS

@@ -105,7 +105,9 @@ class ProgramControl(Protocol):
 
     ``resume_args``: the program's own restart flag (``workload.params.resume``; empty when it has none).
     ``catches_up``: whether a program started again from its beginning redoes its work by itself (a batch
-    program), so that a requeue waits until it has shown the cut's effects again (a server does not).
+    program), so that a requeue waits until it has shown ``at_cut`` effects again (a server does not);
+    ``at_cut``: the distinct effects the outside world had seen when the cut began (a cut placed at a time or a
+    size has no effect count of its own).
     ``start(extra_args)`` starts it again in its directory as the trial's next incarnation, observed as the
     first was (without ``extra_args``: from the beginning) and returns its handle; ``shown()`` counts the
     effects the running incarnation has shown. ``inherited_fds()`` gives fresh pipes for a CRIU restore,
@@ -114,6 +116,7 @@ class ProgramControl(Protocol):
 
     resume_args: tuple[str, ...]
     catches_up: bool
+    at_cut: int
 
     def start(self, extra_args: Sequence[str] = ()) -> Child: ...
 

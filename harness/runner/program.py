@@ -6,8 +6,8 @@ like a log collector or a client would be. :class:`Observer` turns the
 stream the scenario names (a pipe, or a file the program appends to, tailed
 here) into effects ``(stream, index, payload)`` with the workload's effects
 rule, tags each with the incarnation that showed it, and keeps the program's
-last words. :class:`ProgramRunner` places the cut after the k-th effect
-(plus the plan's async offset), drives the same pipeline as any trial, and
+last words. :class:`ProgramRunner` places the cut after the k-th effect, at
+a time or at a size of the stream (plus the plan's async offset), drives the same pipeline as any trial, and
 hands the backends the hooks a program needs (:class:`ProgramHooks`): a CRIU
 restore continues the program's output into fresh pipes (``--inherit-fd``);
 ``restart`` starts it again from the beginning; ``app`` starts it with its
@@ -100,6 +100,7 @@ class Observer:
         self.tails: dict[str, deque[str]] = {p: deque(maxlen=TAIL_LINES) for p in program_api.PIPES}
         self.rule_error = ""  # a parser that raised: the harness's input, never a finding
         self.lines = 0  # lines of the effect stream read, for "matched nothing" on a control run
+        self.bytes = 0  # bytes of the effect stream read (where a cut of phase "size" lands)
         self.head: list[str] = []  # its first lines, to show with that
         self.readers: list[threading.Thread] = []
         # The effect stream's reader of the running incarnation and its parser (each reader owns its parser: a
@@ -115,7 +116,6 @@ class Observer:
         """How many distinct effects the outside world has seen."""
         with self.lock:
             return len(self.keys)
-
 
     def last_words(self) -> str:
         """The program's last lines on stderr (stdout's where stderr said nothing)."""
@@ -215,30 +215,32 @@ class Observer:
                     buffered += chunk
                     *lines, buffered = buffered.split(b"\n")
                     if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
-                        self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing)
+                        self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing,
+                                    sum(map(len, lines)) + len(lines))
                     if len(chunk) < READ_BYTES:
                         # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a
                         # reader woken for every line costs the program is the observer's cost).
                         time.sleep(READ_WAIT_S)
                 if buffered:
-                    self._lines(name, [buffered.decode(errors="replace")], incarnation, parsing)
+                    self._lines(name, [buffered.decode(errors="replace")], incarnation, parsing, len(buffered))
         except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
             with self.lock:
                 self.rule_error = self.rule_error or f"reading the program's {name}: {type(exc).__name__}: {exc}"
 
-    def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any]) -> None:
+    def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any], size: int) -> None:
         with self.lock:
             self.tails[name].extend(lines[-TAIL_LINES:])
             if name != self.stream:
                 return
-            self._count(lines)
+            self._count(lines, size)
         rule = parsing.get("rule")
         if rule is not None:
             self._effects(rule, lines, incarnation)
 
-    def _count(self, lines: list[str]) -> None:
-        """More lines of the effect stream read (the caller holds the lock)."""
+    def _count(self, lines: list[str], size: int) -> None:
+        """More lines of the effect stream read, ``size`` bytes with their newlines (the caller holds the lock)."""
         self.lines += len(lines)
+        self.bytes += size
         if len(self.head) < 5:
             self.head.extend(lines[: 5 - len(self.head)])
 
@@ -357,7 +359,7 @@ class Observer:
             for raw in _body_lines(response):
                 line = raw.decode(errors="replace").rstrip("\r")
                 with self.lock:
-                    self._count([line])
+                    self._count([line], len(raw) + 1)
                     incarnation = self.incarnation
                 self._effects(rule, [line], incarnation, stream=rid)
             return ""
@@ -402,7 +404,7 @@ class Observer:
                     kept += data[:end]
                     lines = [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]]
                     with self.lock:
-                        self._count(lines)
+                        self._count(lines, end)
                         incarnation = self.incarnation
                     self._effects(rule, lines, incarnation)
             if stopping:
@@ -493,6 +495,7 @@ class ProgramHooks:
         self.resume_args: tuple[str, ...] = tuple(runner.spec.params["resume"])
         # A server started again redoes nothing by itself (its clients ask again, or not): nothing to catch up.
         self.catches_up = runner.observer.http is None
+        self.at_cut = runner.observer.distinct()  # made as the cut begins: where a requeue must get back to
 
     def start(self, extra_args: Sequence[str] = ()) -> Child:
         """Start the program again in its directory (its command, then ``extra_args``: its own restart flag) as a
@@ -528,6 +531,7 @@ class ProgramRunner(TrialRunner):
         if self.observer.http is not None:
             self.observer.port = self.spec.params["port"] or free_port()
         self.fresh_starts = 0
+        self.started_at: float | None = None  # monotonic time of the first start (cuts of phase "time" count from it)
         self.served = False  # a server whose clients all finished (it is then stopped: a server never exits)
 
     def _hwm(self) -> int | None:
@@ -537,6 +541,8 @@ class ProgramRunner(TrialRunner):
         """Start the program (its command and ``extra_args``) as the next incarnation."""
         command = program_api.Program.command_for(self.spec.params, self.observer.port)
         child = self.observer.start([*command, *extra_args])
+        if self.started_at is None:
+            self.started_at = time.monotonic()
         if not extra_args:
             self.fresh_starts += 1
         return child
@@ -567,7 +573,7 @@ class ProgramRunner(TrialRunner):
                 self.observer.start_load()
             plan = spec.cut_plan()
             for i, cut in enumerate(plan.cuts):
-                reached = self._reach_effect(child, cut.op, cut.async_offset_ms, i)
+                reached = self._reach_cut(child, cut, i)
                 if reached:
                     state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
                     break
@@ -648,30 +654,56 @@ class ProgramRunner(TrialRunner):
             return False
         return True
 
-    def _reach_effect(self, child: Child, k: int, offset_ms: float, i: int) -> str:
-        """Wait until the outside world has seen ``k`` distinct effects, then ``offset_ms`` more; "" when reached,
-        else why not (``no effect …``: the watchdog, after an earlier cut)."""
+    def _reached(self, cut: Any) -> tuple[bool, str]:
+        """Whether the program reached ``cut``'s place (its phase: an effect seen, a time, a stream size), and
+        how far it is, in that phase's words."""
+        params = self.spec.params
+        if cut.phase == "time":
+            assert self.started_at is not None
+            ran_ms = (time.monotonic() - self.started_at) * 1000.0
+            return ran_ms >= cut.op * params["cut_time_ms"], f"{ran_ms:.0f} ms since its start"
+        if cut.phase == "size":
+            with self.observer.lock:
+                size = self.observer.bytes
+            return size >= cut.op * params["cut_bytes"], f"{size} bytes of {self.observer.stream}"
+        now = self.observer.distinct()
+        return now >= cut.op, f"{now} effect(s)"
+
+    @staticmethod
+    def _place(cut: Any, params: dict[str, Any]) -> str:
+        """Where ``cut`` lands, in words: "effect 12", "1200 ms", "8192 bytes"."""
+        if cut.phase == "time":
+            return f"{cut.op * params['cut_time_ms']:g} ms"
+        if cut.phase == "size":
+            return f"{cut.op * params['cut_bytes']} bytes"
+        return f"effect {cut.op}"
+
+    def _reach_cut(self, child: Child, cut: Any, i: int) -> str:
+        """Wait until the program reached ``cut``'s place (:meth:`_reached`), then the plan's async offset; ""
+        when reached, else why not (``no effect …``: the watchdog, after an earlier cut)."""
         deadline = time.monotonic() + self.spec.stage_timeout_s
+        place = self._place(cut, self.spec.params)
         last, last_change = self.observer.distinct(), time.monotonic()
         with self.timeline.stage("reach_cut", i) as extra:
             while True:
-                now = self.observer.distinct()
-                if now >= k:
-                    time.sleep(offset_ms / 1000.0)
-                    extra["detail"] = f"async +{offset_ms:g}ms after effect {k}"
+                reached, progress = self._reached(cut)
+                if reached:
+                    time.sleep(cut.async_offset_ms / 1000.0)
+                    extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {place}"
                     return ""
                 if self.observer.rule_error:
                     return self.observer.rule_error
                 rc = child.poll()
                 if rc is not None:
-                    return f"the program exited ({rc}) after {now} effect(s), before cut {i} at effect {k}{self.observer.last_line()}"
-                t = time.monotonic()
+                    return (f"the program exited ({rc}) after {progress}, before cut {i} at {place}"
+                            f"{self.observer.last_line()}")
+                t, now = time.monotonic(), self.observer.distinct()
                 if now != last:
                     last, last_change = now, t
                 elif i > 0 and t - last_change > self.spec.watchdog_s:
                     return f"no effect for {self.spec.watchdog_s:g}s before cut {i}"
                 if t > deadline:
-                    return f"the program did not show {k} effects within {self.spec.stage_timeout_s:g}s (it showed {now})"
+                    return f"the program did not reach {place} within {self.spec.stage_timeout_s:g}s (it showed {progress})"
                 time.sleep(POLL_S)
 
     def _program_to_end(self, child: Child, state: _TrialState) -> None:

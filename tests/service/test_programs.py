@@ -161,3 +161,42 @@ def test_a_pipe_a_stray_process_keeps_open_does_not_hold_its_reader_after_the_tr
         assert not any(t.is_alive() for t in obs.readers), "a reader stayed blocked on a pipe the stray holds"
     finally:
         os.kill(stray, signal.SIGKILL)
+
+
+def test_cuts_land_at_a_time_and_at_a_stream_size_with_no_instrumentation(tmp_path):
+    import pandas as pd
+
+    # 40 lines of 8 bytes ("step NN\n"), one each 10 ms: op 3 of "size" is 3 x 64 = 192 bytes (line 24); op 3 of
+    # "time" is 3 x 100 ms after the start. Each lands there, and the program is started again (restarted).
+    path = tmp_path / "timed.toml"
+    path.write_text(textwrap.dedent("""
+        name = "timed"
+        [workload]
+        name = "program"
+        [workload.params]
+        command = ["python3", "-c", "import time\\nfor i in range(10, 50):\\n    print(f'step {i}', flush=True); time.sleep(0.01)"]
+        effects = '^step (?P<index>\\d+)$'
+        ops = 3
+        cut_time_ms = 100
+        cut_bytes = 64
+        [pipeline]
+        backends = ["restart"]
+        faults = ["kill"]
+        [plan]
+        source = "exhaustive"
+        cut_mode = "async"
+        ops = [3, 3]
+        phases = ["time", "size"]
+        async_offset_ms = [0]
+    """))
+    proc = cli("run", str(path), "--out", str(tmp_path / "results"))
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    run = tmp_path / "results" / "latest"
+    trials = pd.read_parquet(run / "trials.parquet").set_index("cut_phase")
+    assert sorted(trials.index) == ["size", "time"] and list(trials["restarted"]) == [1, 1], trials[["outcome", "error"]]
+    timeline = pd.read_parquet(run / "timeline.parquet")
+    reached = timeline[timeline.stage == "reach_cut"].set_index("trial_id")
+    details = {trials.loc[phase, "trial_id"]: phase for phase in ("size", "time")}
+    said = {details[t]: reached.loc[t] for t in details}
+    assert said["size"]["detail"] == "async +0ms after 192 bytes" and said["size"]["hwm_after"] >= 24
+    assert said["time"]["detail"] == "async +0ms after 300 ms" and said["time"]["duration_s"] >= 0.29

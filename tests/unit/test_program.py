@@ -36,6 +36,8 @@ def params(**over):
     ({"ops": 0}, "workload.params.ops"),
     ({"domains": ["gpu-ish"]}, "workload.params.domains"),
     ({"env": {"A": 1}}, "workload.params.env"),
+    ({"cut_time_ms": 0}, "workload.params.cut_time_ms = 0: a number > 0"),
+    ({"cut_bytes": -1}, "workload.params.cut_bytes = -1: a number > 0"),
 ])
 def test_bad_program_parameters_name_the_field(over, names):
     with pytest.raises(api.WorkloadError, match=names.replace(".", r"\.")):

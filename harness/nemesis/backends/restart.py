@@ -74,8 +74,8 @@ class RestartCheckpointer:
         return child.pid
 
     def _restart_program(self, ctx: CutContext) -> int:
-        """Start the program again from the beginning and wait (``restart_catch_up``) until it has shown the cut's
-        ``op`` effects again; returns its pid. It exiting or not getting there in time fails the stage."""
+        """Start the program again from the beginning and wait (``restart_catch_up``) until it has shown the
+        effects seen at the cut again (``at_cut``); returns its pid. It exiting or not getting there in time fails the stage."""
         program = ctx.program
         assert program is not None
         with ctx.timeline.stage("restart_spawn", ctx.cut_index) as extra:
@@ -84,14 +84,14 @@ class RestartCheckpointer:
         deadline = time.monotonic() + ctx.stage_timeout_s
         with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
             extra["pid"] = child.pid
-            while program.catches_up and program.shown() < ctx.cut.op:
+            while program.catches_up and program.shown() < program.at_cut:
                 if not child.alive():
                     raise StageFailed("restart_catch_up", f"the started program exited ({child.returncode}) after "
-                                                          f"{program.shown()} of {ctx.cut.op} effects")
+                                                          f"{program.shown()} of {program.at_cut} effects")
                 if time.monotonic() > deadline:
                     child.kill()
-                    raise StageFailed("restart_catch_up", f"the started program did not show {ctx.cut.op} effects "
-                                                          f"within {ctx.stage_timeout_s:g}s")
+                    raise StageFailed("restart_catch_up", f"the started program did not show {program.at_cut} "
+                                                          f"effects within {ctx.stage_timeout_s:g}s")
                 time.sleep(POLL_S)
         return child.pid
 
