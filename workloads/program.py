@@ -43,6 +43,7 @@ from cutbench.workloads.api import WorkloadError
 PIPES: tuple[str, ...] = ("stdout", "stderr")
 FILE_PREFIX = "file:"
 HTTP = "http"
+SOCKET = "socket"  # the program connects to cutbench on 127.0.0.1:{port} and writes its lines there
 # What a client does when its stream breaks (the server went away mid-response).
 RETRY_POLICIES: tuple[str, ...] = ("give_up", "same_id", "new_id")
 # The load generator's settings (``http``), with their defaults.
@@ -105,9 +106,11 @@ class Program:
         "command": [],  # argv; the first word found on PATH or a path (relative: in the program's directory)
         "env": {},  # variables added to the harness's environment
         "files": [],  # copied into the program's directory before it starts (relative: to the scenario's folder)
-        "stream": "stdout",  # "stdout", "stderr", "file:PATH" (a file it appends to) or "http" (it serves)
+        "stream": "stdout",  # "stdout", "stderr", "file:PATH" (a file it appends to), "socket" or "http" (it serves)
         "http": {},  # for stream "http": the load generator's settings (HTTP_DEFAULTS)
-        "port": 0,  # for stream "http": where it listens, written for "{port}" in its command (0: a free one)
+        # For stream "http": where it listens; for "socket": where cutbench listens for it. Written for "{port}" in
+        # its command (0: a free one).
+        "port": 0,
         "effects": "",  # a regular expression (named groups: index, payload), or ...
         "parser": "",  # ... "module:factory", the module in the scenario's folder (parser_path)
         "parser_path": "",  # where the parser's module is found (set to the scenario's folder when empty)
@@ -139,15 +142,20 @@ class Program:
             raise WorkloadError(f"workload.params.env = {params['env']!r}: an inline table of strings, e.g. "
                                 "env = { OMP_NUM_THREADS = \"1\" }")
         stream = params["stream"]
-        if stream not in (*PIPES, HTTP) and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+        if stream not in (*PIPES, HTTP, SOCKET) and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
             raise WorkloadError(f"workload.params.stream = {stream!r}: allowed {', '.join(map(repr, PIPES))}, "
-                                "'file:PATH' (a file the program appends to, relative to its directory) or 'http' "
-                                "(a server cutbench's clients stream from)")
+                                "'file:PATH' (a file the program appends to, relative to its directory), 'socket' "
+                                "(it connects to cutbench on 127.0.0.1:{port}) or 'http' (a server cutbench's clients "
+                                "stream from)")
         if stream == HTTP:
             cls.http_settings(params)
             if not any("{port}" in word for word in command):
                 raise WorkloadError("workload.params.command: a server's command says where it listens with "
                                     "\"{port}\", e.g. [\"python3\", \"serve.py\", \"--port\", \"{port}\"]")
+        if stream == SOCKET and not any("{port}" in word for word in command):
+            raise WorkloadError("workload.params.command: with stream = \"socket\" the command says where the "
+                                "program connects with \"{port}\" (cutbench listens on 127.0.0.1 there), e.g. "
+                                "[\"python3\", \"train.py\", \"--metrics\", \"127.0.0.1:{port}\"]")
         if not 0 <= params["port"] <= 65535:
             raise WorkloadError(f"workload.params.port = {params['port']}: 0 (a free one) or a port number")
         if bool(params["effects"]) == bool(params["parser"]):

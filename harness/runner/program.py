@@ -108,6 +108,8 @@ class Observer:
         self._stream_reader: tuple[threading.Thread, dict[str, Any]] | None = None
         self._stop = threading.Event()
         self._tailer: threading.Thread | None = None
+        self._listener: socket.socket | None = None  # stream "socket": where the program connects
+        self._acceptor: threading.Thread | None = None
         self._pending: list[tuple[int, int]] = []  # (read end, write end) of pipes handed to a restore
         self.pipe_inodes: dict[str, int] = {}  # the running incarnation's pipes (what a CRIU image of it names)
 
@@ -201,31 +203,40 @@ class Observer:
                 earlier.join(self.wait_s)
                 parsing["rule"] = copy.deepcopy(its.get("rule")) or self._make_rule()
             with os.fdopen(fd, "rb", buffering=0) as pipe:
-                buffered = b""
-                while True:
-                    # A process of the program that left its group (setsid) may hold the pipe open after the trial:
-                    # once the observer is closed, an idle pipe ends the reading instead of blocking it for good.
-                    if not select.select([pipe], [], [], IDLE_CHECK_S)[0]:
-                        if self._stop.is_set():
-                            break
-                        continue
-                    chunk = pipe.read(READ_BYTES)
-                    if not chunk:
-                        break
-                    buffered += chunk
-                    *lines, buffered = buffered.split(b"\n")
-                    if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
-                        self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing,
-                                    sum(map(len, lines)) + len(lines))
-                    if len(chunk) < READ_BYTES:
-                        # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a
-                        # reader woken for every line costs the program is the observer's cost).
-                        time.sleep(READ_WAIT_S)
-                if buffered:
-                    self._lines(name, [buffered.decode(errors="replace")], incarnation, parsing, len(buffered))
+                for lines, size in self._batches(pipe):
+                    self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing, size)
         except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
             with self.lock:
                 self.rule_error = self.rule_error or f"reading the program's {name}: {type(exc).__name__}: {exc}"
+
+    def _batches(self, source: Any) -> Iterator[tuple[list[bytes], int]]:
+        """The lines of ``source`` (a pipe opened unbuffered, or a connected socket) as they come, one batch per
+        read, with their size in bytes (newlines included); to its end, or until the observer is closed and
+        ``source`` is idle (a process of the program that left its group, ``setsid``, may hold a pipe open after
+        the trial: no EOF ever)."""
+        read = source.recv if isinstance(source, socket.socket) else source.read
+        buffered = b""
+        while True:
+            if not select.select([source], [], [], IDLE_CHECK_S)[0]:
+                if self._stop.is_set():
+                    break
+                continue
+            try:
+                chunk = read(READ_BYTES)
+            except ConnectionResetError:  # the program's end went away without a FIN (a kill, a closed restore)
+                break
+            if not chunk:
+                break
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            if lines:  # a chunk's lines at once: one lock, one pass (the observer must not slow the program)
+                yield lines, sum(map(len, lines)) + len(lines)
+            if len(chunk) < READ_BYTES:
+                # Let a chatty program's lines gather: one wake-up per READ_WAIT_S, not per line (what a reader
+                # woken for every line costs the program is the observer's cost).
+                time.sleep(READ_WAIT_S)
+        if buffered:
+            yield [buffered], len(buffered)
 
     def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any], size: int) -> None:
         with self.lock:
@@ -272,6 +283,43 @@ class Observer:
 
     def _make_rule(self) -> program_api.LineParser:
         return program_api.Program.rule(self.params)
+
+    # -- a socket the program connects to -----------------------------------------------
+    def listen(self, port: int) -> None:
+        """Listen on 127.0.0.1:``port`` (0: a free one) for the program (stream ``socket``) and accept its
+        connections from now on; :attr:`port` is then where. Raises ``OSError`` when the port is taken."""
+        self._listener = socket.create_server(("127.0.0.1", port))
+        self.port = int(self._listener.getsockname()[1])
+        self._acceptor = threading.Thread(target=self._accept, name="cutbench-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            if not select.select([self._listener], [], [], IDLE_CHECK_S)[0]:
+                continue
+            conn, _ = self._listener.accept()
+            thread = threading.Thread(target=self._connection, args=(conn,), name="cutbench-socket", daemon=True)
+            with self.lock:
+                self.readers.append(thread)
+            thread.start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        """Read one connection of the program to its end through a fresh effects rule. A program CRIU restored
+        writes on into the same connection (restored established), so its rule goes on; one started again
+        connects anew. Each batch belongs to the incarnation running when it was read."""
+        try:
+            rule = self._make_rule()
+            with conn:
+                for raw, size in self._batches(conn):
+                    lines = [line.decode(errors="replace") for line in raw]
+                    with self.lock:
+                        self._count(lines, size)
+                        incarnation = self.incarnation
+                    self._effects(rule, lines, incarnation)
+        except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
+            with self.lock:
+                self.rule_error = self.rule_error or f"reading the program's socket: {type(exc).__name__}: {exc}"
 
     # -- a server: cutbench's own clients ------------------------------------------------
     def listening(self, child: Child) -> str:
@@ -414,9 +462,15 @@ class Observer:
     def close(self, timeout: float = 5.0) -> None:
         """Read what is left (the pipes to their end, the file once more) and stop the readers and clients."""
         self.restored()
-        self._stop.set()  # the tailer reads once more; a client stops retrying
+        self._stop.set()  # the tailer reads once more; a client stops retrying; no connection is accepted
         deadline = time.monotonic() + timeout
-        for thread in [*self.readers, *self._clients]:
+        if self._acceptor is not None:
+            self._acceptor.join(max(0.0, deadline - time.monotonic()))
+        if self._listener is not None:
+            self._listener.close()
+        with self.lock:
+            readers = list(self.readers)
+        for thread in [*readers, *self._clients]:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._tailer is not None:
             self._tailer.join(max(0.1, deadline - time.monotonic()))
@@ -563,6 +617,8 @@ class ProgramRunner(TrialRunner):
             for name in params["files"]:
                 source = Path(name)
                 (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
+            if self.observer.stream == program_api.SOCKET:
+                self.observer.listen(params["port"])
             with self.timeline.stage("spawn"):
                 child = self.child = self.launch([])
             if self.observer.http is not None:
@@ -803,7 +859,7 @@ def check_program(params: dict[str, Any]) -> None:
     """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
     its command not found, a file it starts with missing, an effects parser that cannot be made, the port it
     is given already taken."""
-    if params["stream"] == program_api.HTTP and params["port"]:
+    if params["stream"] in (program_api.HTTP, program_api.SOCKET) and params["port"]:
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", params["port"]))

@@ -47,6 +47,18 @@ def test_an_unmodified_program_s_stdout_under_criu_restart_and_app(criu, tmp_pat
         assert app["kinds"] <= {"duplicate"} and not app["recomputed_ops"] >= restart["recomputed_ops"]
 
 
+def test_an_unmodified_program_s_tcp_connection_to_its_collector_under_criu_and_a_requeue(criu, tmp_path):
+    rows = run(PROGRAMS / "ticker" / "carbon.toml", tmp_path)
+    # kill: CRIU restores the program's connection established (--tcp-established): every step reaches it once.
+    assert rows[("criu", "kill")]["outcome"] == "valid"
+    # leave_running: the original's connection is gone, CRIU restores it closed (--tcp-close); the ticker does not
+    # reconnect, so its next send fails, in its own last words.
+    lost = rows[("criu", "leave_running")]
+    assert lost["kinds"] == {"process_lost"} and "BrokenPipeError" in lost["error"], lost["error"]
+    # A requeue connects anew and sends every step again.
+    assert rows[("restart", "kill")]["kinds"] == {"duplicate", "restarted"}
+
+
 @pytest.fixture
 def gromacs():
     if shutil.which("gmx") is None:

@@ -75,6 +75,30 @@ def test_a_log_replaced_by_a_new_file_is_read_again_from_its_start(tmp_path):
     assert [s.index for s in obs.seen] == ["1", "2", "3", "1", "2"]
 
 
+def test_a_socket_the_program_connects_to_is_read_as_its_stream_connection_by_connection(tmp_path):
+    # A metrics client: one connection, then a second (a program started again connects anew), then RST on exit.
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import socket, struct, sys
+        for first in (1, 3):
+            conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+            conn.sendall(f"step {first}\\nstep {first + 1}\\nnoise\\n".encode())
+            conn.close()
+        last = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+        last.sendall(b"step 5\\n")
+        last.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        last.close()
+    """))
+    params = api.resolve_params(Program, {"command": [sys.executable, "prog.py", "{port}"], "stream": "socket",
+                                          "effects": r"^step (?P<index>\d+)"})
+    obs = Observer(params, tmp_path)
+    obs.listen(0)
+    child = obs.start(Program.command_for(params, obs.port))
+    assert child.wait(30) == 0
+    obs.close()
+    assert sorted(s.key for s in obs.seen) == [f"socket#{i}" for i in range(1, 6)] and obs.lines == 7
+    assert obs.bytes == 5 * 7 + 2 * 6 and not obs.rule_error  # "step N\n" x5, "noise\n" x2
+
+
 def scenario(tmp_path: Path, params: str, *, ops: int = 1) -> Path:
     path = tmp_path / "prog.toml"
     path.write_text(textwrap.dedent(f"""

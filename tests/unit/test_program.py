@@ -36,6 +36,7 @@ def params(**over):
     ({"ops": 0}, "workload.params.ops"),
     ({"domains": ["gpu-ish"]}, "workload.params.domains"),
     ({"env": {"A": 1}}, "workload.params.env"),
+    ({"stream": "socket"}, 'with stream = "socket" the command says where the program connects with "{port}"'),
     ({"cut_time_ms": 0}, "workload.params.cut_time_ms = 0: a number > 0"),
     ({"cut_bytes": -1}, "workload.params.cut_bytes = -1: a number > 0"),
 ])

@@ -1,6 +1,6 @@
 """A small program that knows nothing of cutbench: a hash chain that prints one line per step.
 
-    python ticker.py [--steps N] [--interval-ms MS] [--save-every K] [--resume]
+    python ticker.py [--steps N] [--interval-ms MS] [--save-every K] [--resume] [--carbon HOST:PORT]
 
 Each step advances a state (a SHA-256 chain) and prints ``step <n> <state>``
 on stdout. Every ``--save-every`` steps it saves its state to
@@ -8,6 +8,11 @@ on stdout. Every ``--save-every`` steps it saves its state to
 starts from that file instead of from step 0, as a real program's own
 restart flag does. At the end it writes ``result.txt``. Deterministic: the
 same steps always print the same lines.
+
+With ``--carbon HOST:PORT`` it sends each step to a metrics collector
+instead, over one TCP connection in Graphite's plaintext protocol
+(``ticker.state <value> <step>``, the step in the timestamp's place), as a
+program pushing its metrics to Graphite or InfluxDB does.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import socket
 import sys
 import time
 
@@ -27,7 +33,12 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--carbon", default="", help="HOST:PORT of a Graphite plaintext collector")
     args = parser.parse_args()
+    carbon = None
+    if args.carbon:
+        host, port = args.carbon.rsplit(":", 1)
+        carbon = socket.create_connection((host, int(port))).makefile("w")
     step, state = 0, hashlib.sha256(b"ticker").hexdigest()
     if args.resume and os.path.exists(STATE):
         with open(STATE) as fh:
@@ -37,7 +48,11 @@ def main() -> int:
     while step < args.steps:
         step += 1
         state = hashlib.sha256(f"{state}:{step}".encode()).hexdigest()
-        print(f"step {step} {state}", flush=True)
+        if carbon is None:
+            print(f"step {step} {state}", flush=True)
+        else:
+            carbon.write(f"ticker.state {int(state[:12], 16)} {step}\n")
+            carbon.flush()  # a line at a time, as a metrics client sends them
         if step % args.save_every == 0:
             with open(STATE + ".tmp", "w") as fh:
                 fh.write(f"{step} {state}")

@@ -86,6 +86,11 @@ class RestartCheckpointer:
             extra["pid"] = child.pid
             while program.catches_up and program.shown() < program.at_cut:
                 if not child.alive():
+                    if child.returncode == 0:
+                        # It ran to its end: what it showed is judged as it was seen (its last lines may still be
+                        # on their way to the observer, so the count here is no measure of it).
+                        extra["detail"] = "the started program ran to its end"
+                        break
                     raise StageFailed("restart_catch_up", f"the started program exited ({child.returncode}) after "
                                                           f"{program.shown()} of {program.at_cut} effects")
                 if time.monotonic() > deadline:
