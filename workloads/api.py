@@ -212,6 +212,8 @@ class RecordedReference:
     # A program's (workloads/program.py): each op's identity, "stream#index"; an op it does not hold is an effect
     # the uninterrupted runs never showed (its payload is NOT_SHOWN, so the oracle says mixed_epoch).
     keys: dict[int, str] = field(default_factory=dict)
+    # A program's artefacts compared by a callable (program.Artefact): where the reference run's copies are kept.
+    artefacts_dir: str = ""
 
     def payload(self, op: int) -> str:
         """The payload effect ``op`` carried in the uninterrupted run."""
@@ -294,7 +296,8 @@ class RecordedReference:
         return {"workload": self.workload, "params": self.params, "array": self.array, "runs": self.runs,
                 "machine": self.machine, "payloads": {str(k): v for k, v in sorted(self.payloads.items())},
                 "checksums": {str(k): v for k, v in sorted(self.checksums.items())},
-                **({"keys": {str(k): v for k, v in sorted(self.keys.items())}} if self.keys else {})}
+                **({"keys": {str(k): v for k, v in sorted(self.keys.items())}} if self.keys else {}),
+                **({"artefacts_dir": self.artefacts_dir} if self.artefacts_dir else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> "RecordedReference":
@@ -306,7 +309,8 @@ class RecordedReference:
                        {int(k): str(v) for k, v in dict(data["payloads"]).items()},
                        {int(k): str(v) for k, v in dict(data["checksums"]).items()},
                        dict(data.get("machine") or {}), int(data.get("runs", 1)),
-                       {int(k): str(v) for k, v in dict(data.get("keys") or {}).items()})
+                       {int(k): str(v) for k, v in dict(data.get("keys") or {}).items()},
+                       str(data.get("artefacts_dir") or ""))
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"recorded reference: bad or missing field ({type(exc).__name__}: {exc})") from None
 

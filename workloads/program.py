@@ -13,7 +13,8 @@ the readers, the cuts at the k-th effect) is
 
 Its ground truth is recorded (``ground_truth = "recorded"``): two
 uninterrupted runs on this machine must show the same effects, in the same
-order, and leave the same final artefacts (``artefacts``, by digest). A
+order, and leave the same final artefacts (``artefacts``: by digest, or by
+a comparison callable within a stated tolerance: :class:`Artefact`). A
 trial's effects are then numbered by the reference's order (op *i* is the
 *i*-th effect of the uninterrupted run), so the oracle's findings
 (duplicate, missing, mixed_epoch) read as they do for any workload, with the
@@ -33,6 +34,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -86,6 +88,38 @@ class RegexRule:
         return [(index, payload)]
 
 
+@dataclass(frozen=True)
+class Artefact:
+    """A final file of the program, compared with the reference run's copy.
+
+    Without ``compare`` its bytes must be equal (by digest). With ``compare = "module:function"`` (the module in
+    the scenario's folder), ``function(reference, candidate)`` takes the two files' paths and returns how far
+    apart they are, a number: equal when it is at most ``tolerance`` (a final structure's largest coordinate
+    difference, a model's largest parameter difference). It imports nothing of cutbench.
+    """
+
+    path: str
+    compare: str = ""
+    tolerance: float = 0.0
+
+    def load(self, search: str) -> Callable[[Path, Path], float]:
+        """The comparison callable, its module found in ``search``; :class:`WorkloadError` naming it when it
+        cannot be imported."""
+        from cutbench.registry import import_target
+        from cutbench.workloads.api import add_import_path
+
+        if search:
+            add_import_path([search])
+        try:
+            function = import_target(self.compare, "artefact comparison")
+        except Exception as exc:
+            raise WorkloadError(f"workload.params.artefacts: {self.path}: compare = {self.compare!r} cannot be "
+                                f"imported ({type(exc).__name__}: {exc})") from None
+        if not callable(function):
+            raise WorkloadError(f"workload.params.artefacts: {self.path}: compare = {self.compare!r} is not callable")
+        return function  # type: ignore[no-any-return]
+
+
 class Program:
     """The ``program`` workload (see the module docstring): parameters and their checks, nothing that runs."""
 
@@ -113,9 +147,11 @@ class Program:
         "port": 0,
         "effects": "",  # a regular expression (named groups: index, payload), or ...
         "parser": "",  # ... "module:factory", the module in the scenario's folder (parser_path)
-        "parser_path": "",  # where the parser's module is found (set to the scenario's folder when empty)
+        "parser_path": "",  # where the parser's and comparisons' modules are found (empty: the scenario's folder)
         "ops": 1,  # effects the cuts choose among (plan.ops lies within 1..ops)
-        "artefacts": [],  # files it leaves, compared with the reference's by digest (relative to its directory)
+        # Files it leaves (relative to its directory), compared with the reference's: a name, by digest; or a table
+        # { path = "...", compare = "module:function", tolerance = X } (Artefact).
+        "artefacts": [],
         "resume": [],  # its own restart flag, appended to the command by the `app` backend (GROMACS: -cpi md.cpt)
         "domains": [],  # state domains it keeps beyond a plain process's (e.g. "disk")
         "cut_time_ms": 100.0,  # a cut at op k of phase "time" lands k x this after the program started
@@ -135,7 +171,8 @@ class Program:
         if not command or not all(isinstance(w, str) and w for w in command):
             raise WorkloadError("workload.params.command: give the program's command line as a list of words, "
                                 "e.g. command = [\"python3\", \"serve.py\"]")
-        for key in ("files", "artefacts", "resume", "domains"):
+        cls.artefacts(params)
+        for key in ("files", "resume", "domains"):
             if not all(isinstance(v, str) and v for v in params[key]):
                 raise WorkloadError(f"workload.params.{key} = {params[key]!r}: a list of non-empty strings")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in params["env"].items()):
@@ -183,6 +220,26 @@ class Program:
             raise WorkloadError(f"workload.params.domains: unknown {unknown}; allowed {', '.join(DOMAINS)}")
 
     @staticmethod
+    def artefacts(params: dict[str, Any]) -> list[Artefact]:
+        """The final artefacts the scenario names, checked; :class:`WorkloadError` naming a bad entry and its fix."""
+        out = []
+        for entry in params["artefacts"]:
+            if isinstance(entry, str) and entry:
+                out.append(Artefact(entry))
+                continue
+            fix = ('give a file name, or { path = "model.pt", compare = "compare:max_abs", tolerance = 1e-6 } '
+                   "(compare: module:function, in the scenario's folder)")
+            if not isinstance(entry, dict) or set(entry) - {"path", "compare", "tolerance"}:
+                raise WorkloadError(f"workload.params.artefacts: {entry!r}: {fix}")
+            path, compare, tolerance = entry.get("path"), entry.get("compare", ""), entry.get("tolerance", 0.0)
+            if not isinstance(path, str) or not path or not isinstance(compare, str) or (compare and ":" not in compare):
+                raise WorkloadError(f"workload.params.artefacts: {entry!r}: {fix}")
+            if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+                raise WorkloadError(f"workload.params.artefacts: {path}: tolerance = {tolerance!r}: a number >= 0")
+            out.append(Artefact(path, compare, float(tolerance)))
+        return out
+
+    @staticmethod
     def http_settings(params: dict[str, Any]) -> dict[str, Any]:
         """The load generator's settings: ``params["http"]`` over :data:`HTTP_DEFAULTS`, checked; raises
         :class:`WorkloadError` naming the bad one."""
@@ -212,7 +269,7 @@ class Program:
         the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
         out = dict(params)
         out["files"] = [str((base / f).resolve()) for f in params["files"]]
-        if params["parser"] and not params["parser_path"]:
+        if (params["parser"] or any(a.compare for a in cls.artefacts(params))) and not params["parser_path"]:
             out["parser_path"] = str(base.resolve())
         return out
 
@@ -266,15 +323,18 @@ class Program:
         return [f for f in params["files"] if not Path(f).exists()]
 
 
-def artefacts_digest(directory: Path, names: list[str]) -> str:
+def artefacts_digest(directory: Path, artefacts: list[Artefact], within: dict[str, bool] | None = None) -> str:
     """One digest of the program's final artefacts under ``directory`` (each name and its bytes; an absent one
-    as absent), or of nothing when it names none."""
+    as absent), or of nothing when it names none. An artefact compared by a callable counts as equal to the
+    reference's when ``within[path]`` says it is within its tolerance, by its bytes otherwise."""
     h = hashlib.blake2b(digest_size=16)
-    for name in names:
-        path = directory / name
-        h.update(name.encode() + b"\0")
+    for artefact in artefacts:
+        h.update(artefact.path.encode() + b"\0")
+        if artefact.compare and (within or {}).get(artefact.path):
+            h.update(b"\0within tolerance\0")
+            continue
         try:
-            h.update(path.read_bytes())
+            h.update((directory / artefact.path).read_bytes())
         except OSError:
             h.update(b"\0absent\0")
     return h.hexdigest()

@@ -41,6 +41,7 @@ from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner, _TrialState
 from cutbench.procs import Child, spawn
 from cutbench.receivers.schema import EXPORT_COLUMNS, rows_to_frame
+from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 from cutbench.workloads.api import WorkloadError
 
@@ -659,11 +660,18 @@ class ProgramRunner(TrialRunner):
             state.status, completed = "unknown", False
             state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "
                            f"{self.observer.broken[0]['why']}): the server cannot be the reference")
+        checksum, compared = "", {}  # type: tuple[str, dict[str, str]]
+        if completed:
+            try:
+                checksum, compared = self._artefacts()
+            except (HarnessFault, WorkloadError) as exc:  # the scenario's comparison or the harness's copies
+                state.status, completed = "unknown", False
+                state.error = exc.reason if isinstance(exc, HarnessFault) else str(exc)
         distinct = self.observer.distinct()
         host_op = len(order) if (order and completed) else distinct
-        report = {"host_op": host_op, "checksum": program_api.artefacts_digest(self.tdir, list(params["artefacts"])),
-                  "effects_seen": len(self.observer.seen), "effect_lines": self.observer.lines,
-                  "incarnations": self.observer.incarnation + 1} if completed else None
+        report = {"host_op": host_op, "checksum": checksum, "effects_seen": len(self.observer.seen),
+                  "effect_lines": self.observer.lines, "incarnations": self.observer.incarnation + 1,
+                  **({"artefacts": compared} if compared else {})} if completed else None
         effects = self.observer.frame(self.receiver_trial, order, spec.receiver_mode)
         again = int((effects["attempt"] > 1).sum()) if len(effects) else 0
         if again:
@@ -687,6 +695,51 @@ class ProgramRunner(TrialRunner):
             record.log_tail = words
         shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
+
+    def _artefacts(self) -> tuple[str, dict[str, str]]:
+        """The digest of the program's final artefacts, and for each compared by a callable how far it is from
+        the reference's copy ("0.003 > tolerance 1e-06"). The first uninterrupted run's copies are the
+        reference's: they are kept (under the run's ``references/``) for the runs after it. Raises
+        :class:`HarnessFault` when the copies are gone, :class:`WorkloadError` when a comparison fails."""
+        params = self.spec.params
+        artefacts = program_api.Program.artefacts(params)
+        compared = [a for a in artefacts if a.compare]
+        within: dict[str, bool] = {}
+        said: dict[str, str] = {}
+        if compared:
+            refs = self.s.references
+            key = workload_api.reference_key(self.cls.name, params, workload_api.resolve_array(self.cls, self.spec.array))
+            recording = refs.recordings.get(key)
+            kept = Path(recording.artefacts_dir) if recording is not None and recording.artefacts_dir else refs.artefact_dirs.get(key)
+            if kept is None:
+                if not self.plain_launch:
+                    raise HarnessFault("judge", f"no reference copies of {', '.join(a.path for a in compared)}")
+                kept = (refs.artefacts_root or self.s.workdir / "references") / f"{key}.artefacts"
+                kept.mkdir(parents=True, exist_ok=True)
+                for a in compared:
+                    if (self.tdir / a.path).is_file():
+                        (kept / a.path).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(self.tdir / a.path, kept / a.path)
+                    within[a.path] = True  # the reference itself
+                refs.artefact_dirs[key] = kept
+            for a in compared if not within else ():
+                ref, got = kept / a.path, self.tdir / a.path
+                if not kept.is_dir():
+                    raise HarnessFault("judge", f"the reference's copies of the artefacts are gone ({kept})")
+                if not ref.is_file() or not got.is_file():
+                    within[a.path] = ref.is_file() == got.is_file()  # both absent: as the reference left it
+                    said[a.path] = "absent" if ref.is_file() else "absent in the reference too"
+                    continue
+                try:
+                    difference = float(a.load(params["parser_path"])(ref, got))
+                except WorkloadError:
+                    raise
+                except Exception as exc:
+                    raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} raised "
+                                        f"{type(exc).__name__}: {exc}") from None
+                within[a.path] = difference <= a.tolerance
+                said[a.path] = f"{difference:g} {'<=' if within[a.path] else '>'} tolerance {a.tolerance:g}"
+        return program_api.artefacts_digest(self.tdir, artefacts, within), said
 
     def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
         """Carry out cut ``i`` on the running program; return whether the trial goes on after it."""
@@ -857,8 +910,8 @@ def free_port() -> int:
 
 def check_program(params: dict[str, Any]) -> None:
     """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
-    its command not found, a file it starts with missing, an effects parser that cannot be made, the port it
-    is given already taken."""
+    its command not found, a file it starts with missing, an effects parser or an artefact comparison that
+    cannot be made, the port it is given already taken."""
     if params["stream"] in (program_api.HTTP, program_api.SOCKET) and params["port"]:
         with socket.socket() as sock:
             try:
@@ -873,3 +926,6 @@ def check_program(params: dict[str, Any]) -> None:
     if missing:
         raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
     program_api.Program.rule(params)
+    for artefact in program_api.Program.artefacts(params):
+        if artefact.compare:
+            artefact.load(params["parser_path"])

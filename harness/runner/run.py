@@ -612,6 +612,8 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
     def store(key: str, rec: workload_api.RecordedReference) -> None:
         run.write_reference(key, rec.to_dict())
 
+    session.references.artefacts_root = run.path / "references"  # a program's compared artefacts, kept beside
+
     failures = session.record_references(specs, jobs, machine=environment.fingerprint(env), keep=store)
     check_program_references(specs, session, failures)
     if not failures:

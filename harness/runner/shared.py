@@ -151,6 +151,10 @@ class References:
     """
 
     recordings: dict[str, workload_api.RecordedReference] = field(default_factory=dict)
+    # A program's artefacts compared by a callable: the first control run's copies, by reference key, kept under
+    # artefacts_root (the run directory's references/, set by the run; a work directory otherwise).
+    artefacts_root: Path | None = None
+    artefact_dirs: dict[str, Path] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def get(self, cls: type[workload_api.Workload], params: dict[str, Any], array: str = "auto") -> Any:
@@ -240,6 +244,8 @@ class References:
                 failures[key] = f"not deterministic on this machine: two uninterrupted runs differ at {differs}"
                 return
             runs[0].runs = 2
+            if key in self.artefact_dirs:
+                runs[0].artefacts_dir = str(self.artefact_dirs[key])
             self.recordings[key] = runs[0]
             if keep is not None:
                 keep(key, runs[0])

@@ -142,9 +142,11 @@ PRINTS = 'command = ["python3", "-c", "print(\'step 1\'); print(\'step 2\')"]\n'
      "the program exited (1) before it listened on 127.0.0.1:"),
     ('command = ["serve", "{port}"]\nstream = "http"\neffects = "x"\nport = TAKEN', 1, "already taken on 127.0.0.1"),
     ('command = ["serve"]\nstream = "http"\neffects = "x"', 1, 'a server\'s command says where it listens with "{port}"'),
+    (PRINTS + 'effects = "^step"\nartefacts = [{ path = "out", compare = "absent_cmp:f" }]', 1,
+     "workload.params.artefacts: out: compare = 'absent_cmp:f' cannot be imported"),
 ], ids=["command-not-found", "exits-before-first-effect", "rule-matches-nothing", "parser-raises", "parser-not-found",
         "fewer-effects-than-ops", "file-missing", "server-never-listens", "server-exits-first", "port-taken",
-        "server-without-port"])
+        "server-without-port", "comparison-not-found"])
 def test_a_program_that_cannot_be_judged_as_written_is_refused_before_any_trial(tmp_path, params, ops, said):
     (tmp_path / "broken.py").write_text("def make():\n    return lambda line: [(1, 1 / 0)]\n")
     out = tmp_path / "results"
@@ -224,3 +226,31 @@ def test_cuts_land_at_a_time_and_at_a_stream_size_with_no_instrumentation(tmp_pa
     said = {details[t]: reached.loc[t] for t in details}
     assert said["size"]["detail"] == "async +0ms after 192 bytes" and said["size"]["hwm_after"] >= 24
     assert said["time"]["detail"] == "async +0ms after 300 ms" and said["time"]["duration_s"] >= 0.29
+
+
+def test_an_artefact_compared_within_its_tolerance_passes_and_one_beyond_it_is_named(tmp_path):
+    import json
+
+    import pandas as pd
+
+    # final.txt: how many times the program was started in its directory, plus noise far below the tolerance (so
+    # the two uninterrupted runs differ in bytes and still agree). A requeue starts it a second time: 1 apart.
+    (tmp_path / "cmp.py").write_text("def apart(a, b):\n    return abs(float(a.read_text()) - float(b.read_text()))\n")
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, random, time
+        starts = int(open("starts").read()) + 1 if os.path.exists("starts") else 1
+        open("starts", "w").write(str(starts))
+        for i in range(1, 6):
+            print(f"step {i}", flush=True); time.sleep(0.05)
+        open("final.txt", "w").write(repr(starts + random.random() * 1e-6))
+    """))
+    path = scenario(tmp_path, 'command = ["python3", "prog.py"]\nfiles = ["prog.py"]\neffects = "^step (?P<index>\\\\d+)"\n'
+                              'artefacts = [{ path = "final.txt", compare = "cmp:apart", tolerance = 0.01 }]', ops=2)
+    proc = cli("run", str(path), "--out", str(tmp_path / "results"))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]  # judged (reproducible), and invalid
+    run = (tmp_path / "results" / "latest").resolve()
+    (trial,) = pd.read_parquet(run / "trials.parquet").to_dict("records")
+    details = [f["detail"] for f in json.loads(trial["findings"]) if f["kind"] == "mixed_epoch"]
+    assert details and "(final.txt: 1 > tolerance 0.01)" in details[0], trial["findings"]
+    (kept,) = (run / "references").glob("*.artefacts")
+    assert float((kept / "final.txt").read_text()) < 1.01  # the first uninterrupted run's copy, kept for resume

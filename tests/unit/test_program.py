@@ -38,6 +38,9 @@ def params(**over):
     ({"env": {"A": 1}}, "workload.params.env"),
     ({"stream": "socket"}, 'with stream = "socket" the command says where the program connects with "{port}"'),
     ({"cut_time_ms": 0}, "workload.params.cut_time_ms = 0: a number > 0"),
+    ({"artefacts": [3]}, "workload.params.artefacts: 3: give a file name, or { path ="),
+    ({"artefacts": [{"path": "m.pt", "compare": "no_colon"}]}, "workload.params.artefacts: {'path': 'm.pt'"),
+    ({"artefacts": [{"path": "m.pt", "compare": "c:f", "tolerance": -1}]}, "m.pt: tolerance = -1: a number >= 0"),
     ({"cut_bytes": -1}, "workload.params.cut_bytes = -1: a number > 0"),
 ])
 def test_bad_program_parameters_name_the_field(over, names):
