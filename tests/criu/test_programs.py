@@ -117,12 +117,18 @@ def test_a_streaming_server_as_it_is_judged_from_its_clients_under_three_retry_p
 
 
 def test_the_search_finds_and_shrinks_a_cut_of_a_program(criu, tmp_path):
-    # The adaptive source records the program's ground truth before its first trial, as a planned run does.
+    # The adaptive source records the program's ground truth before its first trial, as a planned run does. It
+    # draws where the cut lands among the three placements (the k-th effect, k x 10 ms, k x 64 bytes: within the
+    # ticker's run at every k drawn) and shrinks to the first.
     proc = cli("run", str(PROGRAMS / "ticker" / "ticker.toml"), "--out", str(tmp_path), "--json",
                "--set", "plan.source=hypothesis", "--set", "plan.trials=4", "--set", 'pipeline.backends=["criu"]',
-               "--set", 'pipeline.faults=["leave_running"]', "--set", "plan.ops=[5, 30]", timeout=600)
+               "--set", 'pipeline.faults=["leave_running"]', "--set", "plan.ops=[5, 30]",
+               "--set", 'plan.phases=["effect", "time", "size"]', "--set", "workload.params.cut_time_ms=10",
+               "--set", "workload.params.cut_bytes=64", timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     search = json.loads(((tmp_path / "latest").resolve() / "search.json").read_text())
     (arm,) = search["arms"]
     (cut,) = arm["minimal_plan"]["cuts"]
-    assert (cut["op"], cut["mode"]) == (5, "async") and arm["reproduced"], arm
+    assert (cut["op"], cut["phase"], cut["mode"]) == (5, "effect", "async") and arm["reproduced"], arm
+    trials = pd.read_parquet((tmp_path / "latest").resolve() / "trials.parquet")
+    assert (trials["outcome"] != "unknown").all(), trials[["cut_phase", "cut_op", "error"]].to_string()
