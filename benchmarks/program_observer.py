@@ -11,13 +11,18 @@ of the medians (observed / native wall time: 1.00 is free).
 * ``gromacs`` (when ``gmx`` is installed): ``examples/programs/gromacs``'s
   ``mdrun``: natively, and observed through its ``md.log`` tailed every 5 ms
   and parsed by ``gmx_log.py``. The system is built once, outside the timing.
+* ``training`` (when PyTorch is installed; on the GPU machine): the
+  training script of ``examples/programs/training`` for ``--steps`` steps
+  with no pause between them and no loader workers: natively, and observed
+  through its stdout (one metrics line per step).
 
-    python benchmarks/program_observer.py [--repeat 5] [--lines 200000] [--json OUT]
+    python benchmarks/program_observer.py [--repeat 5] [--lines 200000] [--steps 3000] [--only NAME,...] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import statistics
@@ -63,7 +68,7 @@ def observed(params: dict[str, Any], cwd: Path) -> tuple[float, int]:
 
 def clean(work: Path) -> None:
     """Remove what a run left (GROMACS's outputs: a log another run would append to), keeping its input."""
-    for leftover in work.glob("md.*"):
+    for leftover in [*work.glob("md.*"), *work.glob("*.pt")]:
         if leftover.name != "md.tpr":
             leftover.unlink()
 
@@ -96,14 +101,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=3000, help="the training script's steps")
+    parser.add_argument("--only", default="ticker,gromacs,training", help="the programs to measure (where present)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    only = set(args.only.split(","))
     rows = []
-    ticker = params_of(PROGRAMS / "ticker" / "ticker.toml",
-                       command=["python3", "ticker.py", "--steps", str(args.lines), "--interval-ms", "0",
-                                "--save-every", str(args.lines)])
-    rows.append(measure("ticker", ticker, args.repeat))
-    if shutil.which("gmx"):
+    if "ticker" in only:
+        ticker = params_of(PROGRAMS / "ticker" / "ticker.toml",
+                           command=["python3", "ticker.py", "--steps", str(args.lines), "--interval-ms", "0",
+                                    "--save-every", str(args.lines)])
+        rows.append(measure("ticker", ticker, args.repeat))
+    if "training" in only and importlib.util.find_spec("torch") is not None:
+        training = params_of(PROGRAMS / "training" / "training.toml",
+                             command=["python3", "train.py", "--steps", str(args.steps), "--save-every",
+                                      str(args.steps), "--workers", "0", "--step-ms", "0"])
+        rows.append(measure("training", training, args.repeat))
+    if "gromacs" in only and shutil.which("gmx"):
         gromacs = params_of(PROGRAMS / "gromacs" / "gromacs.toml")
 
         def build(work: Path, env: dict[str, str]) -> None:
