@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="cuts per arm for the pause (default 20)")
     ap.add_argument("--deadlines", type=float, nargs="+", default=[0.5, 1.0, 2.0],
                     help="prepare deadlines (s) to abort against (default 0.5 1 2)")
+    ap.add_argument("--abort-phases", nargs="+", default=["record", "publish", "ack"],
+                    help="the phases a late adapter or rank is cut at, one trial each (default record publish ack)")
     ap.add_argument("--gpu", action="store_true", help="also persistent_kernel and ranks through cuda+criu (needs a GPU)")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU measurements (implies --gpu)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the runs and adapter_pause.json")
@@ -134,8 +136,8 @@ def cpu_figures(args: argparse.Namespace, out: Path, result: dict[str, Any]) -> 
                                                   "slow_rank_ms": (d + 1.5) * 1000})}
     for case, (workload, params) in late_by.items():
         for deadline in args.deadlines:
-            data = scenario(f"adapter-abort-{workload}-{deadline:g}", workload, params(deadline), trials=3,
-                            deadline=deadline, phases=["record", "publish", "ack"])
+            data = scenario(f"adapter-abort-{workload}-{deadline:g}", workload, params(deadline),
+                            trials=len(args.abort_phases), deadline=deadline, phases=list(args.abort_phases))
             trials, tl = timeline_of(data, out)
             cut = tl[tl["stage"].isin(["prepare", "abort"])]
             took = cut.groupby("trial_id")["t_end"].max() - cut.groupby("trial_id")["t_start"].min()

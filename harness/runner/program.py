@@ -297,13 +297,24 @@ class Observer:
     def _accept(self) -> None:
         assert self._listener is not None
         while not self._stop.is_set():
-            if not select.select([self._listener], [], [], IDLE_CHECK_S)[0]:
-                continue
-            conn, _ = self._listener.accept()
-            thread = threading.Thread(target=self._connection, args=(conn,), name="cutbench-socket", daemon=True)
-            with self.lock:
-                self.readers.append(thread)
-            thread.start()
+            if select.select([self._listener], [], [], IDLE_CHECK_S)[0]:
+                self._take(self._listener.accept()[0])
+        # Closing: connections the program made and the kernel queued (it may have sent everything and exited)
+        # are read too, not dropped with the listener.
+        self._listener.setblocking(False)
+        while True:
+            try:
+                conn = self._listener.accept()[0]
+            except OSError:  # BlockingIOError: the queue is empty
+                return
+            conn.setblocking(True)
+            self._take(conn)
+
+    def _take(self, conn: socket.socket) -> None:
+        thread = threading.Thread(target=self._connection, args=(conn,), name="cutbench-socket", daemon=True)
+        with self.lock:
+            self.readers.append(thread)
+        thread.start()
 
     def _connection(self, conn: socket.socket) -> None:
         """Read one connection of the program to its end through a fresh effects rule. A program CRIU restored

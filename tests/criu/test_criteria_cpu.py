@@ -24,9 +24,10 @@ pytestmark = pytest.mark.criu
 def test_criteria_cpu_fills_every_criterion_for_every_backend(criu, docker_engine, podman_engine, results_root):
     # The soak interval: a checkpoint every 100 ops by default, every 40 with CUTBENCH_FULL_SUITE=1.
     soak = "soak-every-40" if FULL_SUITE else "soak-every-100"
-    # Each fault, each backend, still: one phase, and one receiver mode (no criterion reads the restores' mode;
-    # the soaks set their own).
-    phases = [] if FULL_SUITE else ["--set", 'plan.phases=["commit"]', "--set", 'receiver.modes=["idempotent"]']
+    # Each fault, each backend, still: one phase, one receiver mode (no criterion reads the restores' mode; the
+    # soaks set their own) and one trial of each soak arm (a --set wins over a variant's own value).
+    phases = [] if FULL_SUITE else ["--set", 'plan.phases=["commit"]', "--set", 'receiver.modes=["idempotent"]',
+                                    "--set", "plan.trials=1"]
     proc = subprocess.run([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "criteria-cpu.toml"),
                            "--out", str(results_root), "--json", "--variant", "restore", "--variant", "soak-native",
                            "--variant", soak, *phases, "--jobs", "3"], capture_output=True, text=True, timeout=1500, cwd=REPO)
