@@ -208,7 +208,7 @@ class Program:
             raise WorkloadError(f"workload.params.parser = {params['parser']!r}: expected 'module:factory'")
         for key in ("cut_time_ms", "cut_bytes"):
             value = params[key]
-            if value <= 0:
+            if not value > 0:  # NaN too
                 raise WorkloadError(f"workload.params.{key} = {value!r}: a number > 0 (the unit of a cut at op k "
                                     f"of phase {'time' if key == 'cut_time_ms' else 'size'})")
         if params["ops"] < 1:
@@ -236,7 +236,14 @@ class Program:
                 raise WorkloadError(f"workload.params.artefacts: {entry!r}: {fix}")
             if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
                 raise WorkloadError(f"workload.params.artefacts: {path}: tolerance = {tolerance!r}: a number >= 0")
+            if "tolerance" in entry and not compare:
+                raise WorkloadError(f"workload.params.artefacts: {path}: a tolerance needs a compare = "
+                                    "\"module:function\" (without one the file is compared by digest)")
             out.append(Artefact(path, compare, float(tolerance)))
+        for artefact in out:
+            if Path(artefact.path).is_absolute() or ".." in Path(artefact.path).parts:
+                raise WorkloadError(f"workload.params.artefacts: {artefact.path!r}: a path relative to the program's "
+                                    "directory, within it")
         return out
 
     @staticmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import http.client
+import math
 import re
 import select
 import socket
@@ -210,11 +211,12 @@ class Observer:
             with self.lock:
                 self.rule_error = self.rule_error or f"reading the program's {name}: {type(exc).__name__}: {exc}"
 
-    def _batches(self, source: Any) -> Iterator[tuple[list[bytes], int]]:
+    def _batches(self, source: Any, whole_lines: bool = False) -> Iterator[tuple[list[bytes], int]]:
         """The lines of ``source`` (a pipe opened unbuffered, or a connected socket) as they come, one batch per
         read, with their size in bytes (newlines included); to its end, or until the observer is closed and
         ``source`` is idle (a process of the program that left its group, ``setsid``, may hold a pipe open after
-        the trial: no EOF ever)."""
+        the trial: no EOF ever). A last line without its newline is a line, unless ``whole_lines``: then only
+        its bytes count (a connection cut mid-line, as a collector drops it)."""
         read = source.recv if isinstance(source, socket.socket) else source.read
         buffered = b""
         while True:
@@ -237,7 +239,7 @@ class Observer:
                 # woken for every line costs the program is the observer's cost).
                 time.sleep(READ_WAIT_S)
         if buffered:
-            yield [buffered], len(buffered)
+            yield ([] if whole_lines else [buffered]), len(buffered)
 
     def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any], size: int) -> None:
         with self.lock:
@@ -295,6 +297,13 @@ class Observer:
         self._acceptor.start()
 
     def _accept(self) -> None:
+        try:
+            self._accepting()
+        except Exception as exc:  # never a finding: the harness's own listening failed (the trial is unknown)
+            with self.lock:
+                self.rule_error = self.rule_error or f"accepting the program's connections: {type(exc).__name__}: {exc}"
+
+    def _accepting(self) -> None:
         assert self._listener is not None
         while not self._stop.is_set():
             if select.select([self._listener], [], [], IDLE_CHECK_S)[0]:
@@ -321,9 +330,9 @@ class Observer:
         writes on into the same connection (restored established), so its rule goes on; one started again
         connects anew. Each batch belongs to the incarnation running when it was read."""
         try:
-            rule = self._make_rule()
             with conn:
-                for raw, size in self._batches(conn):
+                rule = self._make_rule()
+                for raw, size in self._batches(conn, whole_lines=True):
                     lines = [line.decode(errors="replace") for line in raw]
                     with self.lock:
                         self._count(lines, size)
@@ -675,9 +684,9 @@ class ProgramRunner(TrialRunner):
         if completed:
             try:
                 checksum, compared = self._artefacts()
-            except (HarnessFault, WorkloadError) as exc:  # the scenario's comparison or the harness's copies
+            except (HarnessFault, WorkloadError, OSError) as exc:  # the scenario's comparison, the harness's copies
                 state.status, completed = "unknown", False
-                state.error = exc.reason if isinstance(exc, HarnessFault) else str(exc)
+                state.error = exc.reason if isinstance(exc, HarnessFault) else f"the final artefacts: {exc}"
         distinct = self.observer.distinct()
         host_op = len(order) if (order and completed) else distinct
         report = {"host_op": host_op, "checksum": checksum, "effects_seen": len(self.observer.seen),
@@ -708,8 +717,8 @@ class ProgramRunner(TrialRunner):
         return record, effects
 
     def _artefacts(self) -> tuple[str, dict[str, str]]:
-        """The digest of the program's final artefacts, and for each compared by a callable how far it is from
-        the reference's copy ("0.003 > tolerance 1e-06"). The first uninterrupted run's copies are the
+        """The digest of the program's final artefacts, and for each compared by a callable and found apart, how
+        far it is from the reference's copy ("0.003 > tolerance 1e-06"). The first uninterrupted run's copies are the
         reference's: they are kept (under the run's ``references/``) for the runs after it. Raises
         :class:`HarnessFault` when the copies are gone, :class:`WorkloadError` when a comparison fails."""
         params = self.spec.params
@@ -725,8 +734,9 @@ class ProgramRunner(TrialRunner):
             if kept is None:
                 if not self.plain_launch:
                     raise HarnessFault("judge", f"no reference copies of {', '.join(a.path for a in compared)}")
-                kept = (refs.artefacts_root or self.s.workdir / "references") / f"{key}.artefacts"
-                kept.mkdir(parents=True, exist_ok=True)
+                kept = ((refs.artefacts_root or self.s.workdir / "references") / f"{key}.artefacts").resolve()
+                shutil.rmtree(kept, ignore_errors=True)  # an interrupted recording's copies are not this one's
+                kept.mkdir(parents=True)
                 for a in compared:
                     if (self.tdir / a.path).is_file():
                         (kept / a.path).parent.mkdir(parents=True, exist_ok=True)
@@ -748,9 +758,13 @@ class ProgramRunner(TrialRunner):
                 except Exception as exc:
                     raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} raised "
                                         f"{type(exc).__name__}: {exc}") from None
+                if math.isnan(difference):
+                    raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} returned NaN "
+                                        "(a distance: a number, or infinity for files that cannot be compared)")
                 within[a.path] = difference <= a.tolerance
                 said[a.path] = f"{difference:g} {'<=' if within[a.path] else '>'} tolerance {a.tolerance:g}"
-        return program_api.artefacts_digest(self.tdir, artefacts, within), said
+        apart = {path: text for path, text in said.items() if not within.get(path)}
+        return program_api.artefacts_digest(self.tdir, artefacts, within), apart
 
     def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
         """Carry out cut ``i`` on the running program; return whether the trial goes on after it."""
@@ -803,7 +817,12 @@ class ProgramRunner(TrialRunner):
         when reached, else why not (``no effect …``: the watchdog, after an earlier cut)."""
         deadline = time.monotonic() + self.spec.stage_timeout_s
         place = self._place(cut, self.spec.params)
-        last, last_change = self.observer.distinct(), time.monotonic()
+        # Progress, for the watchdog: new effects, or (a cut placed by time or size) the stream growing.
+        def moved() -> tuple[int, int]:
+            with self.observer.lock:
+                return len(self.observer.keys), self.observer.bytes if cut.phase != "effect" else 0
+
+        last, last_change = moved(), time.monotonic()
         with self.timeline.stage("reach_cut", i) as extra:
             while True:
                 reached, progress = self._reached(cut)
@@ -817,7 +836,7 @@ class ProgramRunner(TrialRunner):
                 if rc is not None:
                     return (f"the program exited ({rc}) after {progress}, before cut {i} at {place}"
                             f"{self.observer.last_line()}")
-                t, now = time.monotonic(), self.observer.distinct()
+                t, now = time.monotonic(), moved()
                 if now != last:
                     last, last_change = now, t
                 elif i > 0 and t - last_change > self.spec.watchdog_s:

@@ -254,3 +254,35 @@ def test_an_artefact_compared_within_its_tolerance_passes_and_one_beyond_it_is_n
     assert details and "(final.txt: 1 > tolerance 0.01)" in details[0], trial["findings"]
     (kept,) = (run / "references").glob("*.artefacts")
     assert float((kept / "final.txt").read_text()) < 1.01  # the first uninterrupted run's copy, kept for resume
+
+
+def test_a_requeued_program_that_ends_before_its_lines_arrive_is_judged_on_them_not_lost(tmp_path):
+    import json
+
+    import pandas as pd
+
+    # Its second start leaves its lines to a process of its own that prints them after it exited: the requeue sees
+    # it exit 0 before the effects seen at the cut are seen again. That is its end, not a lost process.
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, subprocess, time
+        lines = "".join(f"step {i}\\n" for i in range(1, 11))
+        if os.path.exists("started"):
+            open("later.txt", "w").write(lines)
+            subprocess.Popen(["sh", "-c", "sleep 0.5; cat later.txt"])
+        else:
+            open("started", "w").close()
+            for line in lines.splitlines():
+                print(line, flush=True); time.sleep(0.05)
+    """))
+    path = scenario(tmp_path, 'command = ["python3", "prog.py"]\nfiles = ["prog.py"]\neffects = "^step (?P<index>\\\\d+)"',
+                    ops=5)
+    text = path.read_text().replace("ops = [1, 1]", "ops = [5, 5]")
+    path.write_text(text)
+    proc = cli("run", str(path), "--out", str(tmp_path / "results"))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (trial,) = pd.read_parquet((tmp_path / "results" / "latest").resolve() / "trials.parquet").to_dict("records")
+    # (What its leftover process prints after the program's end is not waited for: the trial's processes are stopped.)
+    kinds = {f["kind"] for f in json.loads(trial["findings"])}
+    assert "restarted" in kinds and "process_lost" not in kinds and not trial["error"], (trial["findings"], trial["error"])
+    timeline = pd.read_parquet((tmp_path / "results" / "latest").resolve() / "timeline.parquet")
+    assert "the started program ran to its end" in set(timeline["detail"])

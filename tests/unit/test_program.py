@@ -41,6 +41,9 @@ def params(**over):
     ({"artefacts": [3]}, "workload.params.artefacts: 3: give a file name, or { path ="),
     ({"artefacts": [{"path": "m.pt", "compare": "no_colon"}]}, "workload.params.artefacts: {'path': 'm.pt'"),
     ({"artefacts": [{"path": "m.pt", "compare": "c:f", "tolerance": -1}]}, "m.pt: tolerance = -1: a number >= 0"),
+    ({"artefacts": [{"path": "m.pt", "tolerance": 0.1}]}, "m.pt: a tolerance needs a compare"),
+    ({"artefacts": ["../up.txt"]}, "'../up.txt': a path relative to the program's directory, within it"),
+    ({"cut_time_ms": float("nan")}, "workload.params.cut_time_ms = nan: a number > 0"),
     ({"cut_bytes": -1}, "workload.params.cut_bytes = -1: a number > 0"),
 ])
 def test_bad_program_parameters_name_the_field(over, names):

@@ -4,7 +4,7 @@ A ``.gro`` file holds a title, the atom count, one line per atom (residue,
 atom name, number, then x, y, z in nm, and velocities when written) and the
 box. ``largest_shift`` returns the largest difference of any coordinate, in
 nm, between the reference run's structure and another's (infinity when the
-atoms differ), and the scenario states the tolerance it allows. It imports
+atoms differ or the other cannot be read), and the scenario states the tolerance it allows. It imports
 neither GROMACS nor cutbench.
 """
 
@@ -26,7 +26,11 @@ def _coordinates(path: Path) -> list[tuple[str, tuple[float, float, float]]]:
 
 def largest_shift(reference: Path, candidate: Path) -> float:
     """The largest coordinate difference (nm) between the two structures; infinity if their atoms differ."""
-    ref, got = _coordinates(reference), _coordinates(candidate)
+    ref = _coordinates(reference)
+    try:
+        got = _coordinates(candidate)
+    except (IndexError, ValueError):  # truncated or damaged: as far from the reference as can be
+        return math.inf
     if [name for name, _ in ref] != [name for name, _ in got]:
         return math.inf
     return max((abs(a - b) for (_, xs), (_, ys) in zip(ref, got) for a, b in zip(xs, ys)), default=0.0)

@@ -16,6 +16,7 @@ count of fresh starts, not from this backend's word): that is what a restart is.
 
 from __future__ import annotations
 
+import os
 import time
 
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
@@ -75,7 +76,9 @@ class RestartCheckpointer:
 
     def _restart_program(self, ctx: CutContext) -> int:
         """Start the program again from the beginning and wait (``restart_catch_up``) until it has shown the
-        effects seen at the cut again (``at_cut``); returns its pid. It exiting or not getting there in time fails the stage."""
+        effects seen at the cut again (``at_cut``); returns its pid. Exiting non-zero, or not getting there in
+        time, fails the stage; exiting 0 first ends the wait (it ran to its end, its last lines still on their
+        way to the observer), and the trial's handle collects that exit."""
         program = ctx.program
         assert program is not None
         with ctx.timeline.stage("restart_spawn", ctx.cut_index) as extra:
@@ -85,13 +88,13 @@ class RestartCheckpointer:
         with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
             extra["pid"] = child.pid
             while program.catches_up and program.shown() < program.at_cut:
-                if not child.alive():
-                    if child.returncode == 0:
-                        # It ran to its end: what it showed is judged as it was seen (its last lines may still be
-                        # on their way to the observer, so the count here is no measure of it).
-                        extra["detail"] = "the started program ran to its end"
-                        break
-                    raise StageFailed("restart_catch_up", f"the started program exited ({child.returncode}) after "
+                code = _exit_status(child.pid)  # not collected: the trial's handle, pointed at this pid, does that
+                if code == 0:
+                    extra["detail"] = "the started program ran to its end"
+                    break
+                if code is not None:
+                    child.alive()  # collect it
+                    raise StageFailed("restart_catch_up", f"the started program exited ({code}) after "
                                                           f"{program.shown()} of {program.at_cut} effects")
                 if time.monotonic() > deadline:
                     child.kill()
@@ -130,3 +133,15 @@ class RestartCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing: no image is written."""
+
+
+def _exit_status(pid: int) -> int | None:
+    """How process ``pid`` (a child of this one) ended, without collecting it: its exit code, minus the signal
+    that killed it, or None while it runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return -1
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
