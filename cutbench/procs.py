@@ -221,6 +221,19 @@ class Child:
         """True while the process has not exited."""
         return self.poll() is None
 
+    def peek(self) -> int | None:
+        """The exit status once it has exited, without collecting it (a handle pointed at this pid later, as a
+        restore's is, still gets it from :meth:`poll`); None while it runs."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None if _alive(self.pid) else -1
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
     def kill(self, timeout: float = 5.0) -> int | None:
         """SIGKILL the process and its process group, then reap; return its status."""
         if self.returncode is None:

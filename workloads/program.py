@@ -88,6 +88,17 @@ class RegexRule:
         return [(index, payload)]
 
 
+def scenario_import(target: str, search: str, what: str) -> Any:
+    """``module:name`` imported, the module found in ``search`` (the scenario's folder) first; raises what the
+    import raises (the callers name the parameter)."""
+    from cutbench.registry import import_target
+    from cutbench.workloads.api import add_import_path
+
+    if search:
+        add_import_path([search])
+    return import_target(target, what)
+
+
 @dataclass(frozen=True)
 class Artefact:
     """A final file of the program, compared with the reference run's copy.
@@ -105,13 +116,8 @@ class Artefact:
     def load(self, search: str) -> Callable[[Path, Path], float]:
         """The comparison callable, its module found in ``search``; :class:`WorkloadError` naming it when it
         cannot be imported."""
-        from cutbench.registry import import_target
-        from cutbench.workloads.api import add_import_path
-
-        if search:
-            add_import_path([search])
         try:
-            function = import_target(self.compare, "artefact comparison")
+            function = scenario_import(self.compare, search, "artefact comparison")
         except Exception as exc:
             raise WorkloadError(f"workload.params.artefacts: {self.path}: compare = {self.compare!r} cannot be "
                                 f"imported ({type(exc).__name__}: {exc})") from None
@@ -297,14 +303,8 @@ class Program:
         called. Raises :class:`WorkloadError` naming the parser when it cannot be imported or made."""
         if params["effects"]:
             return RegexRule(params["effects"])
-        from cutbench.registry import import_target
-        from cutbench.workloads.api import add_import_path
-
-        if params["parser_path"]:
-            add_import_path([params["parser_path"]])
         try:
-            factory = import_target(params["parser"], "effects parser")
-            parser = factory()
+            parser = scenario_import(params["parser"], params["parser_path"], "effects parser")()
         except Exception as exc:
             raise WorkloadError(f"workload.params.parser = {params['parser']!r}: cannot make a parser "
                                 f"({type(exc).__name__}: {exc})") from None

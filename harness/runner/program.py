@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ READ_BYTES = 65536  # a pipe's whole buffer
 MAX_RETRIES = 3  # a client's retries of one request (same_id, new_id) before it gives up
 IDLE_CHECK_S = 0.1  # how often an idle pipe's reader looks whether the observer was closed
 READ_WAIT_S = 0.002  # between reads of a pipe that had less: the effects are seen at most this much later
+# A cut's place and a program's progress in words, by the cut's phase (the units of ProgramRunner._measure).
+PLACES = {"effect": "effect {:.0f}", "time": "{:g} ms", "size": "{:.0f} bytes"}
+PROGRESS = {"effect": "{:.0f} effect(s)", "time": "{:.0f} ms since its start", "size": "{:.0f} bytes of {stream}"}
 
 
 @dataclass
@@ -153,7 +156,8 @@ class Observer:
             os.close(w)  # the program holds the write ends: EOF when it (and its children) are gone
             self._read(name, r, self.incarnation, {"rule": rule})
         if self.file is not None and self._tailer is None:
-            self._tailer = threading.Thread(target=self._tail, name="cutbench-tail", daemon=True)
+            self._tailer = threading.Thread(target=self._guarded, args=(f"reading {self.file}", self._tail_file),
+                                            name="cutbench-tail", daemon=True)
             self._tailer.start()
         return child
 
@@ -251,6 +255,14 @@ class Observer:
         if rule is not None:
             self._effects(rule, lines, incarnation)
 
+    def _take_lines(self, rule: program_api.LineParser, lines: list[str], size: int, stream: str = "") -> None:
+        """Lines of the effect stream read by a file's, a socket's or a client's reader: counted, and turned into
+        effects of the incarnation running now (``stream``: a request's id, for a server's clients)."""
+        with self.lock:
+            self._count(lines, size)
+            incarnation = self.incarnation
+        self._effects(rule, lines, incarnation, stream)
+
     def _count(self, lines: list[str], size: int) -> None:
         """More lines of the effect stream read, ``size`` bytes with their newlines (the caller holds the lock)."""
         self.lines += len(lines)
@@ -284,6 +296,15 @@ class Observer:
             self.keys.update(s.key for s in seen)
             self.shown[incarnation] = self.shown.get(incarnation, 0) + len(seen)
 
+    def _guarded(self, what: str, body: Callable[[], None]) -> None:
+        """Run ``body``, the loop of a thread of the observer's (a tailer, an acceptor, a client). What it raises is
+        the harness's own failure, said as ``what``: the trial is unknown, never a finding."""
+        try:
+            body()
+        except Exception as exc:
+            with self.lock:
+                self.rule_error = self.rule_error or f"{what}: {type(exc).__name__}: {exc}"
+
     def _make_rule(self) -> program_api.LineParser:
         return program_api.Program.rule(self.params)
 
@@ -293,21 +314,15 @@ class Observer:
         connections from now on; :attr:`port` is then where. Raises ``OSError`` when the port is taken."""
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port = int(self._listener.getsockname()[1])
-        self._acceptor = threading.Thread(target=self._accept, name="cutbench-accept", daemon=True)
+        self._acceptor = threading.Thread(target=self._guarded, args=("accepting the program's connections",
+                                                                      self._accepting), name="cutbench-accept", daemon=True)
         self._acceptor.start()
-
-    def _accept(self) -> None:
-        try:
-            self._accepting()
-        except Exception as exc:  # never a finding: the harness's own listening failed (the trial is unknown)
-            with self.lock:
-                self.rule_error = self.rule_error or f"accepting the program's connections: {type(exc).__name__}: {exc}"
 
     def _accepting(self) -> None:
         assert self._listener is not None
         while not self._stop.is_set():
             if select.select([self._listener], [], [], IDLE_CHECK_S)[0]:
-                self._take(self._listener.accept()[0])
+                self._read_connection(self._listener.accept()[0])
         # Closing: connections the program made and the kernel queued (it may have sent everything and exited)
         # are read too, not dropped with the listener.
         self._listener.setblocking(False)
@@ -317,9 +332,9 @@ class Observer:
             except OSError:  # BlockingIOError: the queue is empty
                 return
             conn.setblocking(True)
-            self._take(conn)
+            self._read_connection(conn)
 
-    def _take(self, conn: socket.socket) -> None:
+    def _read_connection(self, conn: socket.socket) -> None:
         thread = threading.Thread(target=self._connection, args=(conn,), name="cutbench-socket", daemon=True)
         with self.lock:
             self.readers.append(thread)
@@ -333,11 +348,7 @@ class Observer:
             with conn:
                 rule = self._make_rule()
                 for raw, size in self._batches(conn, whole_lines=True):
-                    lines = [line.decode(errors="replace") for line in raw]
-                    with self.lock:
-                        self._count(lines, size)
-                        incarnation = self.incarnation
-                    self._effects(rule, lines, incarnation)
+                    self._take_lines(rule, [line.decode(errors="replace") for line in raw], size)
         except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
             with self.lock:
                 self.rule_error = self.rule_error or f"reading the program's socket: {type(exc).__name__}: {exc}"
@@ -363,7 +374,8 @@ class Observer:
         request ended (completed, or given up by its retry policy)."""
         assert self.http is not None
         self._requests = iter(range(1, self.http["requests"] + 1))
-        self._clients = [threading.Thread(target=self._client, name=f"cutbench-client-{i}", daemon=True)
+        self._clients = [threading.Thread(target=self._guarded, args=("a client", self._serve_requests),
+                                          name=f"cutbench-client-{i}", daemon=True)
                          for i in range(self.http["concurrency"])]
         for thread in self._clients:
             thread.start()
@@ -373,13 +385,6 @@ class Observer:
         for thread in self._clients:
             thread.join()
         self.load_done.set()
-
-    def _client(self) -> None:
-        try:
-            self._serve_requests()
-        except Exception as exc:  # never a finding: the harness's own client failed (the trial is unknown)
-            with self.lock:
-                self.rule_error = self.rule_error or f"a client: {type(exc).__name__}: {exc}"
 
     def _serve_requests(self) -> None:
         assert self.http is not None
@@ -426,11 +431,7 @@ class Observer:
             if response.status != 200:
                 return f"HTTP {response.status}"
             for raw in _body_lines(response):
-                line = raw.decode(errors="replace").rstrip("\r")
-                with self.lock:
-                    self._count([line], len(raw) + 1)
-                    incarnation = self.incarnation
-                self._effects(rule, [line], incarnation, stream=rid)
+                self._take_lines(rule, [raw.decode(errors="replace").rstrip("\r")], len(raw) + 1, stream=rid)
             return ""
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"
@@ -438,13 +439,6 @@ class Observer:
             conn.close()
 
     # -- a file it appends to ----------------------------------------------------
-    def _tail(self) -> None:
-        try:
-            self._tail_file()
-        except Exception as exc:  # never a finding: the harness's own reading failed (the trial is unknown)
-            with self.lock:
-                self.rule_error = self.rule_error or f"reading {self.file}: {type(exc).__name__}: {exc}"
-
     def _tail_file(self) -> None:
         """Read the stream's file as it grows, as ``tail -F`` does: a file replaced (a new inode: the program
         started again and moved the old one aside) or cut shorter than what was read (a restart that truncates
@@ -471,11 +465,7 @@ class Observer:
                 end = data.rfind(b"\n") + 1
                 if end:
                     kept += data[:end]
-                    lines = [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]]
-                    with self.lock:
-                        self._count(lines, end)
-                        incarnation = self.incarnation
-                    self._effects(rule, lines, incarnation)
+                    self._take_lines(rule, [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]], end)
             if stopping:
                 return
             self._stop.wait(FILE_POLL_S)
@@ -680,7 +670,8 @@ class ProgramRunner(TrialRunner):
             state.status, completed = "unknown", False
             state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "
                            f"{self.observer.broken[0]['why']}): the server cannot be the reference")
-        checksum, compared = "", {}  # type: tuple[str, dict[str, str]]
+        checksum: str = ""
+        compared: dict[str, str] = {}
         if completed:
             try:
                 checksum, compared = self._artefacts()
@@ -724,46 +715,48 @@ class ProgramRunner(TrialRunner):
         params = self.spec.params
         artefacts = program_api.Program.artefacts(params)
         compared = [a for a in artefacts if a.compare]
+        if not compared:
+            return program_api.artefacts_digest(self.tdir, artefacts), {}
+        refs = self.s.references
+        key = workload_api.reference_key(self.cls.name, params, workload_api.resolve_array(self.cls, self.spec.array))
+        recording = refs.recordings.get(key)
+        kept = Path(recording.artefacts_dir) if recording is not None and recording.artefacts_dir else refs.artefact_dirs.get(key)
+        if kept is None:  # the first uninterrupted run: its artefacts are the reference's
+            if not self.plain_launch:
+                raise HarnessFault("judge", f"no reference copies of {', '.join(a.path for a in compared)}")
+            kept = ((refs.artefacts_root or self.s.workdir / "references") / f"{key}.artefacts").resolve()
+            shutil.rmtree(kept, ignore_errors=True)  # an interrupted recording's copies are not this one's
+            for a in compared:
+                if (self.tdir / a.path).is_file():
+                    (kept / a.path).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(self.tdir / a.path, kept / a.path)
+            kept.mkdir(parents=True, exist_ok=True)
+            refs.artefact_dirs[key] = kept
+            return program_api.artefacts_digest(self.tdir, artefacts, {a.path: True for a in compared}), {}
+        if not kept.is_dir():
+            raise HarnessFault("judge", f"the reference's copies of the artefacts are gone ({kept})")
         within: dict[str, bool] = {}
-        said: dict[str, str] = {}
-        if compared:
-            refs = self.s.references
-            key = workload_api.reference_key(self.cls.name, params, workload_api.resolve_array(self.cls, self.spec.array))
-            recording = refs.recordings.get(key)
-            kept = Path(recording.artefacts_dir) if recording is not None and recording.artefacts_dir else refs.artefact_dirs.get(key)
-            if kept is None:
-                if not self.plain_launch:
-                    raise HarnessFault("judge", f"no reference copies of {', '.join(a.path for a in compared)}")
-                kept = ((refs.artefacts_root or self.s.workdir / "references") / f"{key}.artefacts").resolve()
-                shutil.rmtree(kept, ignore_errors=True)  # an interrupted recording's copies are not this one's
-                kept.mkdir(parents=True)
-                for a in compared:
-                    if (self.tdir / a.path).is_file():
-                        (kept / a.path).parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(self.tdir / a.path, kept / a.path)
-                    within[a.path] = True  # the reference itself
-                refs.artefact_dirs[key] = kept
-            for a in compared if not within else ():
-                ref, got = kept / a.path, self.tdir / a.path
-                if not kept.is_dir():
-                    raise HarnessFault("judge", f"the reference's copies of the artefacts are gone ({kept})")
-                if not ref.is_file() or not got.is_file():
-                    within[a.path] = ref.is_file() == got.is_file()  # both absent: as the reference left it
-                    said[a.path] = "absent" if ref.is_file() else "absent in the reference too"
-                    continue
-                try:
-                    difference = float(a.load(params["parser_path"])(ref, got))
-                except WorkloadError:
-                    raise
-                except Exception as exc:
-                    raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} raised "
-                                        f"{type(exc).__name__}: {exc}") from None
-                if math.isnan(difference):
-                    raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} returned NaN "
-                                        "(a distance: a number, or infinity for files that cannot be compared)")
-                within[a.path] = difference <= a.tolerance
-                said[a.path] = f"{difference:g} {'<=' if within[a.path] else '>'} tolerance {a.tolerance:g}"
-        apart = {path: text for path, text in said.items() if not within.get(path)}
+        apart: dict[str, str] = {}
+        for a in compared:
+            ref, got = kept / a.path, self.tdir / a.path
+            if not ref.is_file() or not got.is_file():
+                within[a.path] = ref.is_file() == got.is_file()  # both absent: as the reference left it
+                if ref.is_file():
+                    apart[a.path] = "absent"
+                continue
+            try:
+                difference = float(a.load(params["parser_path"])(ref, got))
+            except WorkloadError:
+                raise
+            except Exception as exc:
+                raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} raised "
+                                    f"{type(exc).__name__}: {exc}") from None
+            if math.isnan(difference):
+                raise WorkloadError(f"workload.params.artefacts: {a.path}: compare = {a.compare!r} returned NaN "
+                                    "(a distance: a number, or infinity for files that cannot be compared)")
+            within[a.path] = difference <= a.tolerance
+            if not within[a.path]:
+                apart[a.path] = f"{difference:g} > tolerance {a.tolerance:g}"
         return program_api.artefacts_digest(self.tdir, artefacts, within), apart
 
     def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
@@ -788,45 +781,40 @@ class ProgramRunner(TrialRunner):
             return False
         return True
 
-    def _reached(self, cut: Any) -> tuple[bool, str]:
-        """Whether the program reached ``cut``'s place (its phase: an effect seen, a time, a stream size), and
-        how far it is, in that phase's words."""
-        params = self.spec.params
-        if cut.phase == "time":
+    def _measure(self, phase: str) -> float:
+        """How far the program is, in ``phase``'s unit: effects seen, ms since it first started, bytes of its
+        effect stream read."""
+        if phase == "time":
             assert self.started_at is not None
-            ran_ms = (time.monotonic() - self.started_at) * 1000.0
-            return ran_ms >= cut.op * params["cut_time_ms"], f"{ran_ms:.0f} ms since its start"
-        if cut.phase == "size":
-            with self.observer.lock:
-                size = self.observer.bytes
-            return size >= cut.op * params["cut_bytes"], f"{size} bytes of {self.observer.stream}"
-        now = self.observer.distinct()
-        return now >= cut.op, f"{now} effect(s)"
+            return (time.monotonic() - self.started_at) * 1000.0
+        with self.observer.lock:
+            return self.observer.bytes if phase == "size" else len(self.observer.keys)
 
-    @staticmethod
-    def _place(cut: Any, params: dict[str, Any]) -> str:
-        """Where ``cut`` lands, in words: "effect 12", "1200 ms", "8192 bytes"."""
-        if cut.phase == "time":
-            return f"{cut.op * params['cut_time_ms']:g} ms"
-        if cut.phase == "size":
-            return f"{cut.op * params['cut_bytes']} bytes"
-        return f"effect {cut.op}"
+    def _progress(self, phase: str, value: float) -> str:
+        """``value`` of :meth:`_measure` in words: "12 effect(s)", "840 ms since its start", "192 bytes of stdout"."""
+        return PROGRESS[phase].format(value, stream=self.observer.stream)
+
+    def _goal(self, cut: Any) -> float:
+        """Where ``cut`` lands, in its phase's unit (:meth:`_measure`): op k of "time" at k x ``cut_time_ms``,
+        of "size" at k x ``cut_bytes``, of "effect" at k."""
+        unit = {"time": "cut_time_ms", "size": "cut_bytes"}.get(cut.phase)
+        return float(cut.op * self.spec.params[unit]) if unit else float(cut.op)
 
     def _reach_cut(self, child: Child, cut: Any, i: int) -> str:
-        """Wait until the program reached ``cut``'s place (:meth:`_reached`), then the plan's async offset; ""
+        """Wait until the program reached ``cut``'s place (:meth:`_goal`), then the plan's async offset; ""
         when reached, else why not (``no effect …``: the watchdog, after an earlier cut)."""
         deadline = time.monotonic() + self.spec.stage_timeout_s
-        place = self._place(cut, self.spec.params)
-        # Progress, for the watchdog: new effects, or (a cut placed by time or size) the stream growing.
-        def moved() -> tuple[int, int]:
-            with self.observer.lock:
-                return len(self.observer.keys), self.observer.bytes if cut.phase != "effect" else 0
+        goal = self._goal(cut)
+        place = PLACES[cut.phase].format(goal)
+
+        def moved() -> tuple[float, float]:  # for the watchdog: new effects, or the stream growing (time, size)
+            return self._measure("effect"), self._measure("size") if cut.phase != "effect" else 0.0
 
         last, last_change = moved(), time.monotonic()
         with self.timeline.stage("reach_cut", i) as extra:
             while True:
-                reached, progress = self._reached(cut)
-                if reached:
+                now_at = self._measure(cut.phase)
+                if now_at >= goal:
                     time.sleep(cut.async_offset_ms / 1000.0)
                     extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {place}"
                     return ""
@@ -834,15 +822,16 @@ class ProgramRunner(TrialRunner):
                     return self.observer.rule_error
                 rc = child.poll()
                 if rc is not None:
-                    return (f"the program exited ({rc}) after {progress}, before cut {i} at {place}"
-                            f"{self.observer.last_line()}")
+                    return (f"the program exited ({rc}) after {self._progress(cut.phase, now_at)}, before cut {i} at "
+                            f"{place}{self.observer.last_line()}")
                 t, now = time.monotonic(), moved()
                 if now != last:
                     last, last_change = now, t
                 elif i > 0 and t - last_change > self.spec.watchdog_s:
                     return f"no effect for {self.spec.watchdog_s:g}s before cut {i}"
                 if t > deadline:
-                    return f"the program did not reach {place} within {self.spec.stage_timeout_s:g}s (it showed {progress})"
+                    return (f"the program did not reach {place} within {self.spec.stage_timeout_s:g}s (it showed "
+                            f"{self._progress(cut.phase, now_at)})")
                 time.sleep(POLL_S)
 
     def _program_to_end(self, child: Child, state: _TrialState) -> None:

@@ -286,3 +286,19 @@ def test_a_requeued_program_that_ends_before_its_lines_arrive_is_judged_on_them_
     assert "restarted" in kinds and "process_lost" not in kinds and not trial["error"], (trial["findings"], trial["error"])
     timeline = pd.read_parquet((tmp_path / "results" / "latest").resolve() / "timeline.parquet")
     assert "the started program ran to its end" in set(timeline["detail"])
+
+
+def test_a_handle_peeks_at_an_exit_and_leaves_it_for_the_handle_pointed_at_the_pid_after_it(tmp_path):
+    import time
+
+    from cutbench.procs import spawn
+
+    # What a requeue's catch-up does: it sees the started program's exit without collecting it, so the trial's
+    # handle, pointed at that pid once the cut returns (replaced_by), collects the real status, not -1.
+    started = spawn(["sh", "-c", "exit 3"], cwd=str(tmp_path))
+    time.sleep(0.3)
+    assert started.peek() == 3 and started.peek() == 3
+    trial = spawn(["true"], cwd=str(tmp_path))
+    assert trial.wait(10) == 0
+    trial.replaced_by(started.pid)
+    assert trial.poll() == 3

@@ -16,7 +16,6 @@ count of fresh starts, not from this backend's word): that is what a restart is.
 
 from __future__ import annotations
 
-import os
 import time
 
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
@@ -88,7 +87,7 @@ class RestartCheckpointer:
         with ctx.timeline.stage("restart_catch_up", ctx.cut_index) as extra:
             extra["pid"] = child.pid
             while program.catches_up and program.shown() < program.at_cut:
-                code = _exit_status(child.pid)  # not collected: the trial's handle, pointed at this pid, does that
+                code = child.peek()  # not collected: the trial's handle, pointed at this pid, does that
                 if code == 0:
                     extra["detail"] = "the started program ran to its end"
                     break
@@ -134,14 +133,3 @@ class RestartCheckpointer:
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing: no image is written."""
 
-
-def _exit_status(pid: int) -> int | None:
-    """How process ``pid`` (a child of this one) ended, without collecting it: its exit code, minus the signal
-    that killed it, or None while it runs."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return -1
-    if info is None:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
