@@ -100,6 +100,17 @@ step_adapters() { timeout ${ADAPTERS_TIMEOUT:-400} $PY benchmarks/adapter_pause.
 # The CUDA support matrix: every probe row through every tool here, faults none and kill (MATRIX_ARGS: e.g. --probe X).
 step_matrix() { set -f; timeout -s INT ${MATRIX_TIMEOUT:-540} $CB matrix --out "$RES" --jobs ${MATRIX_JOBS:-12} ${MATRIX_ARGS:-} 2>&1 | tail -${MATRIX_TAIL:-150}; set +f; }
 
+# The lifecycle hunt (`cutbench hunt`) for each of HUNT_TOOLS; hunt directories packed as $OUT/hunt.tgz.
+# HUNT_BUDGET / HUNT_WALK: seconds of directed search / random walk per tool; HUNT_REPEAT: standalone runs of each reproducer.
+step_hunt() {
+  for t in ${HUNT_TOOLS:-cuda-checkpoint}; do
+    timeout -s INT ${HUNT_TIMEOUT:-560} $CB hunt --tool "$t" --budget ${HUNT_BUDGET:-120} --random-walk ${HUNT_WALK:-0} \
+      --repeat ${HUNT_REPEAT:-3} --bound ${HUNT_BOUND:-30} --length ${HUNT_LENGTH:-10} --out "$RES/hunt" 2>&1 | tail -40
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  done
+  (cd "$RES" && tar czf "$OUT/hunt${PACK_NAME:-}.tgz" hunt)
+}
+
 # Pack every run directory small enough to come back (parquet, md, toml, json, png).
 step_pack() {
   (cd "$RES" && find . -name latest -prune -o -type f \( -name '*.parquet' -o -name '*.md' -o -name '*.toml' \

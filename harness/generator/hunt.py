@@ -1,0 +1,214 @@
+"""Lifecycle sequences for ``cutbench hunt``: a Hypothesis state machine, and a random walk to measure it against.
+
+The machine (:func:`search`) walks a tool's documented lifecycle
+(:mod:`cutbench.harness.model.lifecycle`) on a live probe. Each step is drawn
+by one of two rules: ``advance`` takes a lifecycle step the documentation
+says succeeds here (lock, checkpoint, restore, a CRIU dump…), ``detour`` any
+other step open here (a signal, a fork, a second thread's call, work on the
+probe, or misuse the documentation refuses). After every step the checker's
+invariants are asserted; a deviation not seen before fails the example and
+Hypothesis shrinks it to the shortest sequence that still shows it. A
+deviation already found ends its sequence quietly, so the search goes on to
+the next one.
+
+The probe and the tool are reached only through ``open_session`` (the
+nemesis's :class:`~cutbench.harness.nemesis.lifecycle_kit.Session`): this
+module decides what to do, never how.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from cutbench.harness.checker.lifecycle import Deviation, judge, judge_close
+from cutbench.harness.model.lifecycle import World, Step, advance, expect, moves, safe
+
+
+class LifecycleSession(Protocol):
+    """What the search needs of a live probe under a tool (the nemesis's ``Session``)."""
+
+    def observe(self, action: str, **args: Any) -> dict[str, Any]:
+        """Run one step; what was seen (answer, state, detail, continues)."""
+
+    def close(self) -> list[str]:
+        """End the probe; what was left behind."""
+
+
+@dataclass
+class Found:
+    """One deviation: the shortest sequence seen to show it, and when the search first met it."""
+
+    deviation: Deviation
+    sequence: list[Step]
+    observations: list[dict[str, Any]]
+    first_at: int  # sequences tried (this search's) when it was first seen
+    first_s: float  # seconds into the search
+
+
+@dataclass
+class HuntLog:
+    """What a search did: sequences and steps tried, the deviations found (by signature), in how long."""
+
+    tool: str
+    length: int
+    overrides: dict[str, str] = field(default_factory=dict)
+    sequences: int = 0
+    steps: int = 0
+    found: dict[str, Found] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    hard_deadline: float = float("inf")  # no sequence starts after this (set by the search from its budget)
+    harness_errors: list[str] = field(default_factory=list)
+
+    def record(self, devs: list[Deviation], trace: list[tuple[Step, dict[str, Any]]]) -> list[Deviation]:
+        """Keep each deviation's shortest sequence; returns the ones never seen before."""
+        new = []
+        for dev in devs:
+            seq = [s for s, _ in trace]
+            old = self.found.get(dev.signature)
+            if old is None:
+                new.append(dev)
+                self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], self.sequences,
+                                                  round(time.monotonic() - self.started, 1))
+            elif len(seq) < len(old.sequence):
+                self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], old.first_at, old.first_s)
+        return new
+
+
+class DeviationFound(AssertionError):
+    """A step broke an invariant in a way the search had not seen (Hypothesis shrinks the example)."""
+
+
+class Walker:
+    """One sequence on one probe: take steps, judge each, and stop quietly after a known deviation."""
+
+    def __init__(self, tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog) -> None:
+        self.tool, self.log = tool, log
+        self.world = World()
+        self.trace: list[tuple[Step, dict[str, Any]]] = []
+        # Past the hard deadline (a shrink running long) a sequence takes no step and starts no probe.
+        self.spent = time.monotonic() > log.hard_deadline
+        self.session = None if self.spent else open_session()
+        log.sequences += not self.spent
+
+    def take(self, step: Step) -> list[Deviation]:
+        """Run ``step``, judge it, move the world on; returns the deviations it showed that are new."""
+        assert self.session is not None
+        expected = expect(self.tool, self.world, step, self.log.overrides)
+        observed = self.session.observe(step.action, **dict(step.args))
+        self.log.steps += 1
+        self.trace.append((step, observed))
+        if observed.get("answer") == "harness":
+            self.log.harness_errors.append(f"{step}: {observed.get('detail')}")
+            self.spent = True
+            return []
+        devs = judge(self.world, step, expected, observed)
+        self.world = advance(self.tool, self.world, step, observed.get("answer", ""), observed.get("state", ""))
+        if devs:
+            self.spent = True  # the probe is off the documented path: its next steps say nothing new
+        return self.log.record(devs, self.trace)
+
+    def finish(self) -> list[Deviation]:
+        """End the probe; the new deviations its leftovers show."""
+        if self.session is None:
+            return []
+        left = self.session.close()
+        devs = judge_close(self.world, left)
+        if devs:
+            self.trace.append((devs[0].step, devs[0].observed))
+        return self.log.record(devs, self.trace)
+
+
+def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog) -> type[RuleBasedStateMachine]:
+    """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``."""
+
+    class Lifecycle(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.walker = Walker(tool, open_session, log)
+
+        def _take(self, step: Step) -> None:
+            new = self.walker.take(step)
+            if new:
+                raise DeviationFound(new[0].summary)
+
+        def _open(self, kind: str) -> tuple[Step, ...]:
+            return () if self.walker.spent else moves(tool, self.walker.world, log.overrides)[kind]
+
+        @precondition(lambda self: bool(self._open("advance")))
+        @rule(data=st.data())
+        def advance(self, data: st.DataObject) -> None:
+            self._take(data.draw(st.sampled_from(self._open("advance")), label="advance"))
+
+        @precondition(lambda self: bool(self._open("detour")))
+        @rule(data=st.data())
+        def detour(self, data: st.DataObject) -> None:
+            self._take(data.draw(st.sampled_from(self._open("detour")), label="detour"))
+
+        @precondition(lambda self: self.walker.spent or not (self._open("advance") or self._open("detour")))
+        @rule()
+        def idle(self) -> None:
+            """Nothing: what is left of a sequence after a known deviation (a machine needs one open rule)."""
+
+        def teardown(self) -> None:
+            new = self.walker.finish()
+            if new:
+                raise DeviationFound(new[0].summary)
+
+    Lifecycle.__name__ = f"Lifecycle[{tool}]"
+    return Lifecycle
+
+
+def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, budget_s: float,
+           examples_per_round: int = 10) -> HuntLog:
+    """Run the state machine in rounds until ``budget_s`` is spent; returns ``log`` with what was found.
+
+    Each round is one Hypothesis run of up to ``examples_per_round``
+    sequences of at most ``log.length`` steps. A round that finds a new
+    deviation shrinks it (the log keeps the shortest sequence of each kind,
+    whatever Hypothesis ends with), and the next round starts afresh.
+    Shrinking stops at half the budget past it (at least a minute): what was
+    shortest by then is kept.
+    """
+    deadline = log.started + budget_s
+    log.hard_deadline = deadline + max(60.0, budget_s / 2)
+    while time.monotonic() < deadline:
+        cls = machine(tool, open_session, log)
+        # Rounds no longer than what is left of the budget, at the pace seen so far (shrinking may run over).
+        pace = (time.monotonic() - log.started) / max(log.sequences, 1)
+        left = int((deadline - time.monotonic()) / pace) if log.sequences else examples_per_round
+        cfg = settings(max_examples=max(1, min(examples_per_round, left)), stateful_step_count=log.length, deadline=None,
+                       database=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+                       report_multiple_bugs=False, print_blob=False)
+        try:
+            run_state_machine_as_test(cls, settings=cfg)
+        except DeviationFound:
+            pass
+        except Exception as exc:  # Flaky, a shrink that slipped: the log holds what was seen either way
+            if "DeviationFound" not in repr(exc) and type(exc).__name__ not in ("Flaky", "FlakyFailure"):
+                raise
+    return log
+
+
+def random_walk(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, budget_s: float,
+                seed: int = 0) -> HuntLog:
+    """The baseline: sequences of ``log.length`` steps drawn uniformly from every safe step; returns ``log``."""
+    rng = random.Random(seed)
+    deadline = log.started + budget_s
+    while time.monotonic() < deadline:
+        walker = Walker(tool, open_session, log)
+        try:
+            for _ in range(log.length):
+                if walker.spent:
+                    break
+                walker.take(rng.choice(safe(tool, walker.world)))
+        finally:
+            walker.finish()
+    return log

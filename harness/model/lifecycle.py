@@ -1,0 +1,268 @@
+"""What each tool documents about a process's lifecycle: states, actions, and the documented answer to each.
+
+``cutbench hunt`` drives a probe through sequences of :data:`ACTIONS` and
+compares every answer with :func:`expect`. The world it tracks is small
+(:class:`World`): the probe's state as the tool names it, and the state a
+CRIU image holds, if one was taken. Every documented transition carries its
+source (:data:`SOURCES`), so a finding can say what the documentation
+promised. Pure data: no process is touched here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cutbench.errors import InvalidArgument
+
+# The driver API reference, "CUDA Checkpointing" (group__CUDA__CHECKPOINT), and the tools' own notes.
+SOURCES = {
+    "lock": "CUDA driver API, cuCheckpointProcessLock: \"Process must be in the RUNNING state in order to lock. "
+            "Upon successful return the process will be in the LOCKED state.\"",
+    "lock-timeout": "CUDA driver API, cuCheckpointProcessLock: \"If timeoutMs is specified and the timeout is reached "
+                    "the process will be left in the RUNNING state upon return.\"",
+    "checkpoint": "CUDA driver API, cuCheckpointProcessCheckpoint: \"Process must be in the LOCKED state. Upon "
+                  "successful return the process will be in the CHECKPOINTED state.\"",
+    "restore": "CUDA driver API, cuCheckpointProcessRestore: \"Process must be in the CHECKPOINTED state. Upon "
+               "successful return the process will be in the LOCKED state.\"",
+    "unlock": "CUDA driver API, cuCheckpointProcessUnlock: \"Process must be in the LOCKED state. Upon successful "
+              "return the process will be in the RUNNING state.\"",
+    "locked-blocks": "CUDA driver API, CUprocessState: LOCKED means \"CUDA API locks are taken so further CUDA API "
+                     "calls will block\" (a second thread's call returns once the process is unlocked)",
+    "refusal": "CUDA driver API: a call made in the wrong state returns an error; the process keeps its state "
+               "(as documented for a lock that times out)",
+    "failed": "CUDA driver API, CUprocessState: FAILED means \"Application entered an uncorrectable error during "
+              "the checkpoint/restore process\" (never entered from a refused call)",
+    "utility": "NVIDIA/cuda-checkpoint README: the utility's --action lock|checkpoint|restore|unlock are the driver "
+               "API's calls, with the driver's states (--get-state)",
+    "criu-gpu": "NVIDIA/cuda-checkpoint README: CRIU dumps a CUDA process after its GPU state was checkpointed "
+                "(CHECKPOINTED); a process still holding device mappings is refused by CRIU without the plugin",
+    "criu-dump": "CRIU, criu dump: the tree is dumped and killed; with --leave-running it keeps running",
+    "criu-restore": "CRIU, criu restore: the tree is restored with its original PIDs, so a restore fails while a "
+                    "process holds the PID; one image may be restored again once it is free",
+    "criu-plugin": "CRIU's CUDA plugin (plugins/cuda): criu dump of a RUNNING CUDA process locks and checkpoints "
+                   "it; criu restore brings the GPU state back and unlocks it (RUNNING)",
+    "restore-filled": "CUDA driver API: a restore that cannot get device memory fails (CUDA_ERROR_OUT_OF_MEMORY) and "
+                      "the process stays CHECKPOINTED, to be restored once memory is free",
+    "signal": "POSIX: SIGSTOP then SIGCONT leaves a process as it was",
+    "fork": "POSIX: a fork (and an exec in the child) does not change the parent's state; the child makes no CUDA call",
+    "kill": "POSIX: SIGKILL ends the process in any state, and the driver frees its device memory",
+    "work": "the probe's own work (a step on its buffers, an allocation, a free): only while RUNNING",
+    "respawn": "the hunt's own step: a fresh probe (no tool involved)",
+}
+
+STATES = ("running", "locked", "checkpointed", "failed", "gone")
+TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin", "criu")
+GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
+API = ("lock", "unlock", "checkpoint", "restore", "restore_filled")
+LIFECYCLE = (*API, "criu_dump", "criu_restore", "criu_restore_filled", "respawn")  # the steps that walk the states
+PROBE_WORK = ("step", "alloc", "free")  # the probe's own work: only while RUNNING (it would block, not fail)
+INVARIANTS = ("documented_transition", "bounded_failure", "continues_identically", "bounded_time", "nothing_left")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action with its arguments, as the hunt draws it and a reproducer replays it."""
+
+    action: str
+    args: tuple[tuple[str, object], ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """``{"action", "args"}``: the form a reproducer's SEQUENCE holds."""
+        return {"action": self.action, "args": dict(self.args)}
+
+    def __str__(self) -> str:
+        return self.action + (f"({', '.join(f'{k}={v}' for k, v in self.args)})" if self.args else "")
+
+
+def _alphabet(tool: str) -> tuple[Step, ...]:
+    common = (Step("kill"), Step("signal"), Step("fork"), Step("fork", (("exec_", True),)),
+              Step("step", (("k", 1),)), Step("step", (("k", 2),)), Step("alloc"), Step("free"), Step("respawn"))
+    criu = (Step("criu_dump"), Step("criu_dump", (("leave_running", True),)), Step("criu_restore"))
+    if tool == "criu":
+        return criu + common
+    gpu = (Step("thread_call"),)
+    if tool == "criu-cuda-plugin":
+        return criu + (Step("criu_restore_filled"),) + gpu + common
+    api = (Step("lock", (("timeout_ms", 5000),)), Step("lock", (("timeout_ms", 1),)), Step("unlock"),
+           Step("checkpoint"), Step("restore"), Step("restore_filled"))
+    return api + criu + gpu + common
+
+
+ALPHABETS = {tool: _alphabet(tool) for tool in TOOLS}
+
+
+@dataclass(frozen=True)
+class World:
+    """The probe as the model sees it: its state, and the state its CRIU image holds (None: no image)."""
+
+    state: str = "running"
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Expect:
+    """The documented answer: the answers allowed, the state after each, and the source."""
+
+    answers: frozenset[str]
+    after_ok: str
+    after_refused: str
+    source: str
+
+    def describe(self) -> str:
+        """"ok → locked" or "refused (stays running)", as a finding states the promise."""
+        parts = []
+        if "ok" in self.answers:
+            parts.append(f"ok → {self.after_ok}")
+        if "refused" in self.answers:
+            parts.append(f"refused (stays {self.after_refused})")
+        return " or ".join(parts) or "gone"
+
+
+def _ok(after: str, source: str, also_refused: bool = False, stays: str = "") -> Expect:
+    return Expect(frozenset({"ok", "refused"} if also_refused else {"ok"}), after, stays or after, source)
+
+
+def _refused(state: str, source: str) -> Expect:
+    return Expect(frozenset({"refused"}), state, state, source)
+
+
+def expect(tool: str, world: World, step: Step, overrides: dict[str, str] | None = None) -> Expect:
+    """The documented answer of ``tool`` to ``step`` in ``world``.
+
+    ``overrides`` maps ``"action@state"`` to ``"ok"`` or ``"refused"``: a
+    stated model in place of the documented one (how the hunt's own tests give
+    it a promise the tool does not keep, to see the search find and shrink it).
+    """
+    s, a = world.state, step.action
+    if overrides and f"{a}@{s}" in overrides:
+        want = overrides[f"{a}@{s}"]
+        base = _expect(tool, world, step)
+        after = base.after_ok if "ok" in base.answers else _next_if_ok(tool, world, step)
+        return Expect(frozenset({want}), after, s, "the hunt's stated model (an override)")
+    return _expect(tool, world, step)
+
+
+def _next_if_ok(tool: str, world: World, step: Step) -> str:
+    """Where an action that the documentation refuses would lead if it succeeded (for a stated model)."""
+    a = step.action
+    table = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
+             "restore_filled": "locked", "criu_restore": world.image or "running",
+             "criu_dump": world.state if dict(step.args).get("leave_running") else "gone"}
+    return table.get(a, world.state)
+
+
+def _expect(tool: str, world: World, step: Step) -> Expect:
+    s, a = world.state, step.action
+    if a == "respawn":
+        return _ok("running", SOURCES["respawn"])
+    if s == "gone":
+        if a == "criu_restore" and world.image is not None:
+            return _ok(world.image, SOURCES["criu-restore"] if tool == "criu" or world.image != "running"
+                       else SOURCES["criu-plugin"])
+        if a == "criu_restore_filled" and world.image is not None:
+            return Expect(frozenset({"ok", "refused"}), world.image, "gone", SOURCES["criu-plugin"])
+        if a in ("criu_restore", "criu_restore_filled"):
+            return _refused("gone", SOURCES["criu-restore"])
+        return Expect(frozenset({"gone"}), "gone", "gone", SOURCES["kill"])
+    if a == "kill":
+        return _ok("gone", SOURCES["kill"])
+    if a in ("signal", "fork"):
+        return _ok(s, SOURCES[a])
+    if a == "thread_call":
+        return _ok(s, SOURCES["locked-blocks"])
+    if a in PROBE_WORK:
+        return _ok(s, SOURCES["work"]) if s == "running" else _refused(s, SOURCES["work"])
+    if a in ("criu_restore", "criu_restore_filled"):
+        # The PID is taken by the process that runs now.
+        return _refused(s, SOURCES["criu-restore"])
+    if a == "criu_dump":
+        leave = bool(dict(step.args).get("leave_running"))
+        if tool == "criu" or (tool == "criu-cuda-plugin" and s == "running") or s == "checkpointed":
+            source = SOURCES["criu-dump"] if tool == "criu" else (
+                SOURCES["criu-plugin"] if tool == "criu-cuda-plugin" else SOURCES["criu-gpu"])
+            return _ok(s if leave else "gone", source)
+        return _refused(s, SOURCES["criu-gpu"])
+    # The driver API's four calls (and the utility's actions, which are the same calls).
+    valid_in = {"lock": "running", "unlock": "locked", "checkpoint": "locked", "restore": "checkpointed",
+                "restore_filled": "checkpointed"}
+    after = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
+             "restore_filled": "locked"}
+    source_key = "restore" if a == "restore_filled" else a
+    if a not in valid_in:
+        raise InvalidArgument(f"hunt: unknown action {a!r}; the actions are {sorted({x.action for x in ALPHABETS[tool]})}")
+    if tool == "criu-cuda-plugin":
+        return _refused(s, "the plugin's lifecycle has no such call")
+    if s != valid_in[a]:
+        return _refused(s, SOURCES[source_key] + " " + SOURCES["refusal"])
+    if a == "restore_filled":
+        return Expect(frozenset({"ok", "refused"}), "locked", "checkpointed", SOURCES["restore-filled"])
+    if a == "lock" and dict(step.args).get("timeout_ms", 0) and int(dict(step.args)["timeout_ms"]) < 100:
+        return Expect(frozenset({"ok", "refused"}), "locked", "running", SOURCES["lock-timeout"])
+    return _ok(after[a], SOURCES[source_key])
+
+
+def advance(tool: str, world: World, step: Step, answer: str, state: str) -> World:
+    """The world after ``step`` answered ``answer`` with the probe now in ``state`` (what was observed wins)."""
+    if step.action == "respawn":
+        return World()
+    if step.action == "criu_dump" and answer == "ok":
+        return World(state=state, image=world.state)
+    return replace(world, state=state if state in STATES else world.state)
+
+
+def valid(tool: str, world: World, overrides: dict[str, str] | None = None) -> tuple[Step, ...]:
+    """The steps of ``tool``'s alphabet the documentation answers with ``ok`` in ``world`` (the directed search's moves)."""
+    out = []
+    for step in ALPHABETS[tool]:
+        if step.action == "respawn":
+            if world.state == "gone":
+                out.append(step)
+            continue
+        if "ok" in expect(tool, world, step, overrides).answers:
+            out.append(step)
+    return tuple(out)
+
+
+def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> dict[str, tuple[Step, ...]]:
+    """The steps open in ``world``, in two kinds: ``advance`` (a lifecycle step documented to succeed)
+    and ``detour`` (everything else the hunt may take: steps that keep the state, and misuse the
+    documentation refuses). The directed search draws from both kinds equally, so it walks the
+    lifecycle deep while still trying every refusal on the way.
+    """
+    ok = valid(tool, world, overrides)
+    advance = tuple(st for st in ok if st.action in LIFECYCLE)
+    return {"advance": advance, "detour": tuple(st for st in safe(tool, world) if st not in advance)}
+
+
+def safe(tool: str, world: World) -> tuple[Step, ...]:
+    """Every step the hunt may take in ``world``: all but the probe's own work outside RUNNING (it would wait,
+    not fail) and a CRIU restore with no image (there is nothing to ask the tool)."""
+    return tuple(st for st in ALPHABETS[tool]
+                 if not (st.action in PROBE_WORK and world.state != "running")
+                 and not (st.action == "respawn" and world.state != "gone")
+                 and not (st.action.startswith("criu_restore") and world.image is None))
+
+
+PUBLIC_REPORTS = {
+    "NVIDIA/cuda-checkpoint#44": "a restore after a failed (out-of-memory) restore stays CHECKPOINTED for good",
+    "NVIDIA/cuda-checkpoint#53": "killing a restored process hung the host (driver 595)",
+}
+
+
+def public_report(action: str, invariant: str, sequence: list[str]) -> str:
+    """The public report a deviation matches (its number and words), or "not found in any public report"."""
+    before = sequence[:-1]
+    if action in API and any(s.startswith(("restore_filled", "criu_restore_filled")) for s in before):
+        key = "NVIDIA/cuda-checkpoint#44"
+    elif action == "kill" and invariant == "bounded_time" and any("restore" in s for s in before):
+        key = "NVIDIA/cuda-checkpoint#53"
+    else:
+        return "not found in any public report"
+    return f"{key}: {PUBLIC_REPORTS[key]}"
+
+
+def check_tool(tool: str) -> str:
+    """``tool`` when it has a lifecycle model; a :class:`InvalidArgument` naming the choices otherwise."""
+    if tool not in TOOLS:
+        raise InvalidArgument(f"hunt: no lifecycle model for tool {tool!r}; the tools are {', '.join(TOOLS)}")
+    return tool

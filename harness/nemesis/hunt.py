@@ -1,0 +1,110 @@
+"""The hunt's hands: live sessions on a tool, reproducers written from the kit, and reproducers run on their own.
+
+Everything a hunt does to a process goes through
+:mod:`cutbench.harness.nemesis.lifecycle_kit`, a file with no cutbench in it.
+A reproducer is that file's text, the sequence, the deviation it must show,
+and a call to the kit's ``main``: the same code the hunt ran, so a reproducer
+that does not show its deviation on its own points at the harness.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import Unavailable
+from cutbench.harness.environment.criu import locate
+from cutbench.harness.environment.criu.plugin import plugin_dir, plugin_unavailable_reason
+from cutbench.harness.model.lifecycle import GPU_TOOLS, Step, check_tool
+from cutbench.harness.nemesis import lifecycle_kit
+
+KIT = Path(lifecycle_kit.__file__)
+
+
+def unavailable_reason(tool: str) -> str | None:
+    """Why ``tool``'s lifecycle cannot be driven on this machine, or None when it can."""
+    check_tool(tool)
+    if tool in GPU_TOOLS:
+        if shutil.which("nvidia-smi") is None:
+            return f"{tool}: no NVIDIA GPU here (nvidia-smi is not on PATH)"
+        if importlib.util.find_spec("cupy") is None:
+            return f"{tool}: the probe needs CuPy (pip install cupy-cuda13x)"
+    if tool in ("cuda", "criu-cuda-plugin") and importlib.util.find_spec("cuda") is None:
+        return f"{tool}: the driver API needs cuda-bindings (pip install cuda-python)"
+    if tool == "cuda-checkpoint" and shutil.which("cuda-checkpoint") is None:
+        return "cuda-checkpoint: NVIDIA's utility is not on PATH"
+    if tool == "criu-cuda-plugin":
+        reason = plugin_unavailable_reason()
+        if reason:
+            return reason
+    if tool in ("criu", "criu-cuda-plugin", "cuda", "cuda-checkpoint") and locate.find_criu() is None:
+        return f"{tool}: {locate.diagnose()}"
+    return None
+
+
+def environment(tool: str) -> dict[str, str]:
+    """The variables a session (and a reproducer run here) reads: CRIU's command and the plugin's directory."""
+    env = {"HUNT_CRIU": json.dumps(list(locate.require_criu().argv))}
+    if tool == "criu-cuda-plugin":
+        d = plugin_dir()
+        if d:
+            env["HUNT_CRIU_LIBDIR"] = str(d)
+    return env
+
+
+def sessions(tool: str, bound_s: float) -> Callable[[], lifecycle_kit.Session]:
+    """A factory of fresh probes under ``tool``; raises :class:`Unavailable` when the tool cannot run here."""
+    reason = unavailable_reason(tool)
+    if reason:
+        raise Unavailable(reason)
+    os.environ.update(environment(tool))
+    return lambda: lifecycle_kit.Session(tool, bound_s)
+
+
+def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str) -> str:
+    """A standalone script: the kit, then the sequence and the deviation it must show; ``header`` is its docstring."""
+    body = KIT.read_text()
+    doc = '"""' + header.replace('"""', "'''") + '\n"""\n'
+    steps = json.dumps([s.to_json() for s in sequence], indent=4)
+    dev = json.dumps(deviation, indent=4)
+    tail = (f"\n\n# -- this reproducer ------------------------------------------------------------\n"
+            f"TOOL = {tool!r}\nSEQUENCE = {steps}\nDEVIATION = {dev}\n\n"
+            f"if __name__ == \"__main__\":\n    sys.exit(main(TOOL, SEQUENCE, DEVIATION))\n")
+    # JSON's literals are Python's but for these three.
+    tail = tail.replace(": true", ": True").replace(": false", ": False").replace(": null", ": None")
+    return doc + body.split('"""', 2)[2].lstrip("\n") + tail
+
+
+def run_reproducer(path: Path, tool: str, repeat: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Run a reproducer on its own ``repeat`` times, each in a fresh interpreter.
+
+    The script imports nothing of cutbench (it is the kit's text); it gets
+    only CRIU's command and the plugin's directory from the environment.
+    Returns one ``{"exit", "shown", "seconds", "tail"}`` per run: exit 0 means
+    the deviation showed, 1 that it did not, 2 that the script could not run,
+    124 that it ran past ``timeout_s``.
+    """
+    import tempfile
+    import time
+
+    env = {**os.environ, **environment(tool)}
+    out = []
+    for _ in range(repeat):
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="cutbench-repro-") as cwd:
+            try:
+                p = subprocess.run([sys.executable, str(path.resolve())], capture_output=True, text=True,
+                                   timeout=timeout_s, env=env, cwd=cwd)
+                code, text = p.returncode, p.stdout + p.stderr
+            except subprocess.TimeoutExpired as exc:
+                code, text = 124, f"timed out after {timeout_s:.0f} s: {exc.stdout or ''}"
+        out.append({"exit": code, "shown": code == 0, "seconds": round(time.monotonic() - started, 1),
+                    "tail": "\n".join(str(text).strip().splitlines()[-12:])})
+    return out
