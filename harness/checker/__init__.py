@@ -2,6 +2,7 @@
 
 ``oracle`` holds the finders (one function per kind of invalid recovery)
 composed by ``oracle.judge`` into one verdict; ``stats`` holds the small
-statistics the summaries use. Nothing here runs a process, reads a clock or
+statistics the summaries use; ``lifecycle`` the hunt's invariants (a
+step's observation against the documented answer). Nothing here runs a process, reads a clock or
 writes a file, so a stored run is re-judged and unit-tested without a GPU.
 """

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.errors import Flaky
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
@@ -66,20 +68,20 @@ class HuntLog:
     started: float = field(default_factory=time.monotonic)
     hard_deadline: float = float("inf")  # no sequence starts after this (set by the search from its budget)
     harness_errors: list[str] = field(default_factory=list)
+    # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
+    transitions: Counter[str] = field(default_factory=Counter)
 
     def record(self, devs: list[Deviation], trace: list[tuple[Step, dict[str, Any]]]) -> list[Deviation]:
-        """Keep each deviation's shortest sequence; returns the ones never seen before."""
-        new = []
+        """Keep each deviation's shortest sequence; returns ``devs`` (a caller tells new from known)."""
         for dev in devs:
             seq = [s for s, _ in trace]
             old = self.found.get(dev.signature)
             if old is None:
-                new.append(dev)
                 self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], self.sequences,
                                                   round(time.monotonic() - self.started, 1))
             elif len(seq) < len(old.sequence):
                 self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], old.first_at, old.first_s)
-        return new
+        return devs
 
 
 class DeviationFound(AssertionError):
@@ -99,11 +101,12 @@ class Walker:
         log.sequences += not self.spent
 
     def take(self, step: Step) -> list[Deviation]:
-        """Run ``step``, judge it, move the world on; returns the deviations it showed that are new."""
+        """Run ``step``, judge it, move the world on; returns the deviations it showed."""
         assert self.session is not None
         expected = expect(self.tool, self.world, step, self.log.overrides)
         observed = self.session.observe(step.action, **dict(step.args))
         self.log.steps += 1
+        self.log.transitions[f"{step}@{self.world.state}->{observed.get('answer')}"] += 1
         self.trace.append((step, observed))
         if observed.get("answer") == "harness":
             self.log.harness_errors.append(f"{step}: {observed.get('detail')}")
@@ -116,7 +119,7 @@ class Walker:
         return self.log.record(devs, self.trace)
 
     def finish(self) -> list[Deviation]:
-        """End the probe; the new deviations its leftovers show."""
+        """End the probe; the deviations its leftovers show."""
         if self.session is None:
             return []
         left = self.session.close()
@@ -129,15 +132,22 @@ class Walker:
 def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``."""
 
+    # Deviations found in earlier rounds end a sequence quietly; one found in this round fails every
+    # example that shows it, so that Hypothesis can shrink it.
+    quiet = set(log.found)
+
+    def fail_on(devs: list[Deviation]) -> None:
+        new = [d for d in devs if d.signature not in quiet]
+        if new:
+            raise DeviationFound(new[0].summary)
+
     class Lifecycle(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             self.walker = Walker(tool, open_session, log)
 
         def _take(self, step: Step) -> None:
-            new = self.walker.take(step)
-            if new:
-                raise DeviationFound(new[0].summary)
+            fail_on(self.walker.take(step))
 
         def _open(self, kind: str) -> tuple[Step, ...]:
             return () if self.walker.spent else moves(tool, self.walker.world, log.overrides)[kind]
@@ -158,9 +168,7 @@ def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
             """Nothing: what is left of a sequence after a known deviation (a machine needs one open rule)."""
 
         def teardown(self) -> None:
-            new = self.walker.finish()
-            if new:
-                raise DeviationFound(new[0].summary)
+            fail_on(self.walker.finish())
 
     Lifecycle.__name__ = f"Lifecycle[{tool}]"
     return Lifecycle
@@ -174,11 +182,11 @@ def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog
     sequences of at most ``log.length`` steps. A round that finds a new
     deviation shrinks it (the log keeps the shortest sequence of each kind,
     whatever Hypothesis ends with), and the next round starts afresh.
-    Shrinking stops at half the budget past it (at least a minute): what was
-    shortest by then is kept.
+    Shrinking stops at half the budget past it: what was shortest by then
+    is kept (:func:`tighten` finishes the job).
     """
     deadline = log.started + budget_s
-    log.hard_deadline = deadline + max(60.0, budget_s / 2)
+    log.hard_deadline = deadline + budget_s / 2
     while time.monotonic() < deadline:
         cls = machine(tool, open_session, log)
         # Rounds no longer than what is left of the budget, at the pace seen so far (shrinking may run over).
@@ -186,14 +194,13 @@ def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog
         left = int((deadline - time.monotonic()) / pace) if log.sequences else examples_per_round
         cfg = settings(max_examples=max(1, min(examples_per_round, left)), stateful_step_count=log.length, deadline=None,
                        database=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
-                       report_multiple_bugs=False, print_blob=False)
+                       report_multiple_bugs=False, print_blob=False, verbosity=Verbosity.quiet)
         try:
             run_state_machine_as_test(cls, settings=cfg)
-        except DeviationFound:
+        except (DeviationFound, Flaky):
+            # Flaky: a real tool answered one sequence two ways, or a replay crossed the hard deadline.
+            # The log holds the shortest sequence seen for each deviation either way.
             pass
-        except Exception as exc:  # Flaky, a shrink that slipped: the log holds what was seen either way
-            if "DeviationFound" not in repr(exc) and type(exc).__name__ not in ("Flaky", "FlakyFailure"):
-                raise
     return log
 
 
@@ -212,3 +219,44 @@ def random_walk(tool: str, open_session: Callable[[], LifecycleSession], log: Hu
         finally:
             walker.finish()
     return log
+
+
+def tighten(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, found: Found) -> Found:
+    """``found`` with every step removed that the deviation does not need; returns the shortest that still shows it.
+
+    Hypothesis's shrink stops at the search's hard deadline; this pass
+    finishes the job one step at a time: drop a step, replay the rest on a
+    fresh probe, and keep the drop when the last step still shows the same
+    deviation. It replays at most one sequence per step of ``found``.
+    """
+    steps = [s for s in found.sequence if s.action != "close"]
+    closing = found.deviation.step.action == "close"
+    i = 0
+    while i < len(steps) - (0 if closing else 1):
+        trial = steps[:i] + steps[i + 1:]
+        shown = _replay(tool, open_session, log, trial, found.deviation.signature, closing)
+        if shown is not None:
+            steps, found = trial, Found(shown[0], shown[1], shown[2], found.first_at, found.first_s)
+        else:
+            i += 1
+    return found
+
+
+def _replay(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, steps: list[Step],
+            signature: str, closing: bool) -> tuple[Deviation, list[Step], list[dict[str, Any]]] | None:
+    """Replay ``steps``; the deviation with ``signature`` and its trace when the sequence ends showing it, else None."""
+    scratch = HuntLog(tool, len(steps), log.overrides)
+    walker = Walker(tool, open_session, scratch)
+    try:
+        for n, step in enumerate(steps):
+            if walker.spent:
+                return None  # it went off the documented path before the end: not the same sequence
+            walker.take(step)
+            if scratch.found and n < len(steps) - 1:
+                return None
+    finally:
+        walker.finish()
+    match = [f for f in scratch.found.values() if f.deviation.signature == signature]
+    if not match:
+        return None
+    return match[0].deviation, match[0].sequence, match[0].observations

@@ -2,6 +2,8 @@
 
 Owns cut plans (``plan``), the validated scenario and its arms
 (``scenario``), the trial's spec, result and verdict types (``trial``) and
-the timed stage log (``timeline``). It imports only the ground floor and the
+the timed stage log (``timeline``), and each tool's documented lifecycle
+for ``cutbench hunt`` (``lifecycle``: states, steps, the documented answer
+to each with its source). It imports only the ground floor and the
 workloads' declared contracts; it runs no process and writes no file.
 """

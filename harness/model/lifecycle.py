@@ -189,14 +189,16 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
              "restore_filled": "locked"}
     source_key = "restore" if a == "restore_filled" else a
     if a not in valid_in:
-        raise InvalidArgument(f"hunt: unknown action {a!r}; the actions are {sorted({x.action for x in ALPHABETS[tool]})}")
+        raise InvalidArgument(f"hunt: unknown action {a!r}; the actions are "
+                              f"{sorted({x.action for x in ALPHABETS[check_tool(tool)]})}")
     if tool == "criu-cuda-plugin":
         return _refused(s, "the plugin's lifecycle has no such call")
     if s != valid_in[a]:
         return _refused(s, SOURCES[source_key] + " " + SOURCES["refusal"])
     if a == "restore_filled":
         return Expect(frozenset({"ok", "refused"}), "locked", "checkpointed", SOURCES["restore-filled"])
-    if a == "lock" and dict(step.args).get("timeout_ms", 0) and int(dict(step.args)["timeout_ms"]) < 100:
+    timeout_ms = dict(step.args).get("timeout_ms", 0)
+    if a == "lock" and isinstance(timeout_ms, int) and 0 < timeout_ms < 100:
         return Expect(frozenset({"ok", "refused"}), "locked", "running", SOURCES["lock-timeout"])
     return _ok(after[a], SOURCES[source_key])
 
@@ -212,15 +214,7 @@ def advance(tool: str, world: World, step: Step, answer: str, state: str) -> Wor
 
 def valid(tool: str, world: World, overrides: dict[str, str] | None = None) -> tuple[Step, ...]:
     """The steps of ``tool``'s alphabet the documentation answers with ``ok`` in ``world`` (the directed search's moves)."""
-    out = []
-    for step in ALPHABETS[tool]:
-        if step.action == "respawn":
-            if world.state == "gone":
-                out.append(step)
-            continue
-        if "ok" in expect(tool, world, step, overrides).answers:
-            out.append(step)
-    return tuple(out)
+    return tuple(step for step in safe(tool, world) if "ok" in expect(tool, world, step, overrides).answers)
 
 
 def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> dict[str, tuple[Step, ...]]:
@@ -237,7 +231,7 @@ def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> d
 def safe(tool: str, world: World) -> tuple[Step, ...]:
     """Every step the hunt may take in ``world``: all but the probe's own work outside RUNNING (it would wait,
     not fail) and a CRIU restore with no image (there is nothing to ask the tool)."""
-    return tuple(st for st in ALPHABETS[tool]
+    return tuple(st for st in ALPHABETS[check_tool(tool)]
                  if not (st.action in PROBE_WORK and world.state != "running")
                  and not (st.action == "respawn" and world.state != "gone")
                  and not (st.action.startswith("criu_restore") and world.image is None))

@@ -6,7 +6,10 @@ backend declares what it can do on itself (``capabilities``, a
 :data:`cutbench.registry.CHECKPOINTERS` (built-ins) or the entry-point group
 ``cutbench.checkpointers`` (third parties). ``pipeline.execute_cut`` is the
 one place that knows the order checkpoint → fault → restore. Backends live
-in ``backends/``, one module each.
+in ``backends/``, one module each. ``lifecycle_kit`` drives one tool's
+lifecycle by hand with no cutbench in it (the hunt's hands and the body of
+every reproducer it writes); ``hunt`` opens its sessions, writes the
+reproducers and runs them on their own.
 
 ``get(name)`` returns a backend instance; availability is asked separately
 (``unavailable_reason()``) so a sweep can report or skip what this machine

@@ -104,7 +104,7 @@ def run_reproducer(path: Path, tool: str, repeat: int, timeout_s: float) -> list
                                    timeout=timeout_s, env=env, cwd=cwd)
                 code, text = p.returncode, p.stdout + p.stderr
             except subprocess.TimeoutExpired as exc:
-                code, text = 124, f"timed out after {timeout_s:.0f} s: {exc.stdout or ''}"
+                code, text = 124, f"timed out after {timeout_s:.0f} s: {exc.stdout!r}"
         out.append({"exit": code, "shown": code == 0, "seconds": round(time.monotonic() - started, 1),
                     "tail": "\n".join(str(text).strip().splitlines()[-12:])})
     return out

@@ -156,9 +156,10 @@ class Utility:
     name = "cuda-checkpoint"
 
     def __init__(self, bound_s: float = BOUND_S) -> None:
-        self.exe = shutil.which("cuda-checkpoint")
-        if self.exe is None:
+        exe = shutil.which("cuda-checkpoint")
+        if exe is None:
             raise RuntimeError("cuda-checkpoint is not on PATH")
+        self.exe: str = exe
         self.bound_s = bound_s
 
     def call(self, pid: int, op: str, timeout_ms: int = 0) -> str:

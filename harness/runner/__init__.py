@@ -11,6 +11,7 @@ Ray one, whose tasks each run ``trial_worker`` (one trial in a process of its
 own); ``adaptive`` hosts the drivers that decide trial by trial (the
 Hypothesis search, stop-at-first-invalid); ``replay`` reruns a stored trial;
 ``matrix`` runs ``cutbench matrix`` and stores the support matrix;
+``hunt`` runs ``cutbench hunt`` (search, random walk, reproducers);
 ``catalog`` lists what a run can be made of here (``cutbench list``);
 ``program`` runs a program that knows nothing of cutbench, judged from
 what it shows the outside world (imported here, so that its runner is

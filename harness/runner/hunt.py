@@ -18,7 +18,7 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.environment import record
-from cutbench.harness.generator.hunt import Found, HuntLog, random_walk, search
+from cutbench.harness.generator.hunt import Found, HuntLog, random_walk, search, tighten
 from cutbench.harness.model.lifecycle import check_tool, public_report
 from cutbench.harness.nemesis import hunt as hands
 from cutbench.harness.store import findings as store
@@ -46,7 +46,7 @@ def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.
     if walk_s > 0:
         walk = random_walk(tool, open_session, HuntLog(tool, length, dict(overrides or {})), walk_s)
         say(f"random walk: {walk.sequences} sequences, {len(walk.found)} deviations")
-    found = sorted(log.found.values(), key=lambda f: f.first_at)
+    found = [tighten(tool, open_session, log, f) for f in sorted(log.found.values(), key=lambda f: f.first_at)]
     rows = []
     for n, f in enumerate(found, 1):
         ident = f"{tool}-{n}"
@@ -84,13 +84,15 @@ def _finding(out: Path, tool: str, ident: str, f: Found, walk: HuntLog | None, r
 
 def _counts(log: HuntLog) -> dict[str, Any]:
     return {"sequences": log.sequences, "steps": log.steps, "seconds": round(time.monotonic() - log.started, 1),
-            "signatures": {sig: f.first_at for sig, f in log.found.items()}, "harness_errors": log.harness_errors}
+            "signatures": {sig: f.first_at for sig, f in log.found.items()}, "harness_errors": log.harness_errors,
+            "transitions": dict(sorted(log.transitions.items()))}
 
 
 def _environment(env: dict[str, Any]) -> dict[str, Any]:
     """The few facts a finding is read with: driver, GPU, CRIU, kernel."""
-    gpus = (env.get("gpu") or {}).get("gpus") or [{}]
+    gpu = env.get("gpu") or {}
+    gpus = gpu.get("gpus") or [{}]
     first = gpus[0] if isinstance(gpus[0], dict) else {}
-    return {"driver_version": first.get("driver_version") or first.get("driver") or "none",
+    return {"driver_version": gpu.get("driver_version") or "none",
             "gpu_name": first.get("name") or "none", "criu_version": (env.get("criu") or {}).get("version"),
             "kernel": env.get("kernel")}

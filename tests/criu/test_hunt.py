@@ -1,0 +1,58 @@
+"""``cutbench hunt`` on real CRIU: the state machine drives CPU probes through dumps, restores, kills and clones."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from cutbench.harness.runner.hunt import hunt
+
+
+def leftovers() -> list[str]:
+    """The hunt's probe directories still on disk, and probe processes still running."""
+    dirs = [p.name for p in Path(tempfile.gettempdir()).glob("cutbench-hunt-*")]
+    procs = []
+    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if b"cutbench-hunt-" in stat.read_bytes():
+                procs.append(stat.parent.name)
+        except OSError:
+            pass
+    return dirs + procs
+
+
+def test_criu_keeps_its_documented_lifecycle_and_the_hunt_leaves_nothing(criu, tmp_path):
+    from tests.fixtures.run_fixtures import cli
+
+    before = set(leftovers())
+    p = cli("hunt", "--tool", "criu", "--budget", "5", "--length", "8", "--out", str(tmp_path), timeout=240)
+    doc = json.loads((tmp_path / "criu" / "hunt.json").read_text())
+    assert p.returncode == 0, p.stdout + p.stderr  # 1 would be a deviation: CRIU broke its documented lifecycle
+    assert doc["search"]["sequences"] >= 3 and doc["search"]["steps"] > doc["search"]["sequences"]
+    assert not doc["search"]["harness_errors"] and not doc["findings"]
+    tried = doc["search"]["transitions"]
+    assert any(k.startswith("criu_dump") and k.endswith("->ok") for k in tried), tried
+    assert set(leftovers()) <= before
+
+
+def test_a_broken_promise_is_found_shrunk_and_shown_by_its_reproducer_alone(criu, tmp_path):
+    """A stated model that says CRIU restores an image while its process still runs: CRIU refuses (the PID is
+    taken), the search finds it, shrinks it, and the reproducer shows it on its own."""
+    doc = hunt("criu", tmp_path, budget_s=10, length=8, repeat=1, overrides={"criu_restore@running": "ok"},
+               say=lambda _m: None)
+    [f] = [f for f in doc["findings"] if "File exists" in str(f["deviation"]["observed"]["detail"])]
+    # The shortest: a dump that leaves the process running, then the restore; a dump, a restore and a second
+    # restore while the first copy runs is the other way there (a step can be dropped, never rewritten).
+    assert f["sequence_text"] in (["criu_dump(leave_running=True)", "criu_restore"],
+                                  ["criu_dump", "criu_restore", "criu_restore"]), f["sequence_text"]
+    assert [r["shown"] for r in f["standalone"]] == [True], f["standalone"]
+    assert doc["harness_deviations"] == []
+    text = (tmp_path / f["reproducer"]).read_text()
+    modules = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module or "" for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("cutbench") for m in modules)
+    assert os.access(tmp_path / f["reproducer"], os.X_OK)
+    assert "criu-1" in (tmp_path / "FINDINGS.md").read_text()
