@@ -67,6 +67,12 @@ class HuntLog:
     found: dict[str, Found] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     hard_deadline: float = float("inf")  # no sequence starts after this (set by the search from its budget)
+    max_sequences: int | None = None  # nor once this many ran
+
+    def exhausted(self) -> bool:
+        """Whether the budget is spent: past the hard deadline, or as many sequences run as allowed."""
+        return time.monotonic() > self.hard_deadline or (
+            self.max_sequences is not None and self.sequences >= self.max_sequences)
     harness_errors: list[str] = field(default_factory=list)
     # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
     transitions: Counter[str] = field(default_factory=Counter)
@@ -95,8 +101,8 @@ class Walker:
         self.tool, self.log = tool, log
         self.world = World()
         self.trace: list[tuple[Step, dict[str, Any]]] = []
-        # Past the hard deadline (a shrink running long) a sequence takes no step and starts no probe.
-        self.spent = time.monotonic() > log.hard_deadline
+        # Past the budget (a shrink running long) a sequence takes no step and starts no probe.
+        self.spent = log.exhausted()
         self.session = None if self.spent else open_session()
         log.sequences += not self.spent
 
@@ -175,8 +181,15 @@ def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
 
 
 def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, budget_s: float,
-           examples_per_round: int = 10) -> HuntLog:
+           examples_per_round: int = 10, max_sequences: int | None = None, seed: int | None = None) -> HuntLog:
     """Run the state machine in rounds until ``budget_s`` is spent; returns ``log`` with what was found.
+
+    ``max_sequences``: also stop once that many sequences ran, shrinking's
+    included (a budget in effort, not time: the same on a slow host as on a
+    fast one).
+    ``seed``: draw the same sequences on every run (each round seeded
+    ``seed + round``), so a search is repeatable as long as the tool answers
+    the same way.
 
     Each round is one Hypothesis run of up to ``examples_per_round``
     sequences of at most ``log.length`` steps. A round that finds a new
@@ -187,11 +200,18 @@ def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog
     """
     deadline = log.started + budget_s
     log.hard_deadline = deadline + budget_s / 2
-    while time.monotonic() < deadline:
+    rounds = 0
+    log.max_sequences = max_sequences
+    while time.monotonic() < deadline and not log.exhausted():
         cls = machine(tool, open_session, log)
+        if seed is not None:
+            cls._hypothesis_internal_use_seed = seed + rounds  # type: ignore[attr-defined]  # what @seed sets
+        rounds += 1
         # Rounds no longer than what is left of the budget, at the pace seen so far (shrinking may run over).
         pace = (time.monotonic() - log.started) / max(log.sequences, 1)
         left = int((deadline - time.monotonic()) / pace) if log.sequences else examples_per_round
+        if max_sequences is not None:
+            left = min(left, max_sequences - log.sequences)
         cfg = settings(max_examples=max(1, min(examples_per_round, left)), stateful_step_count=log.length, deadline=None,
                        database=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
                        report_multiple_bugs=False, print_blob=False, verbosity=Verbosity.quiet)

@@ -444,12 +444,15 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
               help="Runs of each reproducer on its own (0: write them, run none).")
 @click.option("--bound", "bound_s", type=float, default=60.0, show_default=True, metavar="S",
               help="The longest any one step may take; past it the step is a hang (a finding).")
+@click.option("--sequences", type=int, default=None, metavar="N",
+              help="Also stop once N sequences ran, shrinking's included (an effort budget, the same on any host).")
+@click.option("--seed", type=int, default=None, help="Draw the same sequences on every run (a repeatable search).")
 @click.option("--model", "overrides", multiple=True, metavar="ACTION@STATE=ok|refused",
               help="State a promise in place of the documented one (repeatable), e.g. criu_restore@running=ok.")
 @click.option("--out", default="results/hunt", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print hunt.json's summary as JSON.")
-def hunt(tool: str, budget_s: float, walk_s: float, length: int, repeat: int, bound_s: float,
-         overrides: tuple[str, ...], out: str, as_json: bool) -> None:
+def hunt(tool: str, budget_s: float, walk_s: float, length: int, repeat: int, bound_s: float, sequences: int | None,
+         seed: int | None, overrides: tuple[str, ...], out: str, as_json: bool) -> None:
     """Search a tool's lifecycle for deviations from its documentation; shrink each to a standalone reproducer.
 
     Writes OUT/TOOL/hunt.json, FINDINGS.md and repro/*.py. Exits 1 when a deviation was found, 0 when none.
@@ -464,7 +467,8 @@ def hunt(tool: str, budget_s: float, walk_s: float, length: int, repeat: int, bo
                                   "e.g. criu_restore@running=ok")
         stated[key] = value
     doc = runner.hunt(tool, Path(out) / tool, budget_s=budget_s, walk_s=walk_s, length=length, repeat=repeat,
-                      bound_s=bound_s, overrides=stated, command="cutbench hunt " + " ".join(sys.argv[2:]),
+                      bound_s=bound_s, overrides=stated, sequences=sequences, seed=seed,
+                      command="cutbench hunt " + " ".join(sys.argv[2:]),
                       say=(lambda _m: None) if as_json else say)
     if as_json:
         click.echo(json.dumps({"out": str(Path(out) / tool), "search": doc["search"], "walk": doc["walk"],

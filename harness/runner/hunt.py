@@ -26,25 +26,28 @@ from cutbench.harness.store import findings as store
 
 def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.0, length: int = 10,
          repeat: int = 3, bound_s: float = 60.0, overrides: dict[str, str] | None = None, command: str = "",
-         say: Callable[[str], None] = print) -> dict[str, Any]:
+         sequences: int | None = None, seed: int | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Hunt ``tool`` for ``budget_s`` seconds; returns the document stored as ``OUT/hunt.json``.
 
     ``walk_s``: seconds of random walk to measure the search against (0: none).
     ``length``: steps per sequence. ``repeat``: standalone runs of each
     reproducer. ``bound_s``: the longest any one step may take. ``overrides``:
     a stated model in place of the documented one (``{"action@state": "ok"}``).
+    ``sequences``: stop the search once that many sequences ran (shrinking's
+    included). ``seed``: the search draws the same sequences on every run.
     """
     check_tool(tool)
-    if budget_s <= 0 or length < 1 or repeat < 0 or bound_s <= 0:
-        raise InvalidArgument("hunt: --budget and --bound must be > 0 s, --length >= 1 and --repeat >= 0")
+    if budget_s <= 0 or length < 1 or repeat < 0 or bound_s <= 0 or (sequences is not None and sequences < 1):
+        raise InvalidArgument("hunt: --budget and --bound must be > 0 s, --length and --sequences >= 1, --repeat >= 0")
     out = Path(out)
     open_session = hands.sessions(tool, bound_s)
     say(f"hunting {tool}: {budget_s:.0f} s of sequences of up to {length} steps")
-    log = search(tool, open_session, HuntLog(tool, length, dict(overrides or {})), budget_s)
+    log = search(tool, open_session, HuntLog(tool, length, dict(overrides or {})), budget_s,
+                 max_sequences=sequences, seed=seed)
     say(f"directed search: {log.sequences} sequences, {len(log.found)} deviations")
     walk = None
     if walk_s > 0:
-        walk = random_walk(tool, open_session, HuntLog(tool, length, dict(overrides or {})), walk_s)
+        walk = random_walk(tool, open_session, HuntLog(tool, length, dict(overrides or {})), walk_s, seed=seed or 0)
         say(f"random walk: {walk.sequences} sequences, {len(walk.found)} deviations")
     found = [tighten(tool, open_session, log, f) for f in sorted(log.found.values(), key=lambda f: f.first_at)]
     rows = []
@@ -53,7 +56,7 @@ def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.
         rows.append(_finding(out, tool, ident, f, walk, repeat, bound_s, say))
     env = record.collect()
     doc = {"tool": tool, "command": command, "environment": _environment(env), "environment_full": env,
-           "budget_s": budget_s, "length": length, "bound_s": bound_s, "overrides": overrides or {},
+           "budget_s": budget_s, "sequences": sequences, "seed": seed, "length": length, "bound_s": bound_s, "overrides": overrides or {},
            "search": _counts(log), "walk": _counts(walk) if walk else None, "findings": rows,
            "harness_deviations": [r["id"] for r in rows if repeat and not any(x["shown"] for x in r["standalone"])]}
     path = store.write_hunt(out, doc)

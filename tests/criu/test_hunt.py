@@ -10,6 +10,8 @@ from pathlib import Path
 
 from cutbench.harness.runner.hunt import hunt
 
+SEED = 4
+
 
 def leftovers() -> list[str]:
     """The hunt's probe directories still on disk, and probe processes still running."""
@@ -28,10 +30,11 @@ def test_criu_keeps_its_documented_lifecycle_and_the_hunt_leaves_nothing(criu, t
     from tests.fixtures.run_fixtures import cli
 
     before = set(leftovers())
-    p = cli("hunt", "--tool", "criu", "--budget", "5", "--length", "8", "--out", str(tmp_path), timeout=240)
+    p = cli("hunt", "--tool", "criu", "--budget", "300", "--sequences", "6", "--seed", "1", "--length", "8",
+            "--out", str(tmp_path), timeout=400)
     doc = json.loads((tmp_path / "criu" / "hunt.json").read_text())
     assert p.returncode == 0, p.stdout + p.stderr  # 1 would be a deviation: CRIU broke its documented lifecycle
-    assert doc["search"]["sequences"] >= 3 and doc["search"]["steps"] > doc["search"]["sequences"]
+    assert doc["search"]["sequences"] == 6 and doc["search"]["steps"] > doc["search"]["sequences"]
     assert not doc["search"]["harness_errors"] and not doc["findings"]
     tried = doc["search"]["transitions"]
     assert any(k.startswith("criu_dump") and k.endswith("->ok") for k in tried), tried
@@ -41,8 +44,9 @@ def test_criu_keeps_its_documented_lifecycle_and_the_hunt_leaves_nothing(criu, t
 def test_a_broken_promise_is_found_shrunk_and_shown_by_its_reproducer_alone(criu, tmp_path):
     """A stated model that says CRIU restores an image while its process still runs: CRIU refuses (the PID is
     taken), the search finds it, shrinks it, and the reproducer shows it on its own."""
-    doc = hunt("criu", tmp_path, budget_s=10, length=8, repeat=1, overrides={"criu_restore@running": "ok"},
-               say=lambda _m: None)
+    # An effort budget and a seed, not a time budget: the same sequences however loaded the host is.
+    doc = hunt("criu", tmp_path, budget_s=300, sequences=20, seed=SEED, length=8, repeat=1,
+               overrides={"criu_restore@running": "ok"}, say=lambda _m: None)
     [f] = [f for f in doc["findings"] if "File exists" in str(f["deviation"]["observed"]["detail"])]
     # The shortest: a dump that leaves the process running, then the restore; a dump, a restore and a second
     # restore while the first copy runs is the other way there (a step can be dropped, never rewritten).

@@ -34,7 +34,7 @@ def test_hypothesis_finds_a_duplicate_on_counter_and_shrinks_it_to_one_cut(criu,
         '[workload]\nname = "counter"\narray = "numpy"\nparams = { ops = 5, state_size = 512, seed = 3, op_interval_ms = 200.0 }\n'
         '[receiver]\nmodes = ["at_least_once"]\n'
         '[pipeline]\nbackends = ["criu"]\nfaults = ["leave_running"]\ncrash_after_ms = [0, 1000]\n'
-        '[plan]\nsource = "hypothesis"\nprofile = "research"\nops = [1, 5]\nphases = ["commit"]\ncuts_per_trial = 3\ntrials = 12\n'
+        '[plan]\nsource = "hypothesis"\nprofile = "research"\nops = [1, 5]\nphases = ["commit"]\ncuts_per_trial = 2\ntrials = 10\n'
         '[run]\nwatchdog_s = 5\n'
     )
     out = tmp_path / "results"
