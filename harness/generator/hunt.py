@@ -22,7 +22,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from hypothesis import HealthCheck, Phase, Verbosity, settings
@@ -68,14 +68,14 @@ class HuntLog:
     started: float = field(default_factory=time.monotonic)
     hard_deadline: float = float("inf")  # no sequence starts after this (set by the search from its budget)
     max_sequences: int | None = None  # nor once this many ran
+    harness_errors: list[str] = field(default_factory=list)
+    # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
+    transitions: Counter[str] = field(default_factory=Counter)
 
     def exhausted(self) -> bool:
         """Whether the budget is spent: past the hard deadline, or as many sequences run as allowed."""
         return time.monotonic() > self.hard_deadline or (
             self.max_sequences is not None and self.sequences >= self.max_sequences)
-    harness_errors: list[str] = field(default_factory=list)
-    # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
-    transitions: Counter[str] = field(default_factory=Counter)
 
     def record(self, devs: list[Deviation], trace: list[tuple[Step, dict[str, Any]]]) -> list[Deviation]:
         """Keep each deviation's shortest sequence; returns ``devs`` (a caller tells new from known)."""
@@ -256,15 +256,15 @@ def tighten(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
         trial = steps[:i] + steps[i + 1:]
         shown = _replay(tool, open_session, log, trial, found.deviation.signature, closing)
         if shown is not None:
-            steps, found = trial, Found(shown[0], shown[1], shown[2], found.first_at, found.first_s)
+            steps, found = trial, replace(shown, first_at=found.first_at, first_s=found.first_s)
         else:
             i += 1
     return found
 
 
 def _replay(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, steps: list[Step],
-            signature: str, closing: bool) -> tuple[Deviation, list[Step], list[dict[str, Any]]] | None:
-    """Replay ``steps``; the deviation with ``signature`` and its trace when the sequence ends showing it, else None."""
+            signature: str, closing: bool) -> Found | None:
+    """Replay ``steps``; the deviation with ``signature`` as found when the sequence ends showing it, else None."""
     scratch = HuntLog(tool, len(steps), log.overrides)
     walker = Walker(tool, open_session, scratch)
     try:
@@ -276,7 +276,4 @@ def _replay(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
                 return None
     finally:
         walker.finish()
-    match = [f for f in scratch.found.values() if f.deviation.signature == signature]
-    if not match:
-        return None
-    return match[0].deviation, match[0].sequence, match[0].observations
+    return scratch.found.get(signature)

@@ -118,8 +118,15 @@ class Expect:
         return " or ".join(parts) or "gone"
 
 
-def _ok(after: str, source: str, also_refused: bool = False, stays: str = "") -> Expect:
-    return Expect(frozenset({"ok", "refused"} if also_refused else {"ok"}), after, stays or after, source)
+# The driver API's four calls (the utility's actions are the same calls): the state each needs, the state it leaves.
+API_VALID_IN = {"lock": "running", "unlock": "locked", "checkpoint": "locked", "restore": "checkpointed",
+                "restore_filled": "checkpointed"}
+API_AFTER = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
+             "restore_filled": "locked"}
+
+
+def _ok(after: str, source: str) -> Expect:
+    return Expect(frozenset({"ok"}), after, after, source)
 
 
 def _refused(state: str, source: str) -> Expect:
@@ -145,10 +152,13 @@ def expect(tool: str, world: World, step: Step, overrides: dict[str, str] | None
 def _next_if_ok(tool: str, world: World, step: Step) -> str:
     """Where an action that the documentation refuses would lead if it succeeded (for a stated model)."""
     a = step.action
-    table = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
-             "restore_filled": "locked", "criu_restore": world.image or "running",
-             "criu_dump": world.state if dict(step.args).get("leave_running") else "gone"}
-    return table.get(a, world.state)
+    if a in API_AFTER:
+        return API_AFTER[a]
+    if a == "criu_restore":
+        return world.image or "running"
+    if a == "criu_dump" and not dict(step.args).get("leave_running"):
+        return "gone"
+    return world.state
 
 
 def _expect(tool: str, world: World, step: Step) -> Expect:
@@ -182,25 +192,20 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
                 SOURCES["criu-plugin"] if tool == "criu-cuda-plugin" else SOURCES["criu-gpu"])
             return _ok(s if leave else "gone", source)
         return _refused(s, SOURCES["criu-gpu"])
-    # The driver API's four calls (and the utility's actions, which are the same calls).
-    valid_in = {"lock": "running", "unlock": "locked", "checkpoint": "locked", "restore": "checkpointed",
-                "restore_filled": "checkpointed"}
-    after = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
-             "restore_filled": "locked"}
     source_key = "restore" if a == "restore_filled" else a
-    if a not in valid_in:
+    if a not in API_VALID_IN:
         raise InvalidArgument(f"hunt: unknown action {a!r}; the actions are "
                               f"{sorted({x.action for x in ALPHABETS[check_tool(tool)]})}")
     if tool == "criu-cuda-plugin":
         return _refused(s, "the plugin's lifecycle has no such call")
-    if s != valid_in[a]:
+    if s != API_VALID_IN[a]:
         return _refused(s, SOURCES[source_key] + " " + SOURCES["refusal"])
     if a == "restore_filled":
         return Expect(frozenset({"ok", "refused"}), "locked", "checkpointed", SOURCES["restore-filled"])
     timeout_ms = dict(step.args).get("timeout_ms", 0)
     if a == "lock" and isinstance(timeout_ms, int) and 0 < timeout_ms < 100:
         return Expect(frozenset({"ok", "refused"}), "locked", "running", SOURCES["lock-timeout"])
-    return _ok(after[a], SOURCES[source_key])
+    return _ok(API_AFTER[a], SOURCES[source_key])
 
 
 def advance(tool: str, world: World, step: Step, answer: str, state: str) -> World:

@@ -44,7 +44,7 @@ def unavailable_reason(tool: str) -> str | None:
         reason = plugin_unavailable_reason()
         if reason:
             return reason
-    if tool in ("criu", "criu-cuda-plugin", "cuda", "cuda-checkpoint") and locate.find_criu() is None:
+    if locate.find_criu() is None:  # every tool's sequences take CRIU steps
         return f"{tool}: {locate.diagnose()}"
     return None
 
@@ -64,8 +64,9 @@ def sessions(tool: str, bound_s: float) -> Callable[[], lifecycle_kit.Session]:
     reason = unavailable_reason(tool)
     if reason:
         raise Unavailable(reason)
-    os.environ.update(environment(tool))
-    return lambda: lifecycle_kit.Session(tool, bound_s)
+    env = environment(tool)
+    criu = json.loads(env["HUNT_CRIU"])
+    return lambda: lifecycle_kit.Session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"))
 
 
 def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str) -> str:

@@ -262,15 +262,20 @@ class Session:
     """One probe under one tool; :meth:`do` runs an action and returns what was seen, :meth:`close` what was left.
 
     ``tool``: ``cuda`` (the driver API), ``cuda-checkpoint`` (NVIDIA's
-    utility), ``criu-cuda-plugin`` (CRIU with ``--libdir`` at ``$HUNT_CRIU_LIBDIR``)
-    or ``criu`` (a CPU probe). The probe's GPU buffers, its pointers and its
+    utility), ``criu-cuda-plugin`` (CRIU with ``--libdir`` at ``libdir``)
+    or ``criu`` (a CPU probe). ``criu``: CRIU's command prefix and ``libdir``
+    the plugin's directory (by default ``$HUNT_CRIU``, else ``criu`` on PATH,
+    and ``$HUNT_CRIU_LIBDIR``). The probe's GPU buffers, its pointers and its
     second threads' results are checked after every step (:meth:`digest`).
     """
 
     GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
 
-    def __init__(self, tool: str, bound_s: float = BOUND_S) -> None:
+    def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
+                 libdir: str | None = None) -> None:
         self.tool = tool
+        self.criu = criu or criu_argv()
+        self.libdir = libdir or os.environ.get("HUNT_CRIU_LIBDIR")
         self.kind = "gpu" if tool in self.GPU_TOOLS else "cpu"
         self.bound_s = bound_s
         self.api: Utility | Driver | None = (
@@ -312,7 +317,7 @@ class Session:
         except OSError:
             return ""
 
-    def command(self, op: str, wait: bool = True, **args: Any) -> dict[str, Any]:
+    def command(self, op: str, **args: Any) -> dict[str, Any]:
         """Send the probe one command; its answer, ``{"hang": …}`` past the bound, ``{"gone": …}`` if it died."""
         self.seq += 1
         tmp = self.dir / f"cmd.{self.seq}.tmp"
@@ -323,7 +328,7 @@ class Session:
         while not ack.exists():
             if not alive(self.pid):
                 return {"gone": self.log_tail()}
-            if not wait or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 return {"hang": f"probe command {op} past {self.bound_s:.0f} s"}
             time.sleep(0.002)
         return dict(json.loads(ack.read_text()))
@@ -488,9 +493,8 @@ class Session:
 
     def _criu(self, *args: str) -> str:
         self.images.mkdir(exist_ok=True)
-        libdir = os.environ.get("HUNT_CRIU_LIBDIR")
-        argv = [*criu_argv(), *args, "-D", str(self.images), "-v2", "--network-lock", "nftables",
-                *(["--libdir", libdir] if libdir and self.tool == "criu-cuda-plugin" else [])]
+        argv = [*self.criu, *args, "-D", str(self.images), "-v2", "--network-lock", "nftables",
+                *(["--libdir", self.libdir] if self.libdir and self.tool == "criu-cuda-plugin" else [])]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=self.bound_s)
         except subprocess.TimeoutExpired as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from cutbench.harness.runner.hunt import hunt
@@ -13,14 +12,14 @@ from cutbench.harness.runner.hunt import hunt
 SEED = 4
 
 
-def leftovers() -> list[str]:
-    """The hunt's probe directories still on disk, and probe processes still running."""
-    dirs = [p.name for p in Path(tempfile.gettempdir()).glob("cutbench-hunt-*")]
+def leftovers(tmp: Path) -> list[str]:
+    """The hunt's probe directories still under ``tmp``, and processes still running from them."""
+    dirs = [p.name for p in tmp.glob("cutbench-hunt-*")]
     procs = []
-    for stat in Path("/proc").glob("[0-9]*/cmdline"):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"cutbench-hunt-" in stat.read_bytes():
-                procs.append(stat.parent.name)
+            if str(tmp).encode() in cmdline.read_bytes():
+                procs.append(cmdline.parent.name)
         except OSError:
             pass
     return dirs + procs
@@ -29,16 +28,18 @@ def leftovers() -> list[str]:
 def test_criu_keeps_its_documented_lifecycle_and_the_hunt_leaves_nothing(criu, tmp_path):
     from tests.fixtures.run_fixtures import cli
 
-    before = set(leftovers())
+    # A temporary directory of its own: what another test's hunt leaves meanwhile is not this one's.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     p = cli("hunt", "--tool", "criu", "--budget", "300", "--sequences", "6", "--seed", "1", "--length", "8",
-            "--out", str(tmp_path), timeout=400)
+            "--out", str(tmp_path), timeout=400, env={**os.environ, "TMPDIR": str(tmp)})
     doc = json.loads((tmp_path / "criu" / "hunt.json").read_text())
     assert p.returncode == 0, p.stdout + p.stderr  # 1 would be a deviation: CRIU broke its documented lifecycle
     assert doc["search"]["sequences"] == 6 and doc["search"]["steps"] > doc["search"]["sequences"]
     assert not doc["search"]["harness_errors"] and not doc["findings"]
     tried = doc["search"]["transitions"]
     assert any(k.startswith("criu_dump") and k.endswith("->ok") for k in tried), tried
-    assert set(leftovers()) <= before
+    assert leftovers(tmp) == []
 
 
 def test_a_broken_promise_is_found_shrunk_and_shown_by_its_reproducer_alone(criu, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import subprocess
 import sys
 
@@ -28,8 +27,7 @@ def test_the_driver_api_lifecycle_is_the_documented_one(tool):
         e = expect(tool, World(state), step)
         assert e.answers == {"ok"} and e.after_ok == after
         for other in ("running", "locked", "checkpointed"):
-            if other != state and not (step is CKPT and other == "locked") and not (
-                    step is UNLOCK and other == "locked") and not (step is LOCK and other == "running"):
+            if other != state:
                 refused = expect(tool, World(other), step)
                 assert refused.answers == {"refused"} and refused.after_refused == other
     assert "cuCheckpointProcessRestore" in expect(tool, World("checkpointed"), RESTORE).source
@@ -142,7 +140,6 @@ def test_the_stored_hunt_is_read_back_and_a_damaged_one_names_its_file(tmp_path)
         findings.read_hunt(tmp_path)
     with pytest.raises(InvalidArgument, match="not a hunt directory"):
         findings.read_hunt(tmp_path / "nowhere")
-    assert json.loads(json.dumps(doc))  # what is stored is plain JSON
 
 
 def test_the_cli_names_a_malformed_stated_model():
