@@ -110,7 +110,7 @@ def test_fault_none_suspends_and_resumes_in_place(criu, tmp_path):
     sim = SimDriver()
     [r] = run_trials(scenario("cuda+criu", "none", split=20, mode="idempotent"), tmp_path,
                      backends={"cuda+criu": CudaCriuCheckpointer(driver=sim)})
-    assert r.verdict.outcome == "valid"
+    assert r.verdict.outcome == "valid", (r.record.error, r.verdict, r.timeline)
     assert subsequence(stages(r), ["cuda_lock", "cuda_checkpoint", "split_window", "criu_dump", "cuda_restore", "cuda_unlock"])
     assert "criu_restore" not in stages(r) and r.record.restores == 0
 

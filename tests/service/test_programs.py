@@ -234,7 +234,8 @@ def test_an_artefact_compared_within_its_tolerance_passes_and_one_beyond_it_is_n
     import pandas as pd
 
     # final.txt: how many times the program was started in its directory, plus noise far below the tolerance (so
-    # the two uninterrupted runs differ in bytes and still agree). A requeue starts it a second time: 1 apart.
+    # the two uninterrupted runs differ in bytes and still agree) and below the 6 digits a finding prints (so the
+    # finding's words are the same every run). A requeue starts it a second time: 1 apart.
     (tmp_path / "cmp.py").write_text("def apart(a, b):\n    return abs(float(a.read_text()) - float(b.read_text()))\n")
     (tmp_path / "prog.py").write_text(textwrap.dedent("""
         import os, random, time
@@ -242,7 +243,7 @@ def test_an_artefact_compared_within_its_tolerance_passes_and_one_beyond_it_is_n
         open("starts", "w").write(str(starts))
         for i in range(1, 6):
             print(f"step {i}", flush=True); time.sleep(0.05)
-        open("final.txt", "w").write(repr(starts + random.random() * 1e-6))
+        open("final.txt", "w").write(repr(starts + random.random() * 1e-9))
     """))
     path = scenario(tmp_path, 'command = ["python3", "prog.py"]\nfiles = ["prog.py"]\neffects = "^step (?P<index>\\\\d+)"\n'
                               'artefacts = [{ path = "final.txt", compare = "cmp:apart", tolerance = 0.01 }]', ops=2)
