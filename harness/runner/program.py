@@ -875,13 +875,13 @@ class ProgramRunner(TrialRunner):
             state.error = f"the restored program ended with exit {rc}{self.observer.last_line()}"
 
 
-class BrokenStream(http.client.HTTPException):
+class _BrokenStream(http.client.HTTPException):
     """A response whose connection went away before its end (a chunked stream's last chunk, its length)."""
 
 
 def _body_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
     """The lines of ``response``'s body as they arrive (without their newline), read from the connection itself;
-    raises :class:`BrokenStream` when it ends before the body does. (http.client's own ``readline`` takes a
+    raises :class:`_BrokenStream` when it ends before the body does. (http.client's own ``readline`` takes a
     chunked stream cut short for a complete one.) A body without a length or chunks ends with the connection:
     whether it broke cannot be told."""
     fp = response.fp
@@ -894,12 +894,12 @@ def _body_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
             try:
                 size = int(size_line.split(b";")[0].strip(), 16)
             except ValueError:
-                raise BrokenStream("the stream ended before its last chunk") from None
+                raise _BrokenStream("the stream ended before its last chunk") from None
             if size == 0:
                 break
             data = fp.read(size + 2)  # the chunk and its CRLF
             if len(data) < size + 2:
-                raise BrokenStream("the stream ended inside a chunk")
+                raise _BrokenStream("the stream ended inside a chunk")
             pending += data[:size]
             *lines, pending = pending.split(b"\n")
             yield from lines
@@ -909,7 +909,7 @@ def _body_lines(response: http.client.HTTPResponse) -> Iterator[bytes]:
             raw = fp.readline() if left is None else fp.readline(left)
             if not raw:
                 if left is not None:
-                    raise BrokenStream(f"the stream ended {left} bytes before its length")
+                    raise _BrokenStream(f"the stream ended {left} bytes before its length")
                 break
             if left is not None:
                 left -= len(raw)
