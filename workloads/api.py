@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from cutbench.errors import CutbenchError, InvalidArgument, ReferenceMismatch, WorkloadError
+from cutbench.errors import CutbenchError, ReferenceMismatch, WorkloadError
 from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import DEVICE_BACKENDS, device_count, unusable_reason

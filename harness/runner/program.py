@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import HarnessFault
+from cutbench.errors import HarnessFault, WorkloadError
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
@@ -44,7 +44,6 @@ from cutbench.procs import Child, spawn
 from cutbench.receivers.schema import EXPORT_COLUMNS, rows_to_frame
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
-from cutbench.workloads.api import WorkloadError
 
 # Extra columns of a program's effects: which stream, the effect's index in it, and the payload as seen
 # (cut to PAYLOAD_CHARS: the digest is the identity; the text is for a reader of the table).

@@ -37,8 +37,6 @@ from pathlib import Path
 
 import pytest
 
-import cutbench
-import cutbench.api
 
 from tests.conftest import REPO
 

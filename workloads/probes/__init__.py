@@ -34,7 +34,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, ClassVar
 
-from cutbench.workloads.api import MatrixRow, WorkloadError
+from cutbench.errors import WorkloadError
+from cutbench.workloads.api import MatrixRow
 from cutbench.workloads.common import RecordedWorkload, check_range
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import backend_name, synchronize
