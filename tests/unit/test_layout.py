@@ -321,3 +321,15 @@ def test_the_documented_coverage_table_is_the_backends_declared_coverage():
     from cutbench.harness.reports.summary import render_coverage
 
     assert render_coverage() in (REPO / "docs" / "backends.md").read_text()
+
+
+def test_each_package_s_map_names_every_module_in_it():
+    """A package's ``__init__`` docstring is its map: it names each module and sub-package in it as ``name``."""
+    missing = []
+    for init in sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        members = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        members += [p.parent.name for p in folder.glob("*/__init__.py")]
+        missing += [f"{folder.relative_to(REPO)}/{m}" for m in sorted(members) if f"``{m}``" not in doc]
+    assert missing == [], "not named in their package's __init__ docstring"
