@@ -155,7 +155,8 @@ def run(scenario: str | None, out: str, overrides: tuple[str, ...], as_json: boo
     """Run every trial of SCENARIO and store the results under --out (or continue a run: --resume RUN_DIR)."""
     from dataclasses import replace
 
-    from cutbench.harness.runner.run import resume_run, run_scenario
+    from cutbench.harness.runner.run import run_scenario
+    from cutbench.harness.runner.resume import resume_run
     from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants
 
     if scenario is None and resume is None:
