@@ -9,15 +9,17 @@ be carried out stops at once, never as a run of refused or ``unknown`` trials bl
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
 from cutbench import storage
-from cutbench.errors import InvalidArgument, Unavailable
+from cutbench.errors import InvalidArgument, Unavailable, WorkloadError
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.scenario import Arm, Scenario
 from cutbench.registry import CHECKPOINTERS
 from cutbench.workloads import api as workload_api
+from cutbench.workloads import program as program_api
 
 
 def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]:
@@ -59,11 +61,9 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
 
 def check_programs(workloads: list[tuple[str, dict[str, Any], str]]) -> None:
     """Refuse, before anything runs, a program workload (``(name, params, backend)``) that cannot be started as
-    its scenario says (:func:`~cutbench.harness.runner.program.check_program`: its command not found, a file
+    its scenario says (:func:`check_program`: its command not found, a file
     missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
     container engine). Raises :class:`InvalidArgument` naming it."""
-    from cutbench.harness.runner.program import check_program
-
     checked: set[str] = set()
     for name, params, backend in workloads:
         if not getattr(workload_api.load(name), "program", False):
@@ -131,3 +131,26 @@ def check_storage(images_dirs: set[str], results_root: str | Path, workdir: str 
     found = [p for p in problems if p]
     if found:
         raise Unavailable("; ".join(found))
+
+
+def check_program(params: dict[str, Any]) -> None:
+    """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
+    its command not found, a file it starts with missing, an effects parser or an artefact comparison that
+    cannot be made, the port it is given already taken."""
+    if params["stream"] in (program_api.HTTP, program_api.SOCKET) and params["port"]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", params["port"]))
+            except OSError as exc:
+                raise WorkloadError(f"workload.params.port = {params['port']}: already taken on 127.0.0.1 "
+                                    f"({exc.strerror}); give another, or 0 for a free one") from None
+    why = program_api.Program.missing_command(params)
+    if why:
+        raise WorkloadError(f"workload.params.command = {params['command']!r}: {why}")
+    missing = program_api.Program.missing_files(params)
+    if missing:
+        raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
+    program_api.Program.rule(params)
+    for artefact in program_api.Program.artefacts(params):
+        if artefact.compare:
+            artefact.load(params["parser_path"])

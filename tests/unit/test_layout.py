@@ -7,7 +7,7 @@ import is still a dependency. The rule, lowest first:
       → receivers (ground floor only)
       → workloads (ground floor and cutbench.receivers.client only)
       → harness rooms: model → checker → generator → store → environment
-        → nemesis → reports → runner → integrations
+        → nemesis → observer → reports → runner → integrations
 
 A room may import the ground floor, workloads, receivers, itself and the rooms
 before it. The doors rank with what they open: ``cutbench.__main__`` (the
@@ -40,7 +40,7 @@ import pytest
 
 from tests.conftest import REPO
 
-ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "reports", "runner", "integrations")
+ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "observer", "reports", "runner", "integrations")
 PACKAGES = ("harness", "workloads", "receivers")
 
 
