@@ -26,7 +26,8 @@ from cutbench.harness.model.trial import TrialRecord
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
-from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner, _TrialState
+from cutbench.harness.runner.arming import TrialState
+from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
 from cutbench.procs import Child
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
@@ -103,7 +104,7 @@ class ProgramRunner(TrialRunner):
         started = time.monotonic()
         self.tdir.mkdir(parents=True)
         backend = self.s.threads.backend(spec.backend)
-        state = _TrialState()
+        state = TrialState()
         child: Child | None = None
         order: dict[str, int] | None = None
         try:
@@ -244,7 +245,7 @@ class ProgramRunner(TrialRunner):
                 apart[a.path] = f"{difference:g} > tolerance {a.tolerance:g}"
         return program_api.artefacts_digest(self.tdir, artefacts, within), apart
 
-    def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: _TrialState) -> bool:
+    def _cut(self, backend: Any, child: Child, i: int, cut: Any, state: TrialState) -> bool:
         """Carry out cut ``i`` on the running program; return whether the trial goes on after it."""
         self.s.images.settle()
         ctx = CutContext(images_dir=Path(self.spec.images_dir) / f"cutbench-{self.s.run_id}-{self.spec.trial_id}-c{i}",
@@ -319,7 +320,7 @@ class ProgramRunner(TrialRunner):
                             f"{self._progress(cut.phase, now_at)})")
                 time.sleep(POLL_S)
 
-    def _program_to_end(self, child: Child, state: _TrialState) -> None:
+    def _program_to_end(self, child: Child, state: TrialState) -> None:
         """Wait for the program (the restored or started-again one) to exit; fold how it ended into the status."""
         spec = self.spec
         deadline = time.monotonic() + spec.trial_timeout_s

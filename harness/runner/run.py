@@ -45,7 +45,7 @@ from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_execu
 from cutbench.harness.runner.shared import ReceiverLost, ReceiverWatch
 from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
-from cutbench.harness.runner.trial import Session
+from cutbench.harness.runner.session import Session
 from cutbench.harness.store.rundir import RunDir, read_matrix
 from cutbench.harness.store.tables import certificate_rows, trial_row
 from cutbench.workloads import api as workload_api
