@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, CudaDriver  # noqa: E402
+from cutbench.errors import CudaCallError  # noqa: E402
+from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver  # noqa: E402
 
 CHILD = textwrap.dedent("""
     import mmap, os, struct, sys, cupy as cp

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tabulate import tabulate  # noqa: E402
 
 from cutbench.harness.generator.scheduler import build_specs  # noqa: E402
-from cutbench.harness.runner.run import check_backends, execute, run_scenario
+from cutbench.harness.runner.run import execute, run_scenario
+from cutbench.harness.runner.checks import check_backends
 from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
 from cutbench.harness.runner.adaptive import until_invalid  # noqa: E402
 

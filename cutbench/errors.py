@@ -60,6 +60,83 @@ class HarnessFault(StageFailed):
     """
 
 
+class WorkloadError(InvalidArgument):
+    """A workload name, import path or parameter set is not usable (a bad argument: exit 254)."""
+
+
+class ReferenceMismatch(WorkloadError):
+    """A recorded reference that does not belong to the workload, parameters or machine it is asked for."""
+
+
+class ArrayBackendUnavailable(Unavailable, ValueError):
+    """An array backend that was asked for cannot run here (library or device missing).
+
+    A ``ValueError`` too, so callers that probe a backend with ``except ValueError`` keep working.
+    """
+
+
+class ArrayTypeError(CutbenchError, TypeError):
+    """A helper got an array (or namespace) of a library it does not know."""
+
+
+class ProtocolError(CutbenchError):
+    """A receiver message that cannot be served; the receiver answers it with an ``error`` reply with ``code``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class FramingError(ProtocolError):
+    """The receiver's byte stream can no longer be split into frames: the connection must close."""
+
+
+class ReceiverUnavailable(Unavailable):
+    """The receiver could not be reached, or did not answer, within the timeout."""
+
+
+class ReceiverError(CutbenchError):
+    """The receiver answered with an ``error`` reply (``code``, ``message``); retrying will not help."""
+
+    def __init__(self, code: str, message: str, reply: dict | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.reply = reply or {}
+
+    @classmethod
+    def from_reply(cls, reply: dict) -> "ReceiverError":
+        """The error an ``error`` reply stands for."""
+        return cls(reply.get("code", "?"), reply.get("message", ""), reply)
+
+
+class CudaCallError(CutbenchError):
+    """A CUDA checkpoint call returned an error (or could not be made).
+
+    ``str()`` is ``<call>(pid <pid>) -> <name>: <meaning>[; driver says: <text>]``. Made by
+    :func:`cutbench.harness.nemesis.backends.cuda_driver.call_error`, which names the code and says what it
+    means from the driver's table of results.
+    """
+
+    def __init__(self, call: str, pid: int, code: int, name: str, meaning: str, text: str = ""):
+        self.call, self.pid, self.code = call, pid, code
+        self.name, self.meaning, self.text = name, meaning, text
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        extra = f"; driver says: {self.text}" if self.text and self.text not in self.meaning else ""
+        return f"{self.call}(pid {self.pid}) -> {self.name}: {self.meaning}{extra}"
+
+
+class NoAnswer(CutbenchError):
+    """A workload's adapters gave no usable answer to one request (the message says why)."""
+
+
+class GateFailed(CutbenchError):
+    """A gate did not pass; its text is the gate's message (with replay commands)."""
+
+
 # How a stage that never returned is worded (a driver call, the utility or CRIU past its time limit): the
 # support matrix reads a failure with these words as "hung", not as an ordinary failure.
 HUNG_MARK = "did not return within"

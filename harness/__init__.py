@@ -15,9 +15,11 @@ never one below it; ``tests/unit/test_layout.py`` enforces the order
 5. ``environment``: what this machine has: probes, CRIU provisioning, doctor.
 6. ``nemesis``: the checkpointer protocol, the backend registry, the cut
    pipeline and every backend.
-7. ``reports``: summary, HTML report, plots, comparisons of two runs.
-8. ``runner``: trial and run execution, adaptive drivers, replay.
-9. ``integrations``: the command line, the pytest plugin and the CI gate.
+7. ``observer``: what the outside world sees of a program that knows nothing
+   of cutbench (its pipes, a file, a socket, a server's clients).
+8. ``reports``: summary, HTML report, plots, comparisons of two runs.
+9. ``runner``: trial and run execution, adaptive drivers, replay.
+10. ``integrations``: the command line, the pytest plugin and the CI gate.
 """
 
 if __name__ != "cutbench.harness":  # e.g. ``import harness`` with a checkout's root on sys.path

@@ -3,10 +3,11 @@
 Modules, one concern each:
 
 - ``protocol``: framing and message validation (``PROTOCOL.md`` describes the wire format);
+- ``schema``: the shape of exported deliveries (columns, types, the DataFrame builder);
 - ``ledger``: the delivery modes (at_least_once, idempotent, fenced) as pure logic;
 - ``stores``: ``open_store(url)`` for SQLite and PostgreSQL, with ``export`` for the oracle;
 - ``server``: the asyncio service with its group-committing writer;
-- ``command``: its command line, ``python -m cutbench.receivers serve`` and ``cutbench receiver serve``;
+- ``command``: its command line, ``python -m cutbench.receivers serve`` (``__main__``) and ``cutbench receiver serve``;
 - ``process``: ``start_receiver`` runs the service as a separate OS process;
 - ``client``: ``ReceiverClient``, the blocking client workloads use (survives CRIU restores);
 - ``pgcluster``: a throwaway PostgreSQL cluster for tests and the benchmark;

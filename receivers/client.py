@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.errors import CutbenchError, InvalidArgument, ReceiverError, ReceiverUnavailable
 from cutbench.validate import check_int, check_positive, check_text
 
 from . import protocol as P
@@ -35,25 +35,6 @@ def workload_client_name(trial: str) -> str:
     """The client name a trial's workload says ``hello`` with: the harness waits for no open connection of this
     name before it reads what a crashed incarnation sent (its last frames may still be unread)."""
     return f"workload {trial}"
-
-
-class ReceiverUnavailable(Unavailable):
-    """The receiver could not be reached, or did not answer, within the timeout."""
-
-
-class ReceiverError(CutbenchError):
-    """The receiver answered with an ``error`` reply (``code``, ``message``); retrying will not help."""
-
-    def __init__(self, code: str, message: str, reply: dict[str, Any] | None = None):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.reply = reply or {}
-
-    @classmethod
-    def from_reply(cls, reply: dict[str, Any]) -> "ReceiverError":
-        """The error an ``error`` reply stands for."""
-        return cls(reply.get("code", "?"), reply.get("message", ""), reply)
 
 
 class _Lost(Exception):

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .protocol import ProtocolError, reply
+from cutbench.errors import ProtocolError
+
+from .protocol import reply
 
 @dataclass(slots=True)
 class Command:

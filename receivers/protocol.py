@@ -12,7 +12,7 @@ import json
 import struct
 from typing import Any
 
-from cutbench.errors import InvalidArgument
+from cutbench.errors import FramingError, InvalidArgument, ProtocolError
 
 VERSION = 1
 TOKEN_ENV = "CUTBENCH_RECEIVER_TOKEN"  # where the server and process.start_receiver pass the shared secret
@@ -58,19 +58,6 @@ REQUEST_TYPES = frozenset(_FIELDS)
 # Requests that change the store: they go through the writer and are acked after commit.
 WRITE_TYPES = frozenset({"open_trial", "publish", "prepare", "commit", "abort", "fence"})
 QUERY_WHATS = ("high_water_mark", "trial", "clients")
-
-
-class ProtocolError(Exception):
-    """A message that cannot be served; becomes an ``error`` reply with ``code``."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class FramingError(ProtocolError):
-    """The byte stream can no longer be split into frames: the connection must close."""
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from cutbench.errors import CutbenchError, InvalidArgument
+from cutbench.errors import CutbenchError, ReferenceMismatch, WorkloadError
 from cutbench.registry import Registry, import_target
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import DEVICE_BACKENDS, device_count, unusable_reason
@@ -153,10 +153,6 @@ class Workload(Protocol):
     #   finish(self) -> None                called after the last op, before report()
 
 
-class WorkloadError(InvalidArgument):
-    """A workload name, import path or parameter set is not usable (a bad argument: exit 254)."""
-
-
 # -- ground truth recorded on this machine ---------------------------------------
 
 GROUND_TRUTHS: tuple[str, ...] = ("model", "recorded")
@@ -182,10 +178,6 @@ def reference_key(workload: str, params: dict[str, Any], array: str) -> str:
 
 # The payload a program's reference gives for an effect its uninterrupted runs never showed.
 NOT_SHOWN = "(never shown by the uninterrupted runs)"
-
-
-class ReferenceMismatch(WorkloadError):
-    """A recorded reference that does not belong to the workload, parameters or machine it is asked for."""
 
 
 @dataclass

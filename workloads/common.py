@@ -400,7 +400,7 @@ class RecordedWorkload(BaseWorkload):
     @classmethod
     def reference(cls, params: dict[str, Any]) -> Any:
         """None to compute: the runner records the reference before the trials."""
-        from cutbench.workloads.api import WorkloadError
+        from cutbench.errors import WorkloadError
 
         raise WorkloadError(f"workload {cls.name!r} has no model reference: its ground truth is recorded from "
                             "uninterrupted runs on this machine (the runner records it before the trials)")

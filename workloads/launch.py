@@ -15,7 +15,8 @@ from cutbench.workloads import api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import (Runtime, TrackedReceiver, WorkloadConfig, format_exception, since_exec,
                                         write_log)
-from cutbench.workloads.xp import ArrayBackendUnavailable, get_xp, is_device
+from cutbench.errors import ArrayBackendUnavailable
+from cutbench.workloads.xp import get_xp, is_device
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cutbench.workloads.api import WorkloadError
+from cutbench.errors import WorkloadError
 
 # Where a program's effects come from: its standard output or error, a file (relative to its directory), or
 # what a server streams back to cutbench's own clients (HTTP: see the ``http`` parameter).

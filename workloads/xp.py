@@ -35,22 +35,11 @@ from typing import Any
 
 import array_api_compat as compat
 
-from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.errors import ArrayBackendUnavailable, ArrayTypeError, InvalidArgument
 
 ARRAY_BACKENDS = ("auto", "numpy", "cupy", "torch")
 # The backends whose arrays live on a GPU.
 DEVICE_BACKENDS = ("cupy", "torch")
-
-
-class ArrayBackendUnavailable(Unavailable, ValueError):
-    """An array backend that was asked for cannot run here (library or device missing).
-
-    A ``ValueError`` too, so callers that probe a backend with ``except ValueError`` keep working.
-    """
-
-
-class ArrayTypeError(CutbenchError, TypeError):
-    """A helper got an array (or namespace) of a library it does not know."""
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from cutbench.api import Capabilities, Child, CutContext, StageFailed
+from cutbench.backend import Capabilities, Child, CutContext, StageFailed
 
 
 def _stopped(pid: int) -> bool:

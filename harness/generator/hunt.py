@@ -90,7 +90,7 @@ class HuntLog:
         return devs
 
 
-class DeviationFound(AssertionError):
+class _DeviationFound(AssertionError):
     """A step broke an invariant in a way the search had not seen (Hypothesis shrinks the example)."""
 
 
@@ -145,7 +145,7 @@ def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
     def fail_on(devs: list[Deviation]) -> None:
         new = [d for d in devs if d.signature not in quiet]
         if new:
-            raise DeviationFound(new[0].summary)
+            raise _DeviationFound(new[0].summary)
 
     class Lifecycle(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -217,7 +217,7 @@ def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog
                        report_multiple_bugs=False, print_blob=False, verbosity=Verbosity.quiet)
         try:
             run_state_machine_as_test(cls, settings=cfg)
-        except (DeviationFound, Flaky):
+        except (_DeviationFound, Flaky):
             # Flaky: a real tool answered one sequence two ways, or a replay crossed the hard deadline.
             # The log holds the shortest sequence seen for each deviation either way.
             pass

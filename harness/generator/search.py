@@ -205,7 +205,7 @@ def profile_settings(profile: str, max_examples: int, database_dir: Path | None 
     raise InvalidArgument(f"plan.profile = {profile!r}: allowed {', '.join(PROFILES)}")
 
 
-class InvalidRecovery(AssertionError):
+class _InvalidRecovery(AssertionError):
     """Raised inside a Hypothesis example when the trial's verdict is ``invalid``."""
 
     def __init__(self, trial_id: str, plan: CutPlan, kinds: list[str]):
@@ -274,7 +274,7 @@ def search_arm(scenario: Scenario, sarm: SearchArm, run_plan: Callable[[CutPlan]
             if value and name != "findings":
                 event(f"signal {name}")
         if result.verdict.outcome == "invalid":
-            raise InvalidRecovery(result.spec.trial_id, plan, sorted({f.kind for f in result.verdict.findings}))
+            raise _InvalidRecovery(result.spec.trial_id, plan, sorted({f.kind for f in result.verdict.findings}))
 
     test = given(plan_strategy(scenario, sarm))(example)
     for plan in reversed(explicit):  # decorators apply inside out: the first phase runs first
@@ -286,7 +286,7 @@ def search_arm(scenario: Scenario, sarm: SearchArm, run_plan: Callable[[CutPlan]
         test = seed(scheduler.arm_seed(scenario, sarm.arm))(test)
     try:
         test()
-    except InvalidRecovery as exc:
+    except _InvalidRecovery as exc:
         found._minimal(exc.plan, exc.trial_id)
         if exc.plan in explicit:
             # An explicit example fails once and is raised as it is (already a single

@@ -155,7 +155,8 @@ def run(scenario: str | None, out: str, overrides: tuple[str, ...], as_json: boo
     """Run every trial of SCENARIO and store the results under --out (or continue a run: --resume RUN_DIR)."""
     from dataclasses import replace
 
-    from cutbench.harness.runner.run import resume_run, run_scenario
+    from cutbench.harness.runner.run import run_scenario
+    from cutbench.harness.runner.resume import resume_run
     from cutbench.harness.model.scenario import load_scenario, parse_jobs, select_variants
 
     if scenario is None and resume is None:
@@ -371,6 +372,9 @@ def criteria(runs: tuple[str, ...], into: str | None, as_json: bool) -> None:
               "need the GPU to themselves still run alone.")
 @click.option("--from", "from_runs", multiple=True, type=click.Path(file_okay=False), metavar="RUN",
               help="Build the matrix from stored matrix runs of one machine instead of running trials (repeatable).")
+@click.option("--findings", "findings", multiple=True, type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="Add the tools' lifecycle deviations found by `cutbench hunt` (its --out folder, or a folder of "
+                   "them), one row per deviation per tool, to matrix.md and the report (repeatable).")
 @click.option("--compare", "compare_with", nargs=2, type=click.Path(), metavar="A B",
               help="Show the cells that changed from matrix A to matrix B (run directories or matrix.parquet files), "
                    "e.g. two drivers or two tool versions.")
@@ -378,8 +382,8 @@ def criteria(runs: tuple[str, ...], into: str | None, as_json: bool) -> None:
 @click.option("--fail-on-wrong", is_flag=True, help="Exit 1 when a cell is restored silently wrong.")
 @click.option("--json", "as_json", is_flag=True, help="Print the matrix (or comparison) as JSON.")
 def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, ...], out: str, jobs: str | None,
-           from_runs: tuple[str, ...], compare_with: tuple[str, str] | None, list_rows: bool, fail_on_wrong: bool,
-           as_json: bool) -> None:
+           from_runs: tuple[str, ...], findings: tuple[str, ...], compare_with: tuple[str, str] | None, list_rows: bool,
+           fail_on_wrong: bool, as_json: bool) -> None:
     """The measured CUDA support matrix: every probe row through every tool, faults none and kill.
 
     Writes matrix.parquet and matrix.md into the run directory and a support-matrix section into its
@@ -405,7 +409,7 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
         click.echo(json.dumps({"changed": render.as_records(table), "environment": env}) if as_json else text)
         sys.exit(EXIT_OK)
     if from_runs:
-        run, table = runner.from_runs(list(from_runs))
+        run, table = runner.from_runs(list(from_runs), findings=[Path(f) for f in findings])
     else:
         from cutbench.harness.model.scenario import parse_jobs
 
@@ -413,7 +417,7 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
         try:
             outcome, table = runner.run_matrix(probes, tools, faults, out,
                                                jobs=parse_jobs("--jobs", jobs) if jobs is not None else 1,
-                                               progress=progress)
+                                               progress=progress, findings=[Path(f) for f in findings])
         finally:
             progress.stop()
         run = outcome.run

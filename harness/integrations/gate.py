@@ -155,7 +155,8 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
     does not support the arm's fault.
     """
     from cutbench.harness.generator.scheduler import build_specs
-    from cutbench.harness.runner.run import check_backends, execute
+    from cutbench.harness.runner.run import execute
+    from cutbench.harness.runner.checks import check_backends
 
     narrowed = restrict(scenario, arm)
     arms, skipped = check_backends(replace(narrowed, skip_unavailable=False))
@@ -276,7 +277,8 @@ def run_trial(results_root: str | Path, plan: Any = "3/publish", *, scenario: st
     unavailable backend raises :class:`Unavailable`.
     """
     from cutbench.harness.model.trial import spec_for
-    from cutbench.harness.runner.run import check_backends, execute
+    from cutbench.harness.runner.run import execute
+    from cutbench.harness.runner.checks import check_backends
 
     scen = trial_scenario(scenario, overrides, **keywords)
     points = gate_points(scen)

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from cutbench.errors import GateFailed
+
 MARKER = "cutbench"
 _RUN_FIXTURE = "cutbench_run"
 
@@ -71,10 +73,6 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(scenario=None, backend=None, max_invalid_rate=None, set=()): gate a test using the "
         f"{_RUN_FIXTURE} fixture on scenario files (paths or globs; one test per arm).",
     )
-
-
-class GateFailed(Exception):
-    """Raised when a gate does not pass; its text is the gate's message (with replay commands)."""
 
 
 # -- shared helpers (imports of cutbench happen only here, on use) -------------

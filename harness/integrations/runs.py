@@ -247,6 +247,22 @@ def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides:
     return open_run(outcome.run.path)
 
 
+def matrix(probes: "list[str] | tuple[str, ...]" = (), tools: "list[str] | tuple[str, ...]" = (),
+           faults: "list[str] | tuple[str, ...]" = (), *, out: str | Path = "results", jobs: int | str = 1) -> Run:
+    """Measure the support matrix of ``probes`` (row or probe names; none: all) × ``tools`` × ``faults`` as
+    ``cutbench matrix`` does, and return the stored run (its table is ``Run.matrix``).
+
+    Bad names raise :class:`cutbench.errors.InvalidArgument` before anything runs; a Ctrl-C stores the partial
+    run and is raised on as ``KeyboardInterrupt``.
+    """
+    from cutbench.harness.runner.matrix import run_matrix
+
+    outcome, _ = run_matrix(tuple(probes), tuple(tools), tuple(faults), out, jobs=jobs)
+    if not outcome.complete:
+        raise KeyboardInterrupt(f"interrupted; the partial run is stored in {outcome.run.path}")
+    return open_run(outcome.run.path)
+
+
 def open_run(path: str | Path) -> Run:
     """The run stored at ``path`` (a run directory, or ``results/latest``), checked; returns a :class:`Run`.
 

@@ -1,7 +1,9 @@
 """The model: the data every role of the harness exchanges, and nothing that acts.
 
-Owns cut plans (``plan``), the validated scenario and its arms
-(``scenario``), the trial's spec, result and verdict types (``trial``) and
+Owns cut plans (``plan``), every field of a scenario file declared once
+(``schema``), the validated scenario and its arms (``scenario``), the
+recovery-cut certificates (``certificate``: which logical cut a
+checkpoint's bytes belong to), the trial's spec, result and verdict types (``trial``) and
 the timed stage log (``timeline``), and each tool's documented lifecycle
 for ``cutbench hunt`` (``lifecycle``: states, steps, the documented answer
 to each with its source). It imports only the ground floor and the

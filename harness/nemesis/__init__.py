@@ -1,12 +1,14 @@
 """The nemesis: checkpoint backends behind one protocol, and the cut pipeline that drives them.
 
-The protocol is :class:`~cutbench.harness.nemesis.base.Checkpointer`; every
+The protocol is :class:`~cutbench.harness.nemesis.base.Checkpointer` (``base``, with what a stage is
+handed); every
 backend declares what it can do on itself (``capabilities``, a
 :class:`~cutbench.harness.nemesis.base.Capabilities`) and registers in
 :data:`cutbench.registry.CHECKPOINTERS` (built-ins) or the entry-point group
-``cutbench.checkpointers`` (third parties). ``pipeline.execute_cut`` is the
+``cutbench.checkpointers`` (third parties). ``pipeline``'s ``execute_cut`` is the
 one place that knows the order checkpoint → fault → restore. Backends live
-in ``backends/``, one module each. ``lifecycle_kit`` drives one tool's
+in ``backends``, one module each. ``adapters`` is the harness's side of the
+semantic adapters (the coordinator's two phases over the control file). ``lifecycle_kit`` drives one tool's
 lifecycle by hand with no cutbench in it (the hunt's hands and the body of
 every reproducer it writes); ``hunt`` opens its sessions, writes the
 reproducers and runs them on their own.

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutbench.errors import StageRefused
+from cutbench.errors import NoAnswer, StageRefused
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.workloads.adapters import CLASSES, MAX_CLASSIFY, VERBS
 from cutbench.workloads.control import REPLY_OFFSET
@@ -47,10 +47,6 @@ POLL_S = 0.0005
 ABORT_WAIT_S = 0.5
 # How much earlier than the harness's wait the adapters' deadline falls (at most a tenth of the wait).
 REPLY_MARGIN_S = 0.1
-
-
-class NoAnswer(Exception):
-    """The workload's adapters gave no usable answer to one request (the message says why)."""
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """Reports: what a person reads about a run; pure renderers over stored tables.
 
 ``summary`` (rates, the run's verdict, ``summary.md``), ``html`` (the
-self-contained ``report.html``), ``plots`` (PNG bytes) and ``compare`` (two
-runs side by side). They return text and bytes; ``html.write_all`` hands
+self-contained ``report.html``), ``plots`` (PNG bytes), ``compare`` (two
+runs side by side), ``explain`` (a failing trial in plain words),
+``criteria`` (the six criteria for a checkpoint tool, measured) and
+``matrix`` (the support matrix for people: ``matrix.md``, two matrices
+compared, the report's section). They return text and bytes; ``html.write_all`` hands
 them to the store's ``RunDir``, the only writer.
 """

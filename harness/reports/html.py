@@ -104,12 +104,14 @@ class ReportFiles:
 
 
 def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame,
-              criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None) -> ReportFiles:
+              criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None,
+              deviations: pd.DataFrame | None = None) -> ReportFiles:
     """Write ``summary.md``, ``plots/<name>.png`` and ``report.html`` for a run; return their paths.
 
     ``criteria`` (the table ``cutbench criteria`` stored) adds the criteria
     section and its plots (``plots/criteria_<criterion>.png``); ``matrix``
-    (``cutbench matrix``'s table) the support-matrix section.
+    (``cutbench matrix``'s table) the support-matrix section, and ``deviations``
+    (``cutbench matrix --findings``) its table of the tools' lifecycle deviations.
     """
     pictures = _trial_pictures(trials, timeline, effects)
     for tid, png in pictures.items():
@@ -119,7 +121,8 @@ def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline:
     if criteria is not None and not criteria.empty:
         pngs.update({f"criteria_{c}": plots.criteria_plot(criteria, c) for c in plots.CRITERIA_PLOTS})
     plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
-    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria, matrix))
+    report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria, matrix,
+                                                        deviations))
     return ReportFiles(summary_path, report_path, plot_paths)
 
 
@@ -145,7 +148,7 @@ def build(run: RunDir) -> ReportFiles:
     # Replay commands must name where the run is now (it may have been moved or downloaded).
     meta = {**run.meta(), "run_dir": str(run.path)}
     return write_all(run, meta, run.table("trials"), run.table("timeline"), run.table("effects"), run.table("criteria"),
-                     run.table("matrix"))
+                     run.table("matrix"), run.table("deviations"))
 
 
 # -- HTML ----------------------------------------------------------------------
@@ -433,9 +436,10 @@ def _criteria_section(table: pd.DataFrame, pngs: dict[str, bytes]) -> list[str]:
 
 
 def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame, pngs: dict[str, bytes],
-                criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None) -> str:
+                criteria: pd.DataFrame | None = None, matrix: pd.DataFrame | None = None,
+                deviations: pd.DataFrame | None = None) -> str:
     """The complete, self-contained ``report.html`` text for a run (with the criteria section when ``criteria`` has
-    rows, the support-matrix section when ``matrix`` has)."""
+    rows, the support-matrix section when ``matrix`` or ``deviations`` has)."""
     scen = meta.get("scenario", {})
     run_dir = str(meta.get("run_dir", ""))
     title = f"cutbench {scen.get('name', '')} {meta.get('run_id', '')}"
@@ -464,10 +468,10 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         run_pairs.append((f"sweep axis {axis}", ", ".join(map(str, values))))
     out.append('<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table"))
-    if matrix is not None and not matrix.empty:
+    if (matrix is not None and not matrix.empty) or (deviations is not None and not deviations.empty):
         from cutbench.harness.reports.matrix import html_section
 
-        out.append(html_section(matrix))
+        out.append(html_section(matrix if matrix is not None else pd.DataFrame(), deviations))
     for skipped in meta.get("skipped_arms", [])[:MAX_SKIPPED_LINES]:
         out.append(f'<p class="muted">skipped arm {_e(skipped.get("arm"))}: {_e(skipped.get("reason"))}</p>')
     if len(meta.get("skipped_arms", [])) > MAX_SKIPPED_LINES:

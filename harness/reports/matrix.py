@@ -47,11 +47,31 @@ def replay_command(run_dir: str, trial_id: str) -> str:
     return f"cutbench replay {run_dir}/trials/{trial_id}.json" if trial_id else ""
 
 
-def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None) -> str:
+def deviations_markdown(deviations: pd.DataFrame | None) -> list[str]:
+    """The lines of ``matrix.md``'s section of lifecycle deviations (``cutbench hunt``), one row per deviation
+    per tool; none when there are none."""
+    if deviations is None or deviations.empty:
+        return []
+    out = ["", "## Lifecycle deviations (`cutbench hunt`)", "",
+           "Sequences of lifecycle steps after which a tool did not do what its documentation says, each shrunk "
+           "and shown by a standalone reproducer (no cutbench in it); a cell above measures one lifecycle.", "",
+           "| tool | driver | sequence | documented | what happened | public report | reproducer (shown alone) |",
+           "|---|---|---|---|---|---|---|"]
+    cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
+    for r in deviations.to_dict("records"):
+        out.append(f"| `{r['tool']}` | {r['driver']} | {cell(r['sequence'])} | {cell(r['promised'])} | "
+                   f"{cell(r['observed'])} | {cell(r['public_report'])} | `{r['reproducer']}` ({r['shown']}) |")
+    return out
+
+
+def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None,
+             deviations: pd.DataFrame | None = None) -> str:
     """``matrix.md``: the environment, the cell counts, the grid, then every cell that is not identical with
-    its detail and replay command. ``unavailable``: tools left out because they cannot run here, and why."""
+    its detail and replay command, then the tools' lifecycle deviations (``deviations``: the stored table of
+    :func:`cutbench.harness.store.findings.deviation_rows`). ``unavailable``: tools left out because they
+    cannot run here, and why."""
     if table.empty:
-        return "# CUDA support matrix\n\nNo cells.\n"
+        return "\n".join(["# CUDA support matrix", "", "No cells.", *deviations_markdown(deviations)]) + "\n"
     n = counts(table)
     out = ["# CUDA support matrix", "", f"- measured on: {_environment_line(table)}",
            "- cells: " + ", ".join(f"{k} {v}" for k, v in n.items() if v),
@@ -92,6 +112,7 @@ def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None) -> 
     if measured:
         out += ["", "## Measures", "", "| row | tool | fault | measures |", "|---|---|---|---|"]
         out += [f"| `{r['row']}` | {r['tool']} | {r['fault']} | {r['measures']} |" for r in measured]
+    out += deviations_markdown(deviations)
     return "\n".join(out) + "\n"
 
 
@@ -116,10 +137,13 @@ def _anchor(rec: dict[str, Any]) -> str:
     return "cell-" + "-".join("".join(ch if ch.isalnum() else "_" for ch in str(rec[k])) for k in ("row", "tool", "fault"))
 
 
-def html_section(table: pd.DataFrame) -> str:
+def html_section(table: pd.DataFrame, deviations: pd.DataFrame | None = None) -> str:
     """The report's support-matrix section: the grid (each measured cell links to its entry below, which
-    names the trial and its replay command), then the entries of the cells that are not identical."""
+    names the trial and its replay command), then the entries of the cells that are not identical, then the
+    tools' lifecycle deviations (``deviations``, as :func:`markdown` takes it)."""
     e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
+    if table.empty:
+        return _deviations_html(deviations)
     n = counts(table)
     cols = _columns(table)
     out = ['<h2 id="support-matrix">CUDA support matrix</h2>',
@@ -160,6 +184,26 @@ def html_section(table: pd.DataFrame) -> str:
         reasons = sorted({r["detail"] for r in skipped})
         out.append('<details><summary>Not measured here, and why</summary><ul>'
                    + "".join(f"<li>{e(reason)}</li>" for reason in reasons) + "</ul></details>")
+    out.append(_deviations_html(deviations))
+    return "\n".join(out)
+
+
+def _deviations_html(deviations: pd.DataFrame | None) -> str:
+    """The report's table of lifecycle deviations, one row per deviation per tool ("" when none)."""
+    if deviations is None or deviations.empty:
+        return ""
+    e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
+    out = ['<h3 id="lifecycle-deviations">Lifecycle deviations (cutbench hunt)</h3>',
+           "<p>Sequences of lifecycle steps after which a tool did not do what its documentation says, each "
+           "shrunk and shown by a standalone reproducer (no cutbench in it).</p>",
+           '<div class="table-wrap"><table id="lifecycle-deviations-table"><thead><tr><th>tool</th><th>driver</th>'
+           "<th>sequence</th><th>documented</th><th>what happened</th><th>public report</th>"
+           "<th>reproducer (shown alone)</th></tr></thead><tbody>"]
+    for r in deviations.to_dict("records"):
+        out.append(f"<tr><td><code>{e(r['tool'])}</code></td><td>{e(r['driver'])}</td><td>{e(r['sequence'])}</td>"
+                   f"<td title=\"{e(r['source'])}\">{e(r['promised'])}</td><td>{e(r['observed'])}</td>"
+                   f"<td>{e(r['public_report'])}</td><td><code>{e(r['reproducer'])}</code> ({e(r['shown'])})</td></tr>")
+    out.append("</tbody></table></div>")
     return "\n".join(out)
 
 

@@ -1,11 +1,14 @@
 """The runner: the interpreter that owns processes and time.
 
-``trial`` runs one trial end to end in a ``Session`` (receiver, work
-directory), which holds what the trials share (``shared``: image discards,
-per-thread clients and backends, references, the support matrix, the
-receiver's watch); ``coordinator`` sits at a cut's stage boundaries for
+``trial`` runs one trial end to end, its cuts armed by ``arming``, in a
+``Session`` (``session``: receiver, work directory), which holds what the
+trials share (``shared``: image discards, per-thread clients and backends,
+references, the support matrix, the receiver's watch); ``coordinator`` sits at a cut's stage boundaries for
 certificates and effect fences; ``run`` turns a scenario into trials and
-stores the run; ``executors`` holds the ways of running them (serial, worker
+stores the run, after ``checks`` has refused what cannot run (arms this
+machine lacks, programs that cannot start, storage nearly full), with
+``runmeta`` saying what ``run.toml`` holds; ``resume`` continues a partial
+run (``cutbench run --resume``); ``executors`` holds the ways of running them (serial, worker
 threads, an adaptive driver), chosen once per run, and ``ray_executor`` the
 Ray one, whose tasks each run ``trial_worker`` (one trial in a process of its
 own); ``adaptive`` hosts the drivers that decide trial by trial (the

@@ -33,7 +33,7 @@ from cutbench.harness.environment import record as environment
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.adaptive import Driver
-from cutbench.harness.runner.trial import Session
+from cutbench.harness.runner.session import Session
 from cutbench.harness.store.rundir import RunDir
 from cutbench.harness.store.tables import trial_file
 from cutbench.procs import kill_namespace_inits, pid_namespace_error

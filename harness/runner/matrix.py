@@ -24,6 +24,7 @@ from cutbench.harness.generator import matrix as plan
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import matrix as render
 from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
+from cutbench.harness.store.findings import deviation_rows
 from cutbench.harness.store.rundir import RunDir, read_matrix
 
 
@@ -63,9 +64,12 @@ def tool_unavailable_reason(tool: str) -> str | None:
 
 def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults: tuple[str, ...] = (),
                results_root: str | Path = "results", *, jobs: int | str = 1, progress: ProgressFn | None = None,
-               workdir: str | Path | None = None) -> tuple[RunOutcome, pd.DataFrame]:
+               workdir: str | Path | None = None, findings: list[Path] | None = None) -> tuple[RunOutcome, pd.DataFrame]:
     """Measure the matrix of ``probes`` (row or probe names; none: all) × ``tools`` × ``faults``; return the
-    run and its matrix table. Bad names raise :class:`InvalidArgument` before anything runs."""
+    run and its matrix table, with the lifecycle deviations of the hunts under ``findings`` (see
+    :func:`store_matrix`). Bad names raise :class:`InvalidArgument` before anything runs."""
+    if findings:
+        deviation_rows(findings)  # a folder with no hunt, or a damaged hunt.json, is named before any trial
     chosen = plan.check_tools(tools)
     # Asked for by name, a tool that cannot run here is a column of "not measured" with the reason; by
     # default only the tools this machine has are columns, and the others are named with why.
@@ -77,12 +81,15 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     specs, skipped = variant_specs([(v.variant, v) for v in scen.variants])
     outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
                       extra_meta={"matrix": grid})
-    return outcome, store_matrix(outcome.run)
+    return outcome, store_matrix(outcome.run, findings=findings)
 
 
-def store_matrix(run: RunDir, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def store_matrix(run: RunDir, table: pd.DataFrame | None = None, findings: list[Path] | None = None) -> pd.DataFrame:
     """Write ``matrix.parquet`` and ``matrix.md`` into ``run`` (``table``, or the matrix of ``run`` itself) and
-    redraw its report with the matrix section; return the table."""
+    redraw its report with the matrix section; return the table.
+
+    ``findings`` (hunt folders: ``cutbench hunt --out``) become the run's ``deviations`` table, one row per
+    lifecycle deviation per tool, shown after the grid; without it a table stored before is kept."""
     meta = {**run.meta(), "run_dir": display_path(run.path)}
     if table is None:
         try:
@@ -90,14 +97,18 @@ def store_matrix(run: RunDir, table: pd.DataFrame | None = None) -> pd.DataFrame
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
     run.write_table("matrix", table)
-    run.write_text("matrix.md", render.markdown(table, (meta.get("matrix") or {}).get("tools_unavailable") or {}))
+    if findings:
+        run.write_table("deviations", deviation_rows(findings))
+    run.write_text("matrix.md", render.markdown(table, (meta.get("matrix") or {}).get("tools_unavailable") or {},
+                                                run.table("deviations")))
     report.build(run)
     return table
 
 
-def from_runs(paths: list[str | Path], into: str | Path | None = None) -> tuple[RunDir, pd.DataFrame]:
+def from_runs(paths: list[str | Path], into: str | Path | None = None,
+              findings: list[Path] | None = None) -> tuple[RunDir, pd.DataFrame]:
     """The matrix of stored matrix runs of one machine, merged (a later run wins a point both measured),
-    stored in ``into`` (default: the first run). Raises :class:`InvalidArgument` for a run that is no matrix
+    stored in ``into`` (default: the first run) with the deviations of the hunts under ``findings``. Raises :class:`InvalidArgument` for a run that is no matrix
     run or runs of different machines."""
     runs = [RunDir.open(p) for p in paths]
     tables = []
@@ -111,7 +122,7 @@ def from_runs(paths: list[str | Path], into: str | Path | None = None) -> tuple[
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     target = RunDir.open(into) if into else runs[0]
-    return target, store_matrix(target, merged)
+    return target, store_matrix(target, merged, findings)
 
 
 def compare_matrices(a: str | Path, b: str | Path) -> tuple[pd.DataFrame, dict[str, Any], str]:

@@ -7,7 +7,9 @@ through :class:`~cutbench.harness.store.rundir.RunDir`, the only writer.
 What runs the trials (this thread, worker threads of the session, Ray tasks,
 or a driver deciding trial by trial) is an
 :class:`~cutbench.harness.runner.executors.Executor`, chosen once per run;
-what ``run.toml`` says of the run is a :class:`RunMeta`, rendered in one place.
+what ``run.toml`` says of the run is a :class:`~cutbench.harness.runner.runmeta.RunMeta`, rendered in one
+place. What a run refuses before it starts is :mod:`~cutbench.harness.runner.checks`'s; continuing a partial
+run, :mod:`~cutbench.harness.runner.resume`'s.
 
 With ``run.jobs`` > 1 the plans are built before any runs and a parallel run
 stores what a serial run of the same plans stores (see
@@ -17,9 +19,7 @@ decides each trial from the one before: it runs one trial at a time.
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,25 +29,25 @@ import pandas as pd
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
                              InvalidArgument, Unavailable)
 from cutbench import storage
-from cutbench.registry import CHECKPOINTERS
-from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
 from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
-from cutbench.harness.model.scenario import PROFILES, Arm, Scenario
+from cutbench.harness.model.scenario import PROFILES, Scenario
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
-from cutbench.harness.runner.executors import Executor, ProgressFn, TrialLog, choose_executor
+from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_executor
 from cutbench.harness.runner.shared import ReceiverLost, ReceiverWatch
-from cutbench.harness.runner.trial import Session
-from cutbench.harness.store.rundir import RunDir, as_stored, read_matrix
-from cutbench.harness.store.tables import certificate_rows, result_from_file, trial_row
+from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
+from cutbench.harness.runner.runmeta import Resumed, RunMeta
+from cutbench.harness.runner.session import Session
+from cutbench.harness.store.rundir import RunDir, read_matrix
+from cutbench.harness.store.tables import certificate_rows, trial_row
 from cutbench.workloads import api as workload_api
 
 
@@ -91,43 +91,6 @@ class RunOutcome:
     def outcome_counts(self) -> dict[str, int]:
         """Return how many trials ended in each outcome (``{"valid": 21, "invalid": 7}``; empty: no trial)."""
         return self.trials["outcome"].value_counts().to_dict() if not self.trials.empty else {}
-
-
-def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]:
-    """Split the scenario's arms into runnable ones and skipped ones (with the reason).
-
-    Raises :class:`Unavailable` when a backend cannot run and the scenario does
-    not allow skipping (``pipeline.skip_unavailable``).
-    """
-    reasons: dict[str, str | None] = {}
-    faults: dict[str, frozenset[str] | None] = {}
-    for name in scenario.backends:
-        try:
-            backend = checkpointers.get(name)
-            reasons[name] = backend.unavailable_reason()
-            faults[name] = backend.capabilities.faults
-        except Unavailable as exc:
-            reasons[name] = str(exc)
-            faults[name] = None
-    # A workload that needs what this machine lacks (a GPU) skips every arm.
-    workload_reason = workload_api.unavailable_reason(workload_api.load(scenario.workload), scenario.array)
-    runnable, skipped = [], []
-    for arm in scenario.arms():
-        reason = workload_reason or reasons[arm.backend]
-        offered = faults[arm.backend]
-        if offered is not None and arm.fault not in offered:
-            # Not a failure: e.g. the in-place `cuda` backend has no CPU image to restore after a kill.
-            skipped.append({"arm": arm.label(), "reason": f"backend {arm.backend!r} does not support fault {arm.fault!r}"})
-            continue
-        if reason is None:
-            runnable.append(arm)
-        elif scenario.skip_unavailable:
-            skipped.append({"arm": arm.label(), "reason": reason})
-        elif workload_reason:
-            raise Unavailable(f"workload {scenario.workload!r} cannot run here: {reason}")
-        else:
-            raise Unavailable(f"backend {arm.backend!r} cannot run here: {reason}")
-    return runnable, skipped
 
 
 def run_scenario(
@@ -318,286 +281,6 @@ def results_full(run: RunDir, exc: OSError) -> str:
         else f"cutbench run --resume {run.path}"
     return (f"the results directory {run.path} is full ({storage.mib(free)} free of {storage.mib(total)}; "
             f"{exc.strerror or exc}): it holds {stored}; free space, then `{finish}` finishes the run")
-
-
-def check_programs(workloads: list[tuple[str, dict[str, Any], str]]) -> None:
-    """Refuse, before anything runs, a program workload (``(name, params, backend)``) that cannot be started as
-    its scenario says (:func:`~cutbench.harness.runner.program.check_program`: its command not found, a file
-    missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
-    container engine). Raises :class:`InvalidArgument` naming it."""
-    from cutbench.harness.runner.program import check_program
-
-    checked: set[str] = set()
-    for name, params, backend in workloads:
-        if not getattr(workload_api.load(name), "program", False):
-            continue
-        try:
-            cls = CHECKPOINTERS.load(backend)
-        except Unavailable:
-            cls = None  # a backend this machine lacks: its arms are skipped, with the reason, as any workload's
-        if hasattr(cls, "launch"):
-            raise InvalidArgument(f"pipeline.backends: {backend!r} starts the workload in a container of its own; a "
-                                  "program runs under criu, the GPU tools, app and restart (docs/programs.md)")
-        key = json.dumps(params, sort_keys=True, default=str)
-        if key not in checked:
-            checked.add(key)
-            try:
-                check_program(params)
-            except workload_api.WorkloadError as exc:
-                raise InvalidArgument(str(exc)) from None
-
-
-def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
-    """Refuse, before anything runs, a workload (``(name, workload_path)`` pairs) that a workload process cannot import.
-
-    The harness imported every workload already, but from its own working directory and ``sys.path``; a
-    trial's process starts in the trial's directory with the spec's ``workload_path``. A workload that is
-    not cutbench's own is imported once there (``python -m cutbench.workloads.launch --check``), so that an
-    import error is one clear refusal, not a run of ``unknown`` trials. Raises :class:`InvalidArgument` with
-    the command and its stderr.
-    """
-    import subprocess
-    import sys
-    import tempfile
-
-    from cutbench.procs import package_env
-
-    for name, path in dict.fromkeys(workloads):
-        if name in workload_api.WORKLOADS.builtin:
-            continue
-        argv = [sys.executable, "-m", "cutbench.workloads.launch", "--check", name, *path]
-        with tempfile.TemporaryDirectory(prefix="cutbench-check-") as cwd:
-            done = subprocess.run(argv, cwd=cwd, env=package_env(), capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-12:])
-            raise InvalidArgument(f"workload {name!r}: a workload process cannot import it ({' '.join(argv)} exited "
-                                  f"{done.returncode}, from a directory of its own):\n{tail}")
-
-
-# The least free space a run starts with: in its images directory, about one CRIU image of the smallest
-# workload (a NumPy counter's is 18 MB: results/reference/containers), and in its results directory room for
-# the tables, plots and report of a small run. Larger images are caught when a stage runs out (storage.exhausted).
-MIN_IMAGES_FREE = 32 << 20
-MIN_RESULTS_FREE = 4 << 20
-
-
-def check_storage(images_dirs: set[str], results_root: str | Path, workdir: str | Path | None = None) -> None:
-    """Refuse, before anything runs, an images, results or work directory that is unwritable or nearly full:
-    the harness's own storage, which must never turn into refused trials blamed on a tool. Raises
-    :class:`Unavailable` naming the directory, its free space and what it needs."""
-    import tempfile
-
-    problems = [storage.room_problem(d, MIN_IMAGES_FREE, "pipeline.images_dir") for d in sorted(images_dirs)]
-    problems.append(storage.room_problem(results_root, MIN_RESULTS_FREE, "the results directory"))
-    # The session's work directory (trial directories, the SQLite receiver store) is made under this.
-    problems.append(storage.room_problem(workdir or tempfile.gettempdir(), MIN_RESULTS_FREE, "the work directory"))
-    found = [p for p in problems if p]
-    if found:
-        raise Unavailable("; ".join(found))
-
-
-# Keys of a resumed run's record that describe an end it has not reached again.
-STALE_ON_RESUME = ("n_trials", "finished", "duration_s", "report_error")
-
-
-@dataclass
-class RunMeta:
-    """What ``run.toml`` says of a run: built in one place (:meth:`start`), rendered in one (:meth:`render`).
-
-    The runner sets its fields as the run goes (the executor's keys once the
-    receiver runs, arms that cannot be judged, a driver's keys, the end) and
-    writes :meth:`render` through the run directory.
-    """
-
-    run_id: str
-    run_dir: str
-    started: float
-    cutbench_version: str
-    code_digest: str
-    scenario: dict[str, Any]
-    environment: dict[str, Any]
-    skipped_arms: list[dict[str, str]]
-    n_trials_planned: int | None
-    arms_planned: list[str]
-    jobs: int
-    swept: list[str] = field(default_factory=list)  # what the sweep removed of killed runs before this one
-    executor: dict[str, Any] = field(default_factory=dict)  # what ran the trials (Ray: ``executor``, ``ray``)
-    extra: dict[str, Any] = field(default_factory=dict)  # the caller's keys (a sweep's axes) and a driver's
-    status: str = "running"
-    finished: float | None = None
-    duration_s: float | None = None
-    n_trials: int | None = None
-    # A resumed run: its stored record, which stays, and what this harness adds to its ``resumes``.
-    resumed: dict[str, Any] | None = None
-    resumes_entry: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def start(cls, run: RunDir, scenario: Scenario, env: dict[str, Any], executor: Executor, *,
-              skipped: list[dict[str, str]], planned: int | None, swept: list[str], extra: dict[str, Any],
-              resume: "Resumed | None") -> "RunMeta":
-        """Return the record of a run about to start (or to resume), status ``running``."""
-        if executor.specs is not None:  # the whole plan: a resumed run's kept trials and those still to run
-            every = [*(r.spec for r in resume.done), *executor.specs] if resume is not None else executor.specs
-            planned = len(every)
-            arms_planned = list(dict.fromkeys(s.arm.label() for s in sorted(every, key=lambda s: s.index)))
-        else:
-            arms_planned = list(extra.get("arms_planned", []))
-        meta = cls(run_id=run.run_id, run_dir=str(run.path), started=time.time(),
-                   cutbench_version=environment.cutbench_version(), code_digest=environment.code_digest(),
-                   scenario=scenario.to_dict(), environment=env, skipped_arms=skipped, n_trials_planned=planned,
-                   arms_planned=arms_planned, jobs=executor.jobs, swept=swept, executor=executor.describe(),
-                   extra=dict(extra))
-        if resume is not None:
-            meta.started = float(resume.meta["started"])
-            meta.resumed = resume.meta
-            # executor.specs is a list here: resume_run hands one (an adaptive search cannot resume).
-            meta.resumes_entry = {"at": time.time(), "kept": len(resume.done), "to_run": len(executor.specs or []),
-                                  **({"swept": swept} if swept else {})}
-        return meta
-
-    def finish(self, *, complete: bool, n_trials: int) -> None:
-        """Mark the run ended (``complete`` or ``partial``) with ``n_trials`` stored; returns None."""
-        self.status = "complete" if complete else "partial"
-        self.finished = time.time()
-        self.duration_s = time.time() - self.started
-        self.n_trials = n_trials
-
-    def render(self) -> dict[str, Any]:
-        """Return the ``run.toml`` document.
-
-        A resumed run keeps its own record; this harness updates what it
-        planned and adds an entry to ``resumes`` (with what its sweep removed).
-        """
-        if self.resumed is None:
-            out = {"run_id": self.run_id, "run_dir": self.run_dir, "status": self.status, "started": self.started,
-                   "cutbench_version": self.cutbench_version, "code_digest": self.code_digest,
-                   "scenario": self.scenario, "environment": self.environment, "skipped_arms": self.skipped_arms,
-                   "n_trials_planned": self.n_trials_planned, "arms_planned": self.arms_planned, "jobs": self.jobs,
-                   **({"swept": self.swept} if self.swept else {}), **self.executor, **self.extra}
-        else:
-            out = {k: v for k, v in self.resumed.items() if k not in STALE_ON_RESUME}
-            out.update(status=self.status, skipped_arms=self.skipped_arms, n_trials_planned=self.n_trials_planned,
-                       arms_planned=self.arms_planned, jobs=self.jobs, run_dir=self.run_dir,
-                       resumes=[*self.resumed.get("resumes", []), self.resumes_entry])
-            receiver = {k: v for k, v in (self.executor.get("ray") or {}).items() if k in ("receiver", "receiver_token")}
-            if receiver:  # where this session's trials reached its receiver, in the run's own ray table
-                out["ray"] = {**(out.get("ray") or {}), **receiver}
-        if self.finished is not None:
-            out.update(finished=self.finished, duration_s=self.duration_s, n_trials=self.n_trials)
-        return out
-
-
-@dataclass
-class Resumed:
-    """A stored run being continued: its directory, its ``run.toml`` and the trials it finished."""
-
-    run: RunDir
-    meta: dict[str, Any]
-    done: list[TrialResult]
-
-
-# Scenario fields that do not change what a trial is: a resumed run may differ in them.
-NOT_TRIAL_FIELDS = frozenset({"source_path", "jobs", "executor", "ray_address"})
-
-
-def resume_refusal(meta: dict[str, Any], *, code_digest: str, fingerprint: dict[str, Any],
-                   scenario: Scenario | None = None) -> str | None:
-    """Why the run whose ``run.toml`` is ``meta`` cannot be continued here, or None when it can.
-
-    Pure: the caller gives this machine's :func:`~cutbench.harness.environment.record.code_digest`
-    and :func:`~cutbench.harness.environment.record.fingerprint`, and the scenario the user named
-    (None: the run's own). A trial made by other code, on another machine or from another scenario
-    would not be the trial an uninterrupted run makes, so the resumed run could not equal one.
-    """
-    status = meta.get("status")
-    if status == "complete":
-        return "the run is complete: nothing to resume"
-    if meta.get("sweep"):
-        return "it is a sweep (`cutbench sweep`); resuming a sweep is not supported: run the sweep again"
-    stored = meta.get("scenario") or {}
-    if stored.get("plan_source") == "hypothesis":
-        return ("its plan source is hypothesis, whose next trial depends on the verdicts of the ones before: "
-                "run it again")
-    if not meta.get("code_digest"):
-        return "run.toml has no code_digest (the run was made before `--resume` existed), so its code is unknown"
-    if meta["code_digest"] != code_digest:
-        return (f"the code differs: the run was made by cutbench sources with digest {meta['code_digest'][:12]}…, "
-                f"this one has {code_digest[:12]}… (a changed harness or workload may change trials)")
-    then = environment.fingerprint(meta.get("environment") or {})
-    if then != fingerprint:
-        changed = sorted(k for k in set(then) | set(fingerprint) if then.get(k) != fingerprint.get(k))
-        return "the machine differs: " + ", ".join(f"{k} was {then.get(k)!r}, is {fingerprint.get(k)!r}" for k in changed)
-    if stored.get("store", "sqlite") != "sqlite":
-        return (f"its receiver store ({stored.get('store')!r}) outlives the run and still holds the killed attempt's "
-                "deliveries, which the trials run again would be judged with: resume needs receiver.store = 'sqlite'")
-    if meta.get("matrix"):
-        return "it is a support-matrix run (`cutbench matrix`): run the matrix again"
-    if scenario is not None:
-        now, then = _trial_fields(as_stored(scenario.to_dict())), _trial_fields(stored)
-        for key in sorted(set(now) | set(then)):
-            if now.get(key) != then.get(key):
-                return f"the scenario differs from the run's: {key} was {then.get(key)!r}, is {now.get(key)!r}"
-    return None
-
-
-def _trial_fields(scenario: dict[str, Any]) -> dict[str, Any]:
-    """A stored scenario without the fields that change no trial, in its variants too."""
-    out = {k: v for k, v in scenario.items() if k not in NOT_TRIAL_FIELDS}
-    if out.get("variants"):
-        out["variants"] = [_trial_fields(v) for v in out["variants"]]
-    return out
-
-
-def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: ProgressFn | None = None,
-               workdir: str | Path | None = None, jobs: int | str | None = None) -> RunOutcome:
-    """Continue the partial or interrupted run at ``path`` with its own scenario, plan and seeds; return the
-    :class:`RunOutcome` of the whole run.
-
-    Every trial whose file is in ``trials/`` is kept (a file is written whole or not at all); the rest
-    run in this session, into the same directory, and the tables are written over all of them in plan
-    order, as an uninterrupted run writes them. :class:`InvalidArgument` (nothing run, nothing written)
-    says why a run cannot be continued: see :func:`resume_refusal`; also a harness still running it.
-    """
-    run = RunDir.open(path)
-    meta = run.meta()
-    live = leftovers.live_harness(str(meta.get("run_id", run.run_id)))
-    if live:
-        raise InvalidArgument(f"{run.path}: cannot resume: harness {live} is still running this run")
-    why = resume_refusal(meta, code_digest=environment.code_digest(), fingerprint=environment.fingerprint(environment.collect()),
-                         scenario=scenario)
-    if why:
-        raise InvalidArgument(f"{run.path}: cannot resume: {why}")
-    records = run.trial_records()
-    for data in records:  # where the run found its workloads: the scenario loads them from there now too
-        workload_api.add_import_path(data["spec"].get("workload_path") or [])
-    stored = Scenario.from_dict(meta["scenario"])
-    if scenario is not None:  # how the trials run is the user's to choose now; what they are is the run's
-        stored = replace(stored, **{k: getattr(scenario, k) for k in ("jobs", "executor", "ray_address")})
-    if jobs is not None:  # how many at once does not change a trial (a parallel run stores what a serial one does)
-        stored = replace(stored, jobs=jobs)
-    run.references()  # a damaged recorded reference is named now, before anything runs or is rewritten
-    specs, skipped = variant_specs([(v.variant, v) for v in stored.variants] or [("", stored)])
-    judged_here = {s["arm"] for s in meta.get("skipped_arms", []) if "cannot be judged here" not in s.get("reason", "")}
-    if {s["arm"] for s in skipped} != judged_here:
-        raise InvalidArgument(f"{run.path}: cannot resume: the arms this machine skips now "
-                              f"({', '.join(sorted(s['arm'] for s in skipped)) or 'none'}) are not those the run skipped "
-                              f"({', '.join(sorted(judged_here)) or 'none'}): a backend or array became (un)available")
-    planned = {s.trial_id: s for s in specs}
-    done: list[TrialResult] = []
-    for data in records:
-        tid = data["spec"]["trial_id"]
-        try:
-            result = result_from_file(data)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{run.trial_path(tid)}: cannot resume: {exc}") from None
-        if tid not in planned or as_stored(planned[tid].to_dict()) != as_stored(data["spec"]):
-            raise InvalidArgument(f"{run.trial_path(tid)}: cannot resume: the scenario does not plan this trial "
-                                  "now (its spec differs from the stored one)")
-        done.append(result)
-    kept = {r.spec.trial_id for r in done}
-    todo = [s for s in specs if s.trial_id not in kept]
-    return execute(stored, todo, run.path.parent, skipped=skipped, progress=progress, workdir=workdir,
-                   resume=Resumed(run, meta, done))
 
 
 def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: RunDir,

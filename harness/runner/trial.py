@@ -1,24 +1,20 @@
 """One trial end to end: spawn the workload, arm its cuts, drive the nemesis,
 watch for deadlock, collect the report and the receiver's records, and judge.
 
-``Session`` holds a run's receiver, its work directory and the subreaper, and
-one of each piece the trials share (:mod:`cutbench.harness.runner.shared`);
-``TrialRunner`` runs one ``TrialSpec`` to a ``TrialResult`` and never raises
-for a failing stage or workload; ``Arming`` arms a trial's precise cuts, and
-``NextCut`` arms each cut's successor at the moment the pipeline allows.
+``TrialRunner`` runs one ``TrialSpec`` to a ``TrialResult`` in a run's
+:class:`~cutbench.harness.runner.session.Session` and never raises for a
+failing stage or workload; its cuts are armed by
+:mod:`~cutbench.harness.runner.arming`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,158 +25,28 @@ from cutbench.errors import HarnessFault
 from cutbench.harness.checker import oracle
 from cutbench.harness.environment.cpu_account import StageSampler
 from cutbench.harness.environment.engines import RUN_LABEL
-from cutbench.harness.model.plan import CutPlan, position
+from cutbench.harness.model.plan import position
 from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
+from cutbench.harness.runner.arming import Arming, NextCut, TrialState, launcher
 from cutbench.harness.runner.coordinator import TrialCoordinator
-from cutbench.harness.runner.shared import (RECEIVER_RERUNS, ImageDiscards, ReceiverWatch, References,
-                                            SupportLookup, ThreadResources)
-from cutbench.procs import Child, become_subreaper, kill_namespace_inits, spawn
+from cutbench.harness.runner.session import RUNNERS, Session
+from cutbench.procs import Child, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
 from cutbench.workloads.runtime import WorkloadConfig, read_marker, write_marker
 
 POLL_S = 0.005
-# The runners of other kinds of workload (TrialRunner's subclasses, each listed as it is defined).
-RUNNERS: list[type["TrialRunner"]] = []
 RECEIVER_GONE = "the run's receiver is gone"  # why a trial stopped waiting on its workload (never judged)
-
-
-class Session:
-    """Run-level resources: the receiver and a work directory, the subreaper, and what the trials share.
-
-    Use as a context manager; leaving it waits for the image removals, stops
-    the receiver and removes the work directory, whatever happened inside.
-    What the trials share is one piece per concern
-    (:mod:`cutbench.harness.runner.shared`): :attr:`images` (background
-    removal of cut images), :attr:`threads` (each trial thread's receiver
-    client and backends), :attr:`references` (ground truth) and
-    :attr:`support` (the support matrix). Several threads may run trials of
-    one session at once (``run.jobs``). ``pid_namespace``: start each
-    workload tree as the init of a PID namespace of its own where the backend
-    declares that it copes (``pid_namespace`` on the class; see
-    ``cutbench.procs``).
-    """
-
-    workdir_tag = ""  # in the work directory's name, after the run id
-
-    def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None, *,
-                 pid_namespace: bool = False, listen: str = "127.0.0.1:0", token: str | None = None):
-        self.run_id = run_id
-        # Where the receiver listens and the secret its clients present: loopback and none, unless trials run
-        # on other machines (a Ray cluster), which reach it on a routable address that needs the token.
-        self.listen = listen
-        self.token = token
-        self.store_spec = store
-        self.pid_namespace = pid_namespace
-        self._workdir_arg = workdir
-        # What _open_receiver returns (a ReceiverHandle here, a stand-in for the driver's in a WorkerSession); None until __enter__.
-        self.receiver: Any = None
-        self.watch: ReceiverWatch | None = None
-        self.images = ImageDiscards()
-        self.threads = ThreadResources()
-        self.references = References()
-        self.support = SupportLookup()
-
-    def __enter__(self) -> "Session":
-        become_subreaper()
-        base = Path(self._workdir_arg) if self._workdir_arg else None
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"cutbench-{self.run_id}-{self.workdir_tag}", dir=base))
-        try:
-            self.receiver = self._open_receiver()
-            self.watch = self._watch_receiver()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def _watch_receiver(self) -> ReceiverWatch | None:
-        """Watch the receiver this session started (a worker session's is the driver's, watched there)."""
-        return ReceiverWatch(self.receiver, on_lost=self.threads.give_up)
-
-    def _open_receiver(self) -> Any:
-        """Start the run's receiver on its store (``sqlite``: a file in the work directory); return its handle."""
-        from cutbench.receivers.process import start_receiver
-
-        self.store_url = f"sqlite:{self.workdir / 'receiver.sqlite'}" if self.store_spec == "sqlite" else self.store_spec
-        return start_receiver(self.store_url, self.workdir, listen=self.listen, token=self.token,
-                              allow_remote=self.token is not None)
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.images.drain()
-        finally:  # a second Ctrl-C during the wait still stops the receiver and removes the work directory
-            self.threads.close()
-            if self.watch is not None:
-                self.watch.close()
-            if self.receiver is not None:
-                self.receiver.stop()
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    @property
-    def control_client(self) -> Any:
-        """This thread's client of the run's receiver (None before the receiver runs)."""
-        if self.receiver is None:
-            return None
-        return self.threads.client(self.receiver.address, self.token)
-
-    def effects(self, receiver_trial: str) -> pd.DataFrame:
-        """The receiver's stored rows for one trial, read from the store (not the server's memory)."""
-        from cutbench.receivers.stores import open_store
-
-        store = open_store(self.store_url)
-        try:
-            return store.export(trial=receiver_trial)
-        finally:
-            close = getattr(store, "close", None)
-            if callable(close):
-                close()
-
-    def run_trial(self, spec: TrialSpec, attempt: int = 0) -> TrialResult:
-        """Run one trial to its verdict and return its :class:`TrialResult`; never raises for a failing stage or
-        workload. A trial during which the run's receiver died is run again, under a fresh receiver key, up to
-        :data:`~cutbench.harness.runner.shared.RECEIVER_RERUNS` times (:class:`ReceiverWatch`); raises its
-        ``ReceiverLost`` when the receiver cannot come back. ``attempt`` numbers a rerun the driver of a Ray run
-        asked for (its receiver key is that attempt's)."""
-        if self.watch is None:
-            return self.runner(spec, attempt=attempt).run()
-        for again in range(RECEIVER_RERUNS + 1):
-            before = self.watch.check()
-            result = self.runner(spec, attempt=again).run()
-            if self.watch.check() == before:
-                return result
-            self.watch.rerun(spec.trial_id)
-        return self.watch.spoiled(result)
-
-    def runner(self, spec: TrialSpec, **kwargs: Any) -> "TrialRunner":
-        """The runner of one trial of ``spec``: the first of :data:`RUNNERS` that runs its workload (a program
-        that knows nothing of cutbench: :mod:`~cutbench.harness.runner.program`), else a :class:`TrialRunner`."""
-        cls = workload_api.load(spec.workload, spec.workload_path)
-        kind = next((r for r in RUNNERS if r.runs(cls)), TrialRunner)
-        return kind(self, spec, workload=cls, **kwargs)
-
-    def record_references(self, specs: Iterable[TrialSpec], jobs: int = 1, *, machine: dict[str, Any] | None = None,
-                          keep: Callable[[str, workload_api.RecordedReference], None] | None = None) -> dict[str, str]:
-        """Record the ground truth of the recorded-reference workloads among ``specs``; return ``{key: why not}``.
-
-        See :meth:`~cutbench.harness.runner.shared.References.record`. Each
-        control run is started as the harness starts any process, whatever
-        the trials' backend (a container engine may not reach the GPU): the
-        recording is of the workload, not of a tool.
-        """
-        def observe(clean: TrialSpec) -> tuple[TrialRecord, pd.DataFrame]:
-            return self.runner(clean, plain_launch=True).observe()
-
-        return self.references.record(specs, jobs, observe, machine=machine, keep=keep)
 
 
 class TrialRunner:
     """One trial's side effects, from spawn to verdict (see :meth:`run`).
 
-    A subclass that runs other workloads (a program's) says which in :meth:`runs` and is listed in
-    :data:`RUNNERS` when it is defined; :meth:`Session.runner` picks it.
+    It and each subclass (one that runs other workloads, a program's, says which in :meth:`runs`) are
+    listed in :data:`~cutbench.harness.runner.session.RUNNERS` when defined; ``Session.runner`` picks one.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -248,7 +114,7 @@ class TrialRunner:
                                             features=tuple(sorted(workload_api.declared_features(
                                                 self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array)))),
                                             support=self.s.support.of(spec.backend))
-        state = _TrialState()
+        state = TrialState()
         child: Child | None = None
         companions: list[Child] = []
         try:
@@ -259,7 +125,7 @@ class TrialRunner:
             seq = arming.arm(0)
             # A backend that must own the workload's start (a container engine) launches it itself.
             labels = {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id}
-            launch = spawn if self.plain_launch else _launcher(backend, labels)
+            launch = spawn if self.plain_launch else launcher(backend, labels)
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):
@@ -326,7 +192,7 @@ class TrialRunner:
         shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
 
-    def _cuts(self, arming: "Arming", child: Child, backend: Any, seq: int | None, state: "_TrialState") -> None:
+    def _cuts(self, arming: "Arming", child: Child, backend: Any, seq: int | None, state: "TrialState") -> None:
         """Carry out the plan's cuts in order (``seq``: the first one's arm sequence); stop at the first that
         hangs, fails or is refused."""
         spec, plan, control = self.spec, arming.plan, arming.control
@@ -387,7 +253,7 @@ class TrialRunner:
                 following.ensure_armed()
             seq = following.next_seq
 
-    def _run_to_end(self, control: ControlFile, child: Child, state: "_TrialState") -> None:
+    def _run_to_end(self, control: ControlFile, child: Child, state: "TrialState") -> None:
         """Let the workload finish after the last cut and fold how it ended into the status."""
         finished = self._finish(control, child)
         if finished == "deadlock":
@@ -410,11 +276,11 @@ class TrialRunner:
             state.status, state.error = "unknown", f"{state.error}; then {finished}"
 
     @staticmethod
-    def _came_back(state: "_TrialState") -> bool:
+    def _came_back(state: "TrialState") -> bool:
         """Whether a cut of this trial restored the workload or resumed it in place."""
         return any(o.get("status") in ("restored", "resumed") for o in state.outcomes)
 
-    def _last_position(self, control: ControlFile, state: "_TrialState") -> tuple[int, str]:
+    def _last_position(self, control: ControlFile, state: "TrialState") -> tuple[int, str]:
         """Where the workload stood last (op, phase name), as its control slots say."""
         progress_op, phase_index = control.get("progress_op"), control.get("progress_phase")
         if state.resumed_at is not None and control.get("progress_count") == state.resumed_at[1]:
@@ -588,82 +454,4 @@ class TrialRunner:
             return oracle.empty_effects(), f"cannot read receiver store: {exc}"
 
 
-def _launcher(backend: Any, labels: dict[str, str]) -> Callable[..., Child]:
-    """How the trial starts its workload: :func:`~cutbench.procs.spawn`, or the backend's own ``launch(argv, *,
-    cwd, labels)`` (a container engine), given the run's and the trial's ``labels`` for the container (a
-    ``launch`` without that parameter gets none)."""
-    launch = getattr(backend, "launch", None)
-    if launch is None:
-        return spawn
-    if "labels" in inspect.signature(launch).parameters:
-        return functools.partial(launch, labels=labels)
-    return launch
-
-
-@dataclass
-class _TrialState:
-    """What one trial has established so far (the runner's status vocabulary; see model.trial)."""
-
-    status: str = "completed"
-    error: str = ""
-    failed_stage: str = ""
-    restores: int = 0
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-    # (position at the last cut, progress count right after it)
-    resumed_at: tuple[tuple[int, int], int] | None = None
-    down: bool = False  # the workload is gone on purpose (a declined restore): nothing runs to the end
-    evidence: list[dict[str, Any]] = field(default_factory=list)
-    joined: set[str] | None = None  # domains the adapters joined at every restored cut (None: no restore yet)
-
-
-@dataclass
-class Arming:
-    """Arms a trial's precise cuts in its control file: the workload parks at an armed ``(op, phase)``."""
-
-    control: ControlFile
-    plan: CutPlan
-    phases: tuple[str, ...]  # the workload's phases, in order: a cut's phase is armed by its index
-
-    def arm(self, index: int) -> int | None:
-        """Arm cut ``index`` if it is precise; return its arm sequence (None: asynchronous, or no cut left)."""
-        if index >= len(self.plan.cuts) or self.plan.cuts[index].mode != "precise":
-            return None
-        cut = self.plan.cuts[index]
-        return self.control.arm(cut.op, self.phases.index(cut.phase))
-
-
-@dataclass
-class NextCut:
-    """Arming cut ``index + 1`` around cut ``index``: the pipeline calls ``before_resume`` or ``release``."""
-
-    arming: Arming
-    index: int
-    seq: int | None  # this cut's arm sequence (None: nothing parked)
-    fault: str
-    next_seq: int | None = None
-
-    def ensure_armed(self) -> None:
-        """Arm the next cut once; returns None."""
-        if self.next_seq is None:
-            self.next_seq = self.arming.arm(self.index + 1)
-
-    def before_resume(self) -> None:
-        """After the fault, before the restored process runs: hold it, a new incarnation, then the next cut; returns None."""
-        control = self.arming.control
-        if self.seq is not None:
-            # After ``leave_running`` the original was released, so the copy would
-            # leave its park as soon as CRIU restores it: on the GPU, a CUDA call
-            # before the CUDA restore kills it (benchmarks/repro/). It waits for release().
-            control.hold(self.seq)
-        control.set("incarnation", control.get("incarnation") + 1)
-        self.next_seq = self.arming.arm(self.index + 1)
-
-    def release(self) -> None:
-        """Let the parked workload go on; returns None."""
-        if self.fault == "none":
-            # No restore follows: arm the next cut before the parked workload
-            # moves on, or it may run past it first.
-            self.ensure_armed()
-        if self.seq is not None:
-            self.arming.control.release(self.seq)
+RUNNERS.append(TrialRunner)

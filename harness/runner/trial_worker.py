@@ -41,7 +41,7 @@ from cutbench.errors import EXIT_INTERRUPTED, CutbenchError, InvalidArgument, Un
 from cutbench.files import atomic_write
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialResult, TrialSpec
-from cutbench.harness.runner.trial import Session
+from cutbench.harness.runner.session import Session
 from cutbench.procs import become_subreaper, kill_namespace_inits, pid_namespace_error
 from cutbench.registry import backend_capabilities
 from cutbench.workloads import api as workload_api

@@ -6,7 +6,8 @@ Layout of a hunt directory::
     FINDINGS.md      one row per deviation: sequence, the documented promise, what happened, reproducer
     repro/NAME.py    one standalone reproducer per deviation (no cutbench in it)
 
-:func:`read_hunt` reads ``hunt.json`` back and names the file when it is damaged.
+:func:`read_hunt` reads ``hunt.json`` back and names the file when it is damaged; :func:`deviation_rows`
+gathers the deviations of every hunt under a folder, one row each, for the support matrix's section.
 """
 
 from __future__ import annotations
@@ -46,6 +47,51 @@ def read_hunt(out: Path) -> dict[str, Any]:
         raise InvalidArgument(f"{path}: not a hunt directory (no hunt.json)") from exc
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"{path}: damaged ({exc}); run the hunt again") from exc
+
+
+def hunt_dirs(root: Path) -> list[Path]:
+    """The hunt directories at ``root``: itself when it holds ``hunt.json``, else its sub-folders that do, sorted;
+    :class:`InvalidArgument` naming ``root`` when there is none."""
+    found = [root] if (root / "hunt.json").is_file() else sorted(p.parent for p in root.glob("*/hunt.json"))
+    if not found:
+        raise InvalidArgument(f"{root}: no hunt.json in it or in its sub-folders (a `cutbench hunt --out` folder)")
+    return found
+
+
+def deviation_rows(roots: list[Path]) -> list[dict[str, Any]]:
+    """One row per deviation a hunt found for a tool, across every hunt under ``roots`` (see :func:`hunt_dirs`):
+    the tool, the driver it was measured on, the shortest sequence that shows it, the documented promise and
+    what happened instead, its public report, its reproducer (relative to the hunt's folder's parent) and how
+    often it showed when run on its own. The same deviation of the same tool found by two hunts is one row
+    (the shorter sequence's); a deviation that did not show without the harness is the harness's and is left out."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for root in roots:
+        for folder in hunt_dirs(root):
+            doc = read_hunt(folder)
+            env = doc.get("environment", {})
+            # A hunt's summary line may lack the driver its full record holds (the utility's hunts name none).
+            driver = env.get("driver_version") if env.get("driver_version") not in (None, "", "none") else \
+                ((doc.get("environment_full") or {}).get("gpu") or {}).get("driver_version", "")
+            harness_own = set(doc.get("harness_deviations", []))
+            for f in doc.get("findings", []):
+                if f["id"] in harness_own:
+                    continue
+                d, runs = f["deviation"], f.get("standalone", [])
+                seen = d["observed"]
+                happened = seen["detail"] if seen["detail"] != seen["answer"] else f"answered {seen['answer']}"
+                if seen.get("continues_detail"):
+                    happened += f"; {seen['continues_detail']}"
+                row = {"tool": doc["tool"], "id": f["id"], "driver": driver or "",
+                       "sequence": " → ".join(f["sequence_text"]), "steps": len(f["sequence_text"]),
+                       "invariant": d["invariant"], "promised": f"{d['action']} in {d['before']}: {d['promised']}",
+                       "observed": f"{happened} (left it {seen['state']})", "source": d.get("source", ""),
+                       "public_report": f.get("public_report") or "not found in any public report",
+                       "reproducer": f"{folder.name}/{f['reproducer']}",
+                       "shown": f"{sum(bool(r.get('shown')) for r in runs)} of {len(runs)}" if runs else "not run"}
+                key = (doc["tool"], d["signature"])
+                if key not in best or row["steps"] < best[key]["steps"]:
+                    best[key] = row
+    return sorted(best.values(), key=lambda r: (r["tool"], r["steps"], r["id"]))
 
 
 def render(doc: dict[str, Any]) -> str:

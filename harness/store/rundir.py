@@ -36,13 +36,14 @@ from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_docum
 from cutbench.harness.model.timeline import CPU_COLUMNS
 from cutbench.harness.store import archive as _archive
 
-TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix")
+TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix", "deviations")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
 REQUIRED_TABLES = ("trials", "timeline", "effects")
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "trials": ("trial_id", "arm", "outcome", "status", "receiver_mode", "fault"),
     "timeline": ("trial_id", "stage", "t_start", "t_end"),
     "effects": ("trial_id", "op_id", "decision"),
+    "deviations": ("tool", "id", "sequence", "promised", "observed", "reproducer"),
 }
 # Columns added since runs were first stored: a table of an older run reads with them, as NaN.
 LATER_COLUMNS: dict[str, tuple[str, ...]] = {

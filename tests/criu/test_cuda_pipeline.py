@@ -19,7 +19,7 @@ from cutbench.harness.nemesis.backends.app import AppCheckpointer
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
 from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
-from cutbench.harness.runner.run import check_backends
+from cutbench.harness.runner.checks import check_backends
 from cutbench.harness.model.scenario import parse_scenario
 from tests.conftest import REPO, workload_processes
 from tests.fixtures.cuda_fixtures import SimDriver, run_id_for, run_trials, stages

@@ -16,7 +16,8 @@ import pytest
 
 from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.generator.scheduler import build_specs
-from cutbench.harness.runner.run import check_backends, execute, run_scenario
+from cutbench.harness.runner.run import execute, run_scenario
+from cutbench.harness.runner.checks import check_backends
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.harness.runner.adaptive import until_invalid
 

@@ -222,7 +222,8 @@ def test_driver_remap_onto_a_full_gpu(tmp_path):
     """The driver's own answer to a remap that cannot fit, and whether the process comes back afterwards."""
     import os
 
-    from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, CudaDriver
+    from cutbench.errors import CudaCallError
+    from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver
 
     drv = CudaDriver()
     gpus = drv.gpu_uuids()

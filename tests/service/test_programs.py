@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.runner.program import Observer
+from cutbench.harness.observer.streams import Observer
 from cutbench.workloads import api
 from cutbench.workloads.program import Program
 from tests.fixtures.run_fixtures import cli

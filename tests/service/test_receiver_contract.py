@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from cutbench.receivers import protocol as P
-from cutbench.receivers.client import ReceiverClient, ReceiverError
+from cutbench.errors import ReceiverError
+from cutbench.receivers.client import ReceiverClient
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.schema import EXPORT_COLUMNS
 from tests.fixtures.receiver_fixtures import raw_connection, store_write_lock, wait_queued

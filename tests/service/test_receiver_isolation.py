@@ -14,7 +14,8 @@ import sqlite3
 import pytest
 
 from cutbench.receivers import protocol as P
-from cutbench.receivers.client import ReceiverClient, ReceiverError
+from cutbench.errors import ReceiverError
+from cutbench.receivers.client import ReceiverClient
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
 from tests.fixtures.receiver_fixtures import read_frames, sqlite_path, store_write_lock, wait_queued

@@ -17,7 +17,8 @@ import pytest
 from cutbench.errors import InvalidArgument
 from cutbench.receivers import client as client_module
 from cutbench.receivers import protocol as P
-from cutbench.receivers.client import ReceiverClient, ReceiverError, ReceiverUnavailable
+from cutbench.errors import ReceiverError, ReceiverUnavailable
+from cutbench.receivers.client import ReceiverClient
 from cutbench.receivers.process import start_receiver
 from cutbench.receivers.stores import open_store
 from tests.fixtures.receiver_fixtures import raw_connection, read_frames

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.runner.trial import Session
+from cutbench.harness.runner.session import Session
 from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.model.scenario import Arm, load_scenario
 from cutbench.workloads import api

@@ -13,7 +13,7 @@ from cutbench.harness.environment import gpu_mem
 from cutbench.harness.environment.criu import plugin
 from cutbench.harness.nemesis.backends.cuda import CudaStages
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs
-from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError
+from cutbench.errors import CudaCallError
 from cutbench.harness.nemesis.backends.cuda_checkpoint_util import UtilityDriver
 from cutbench.errors import StageRefused
 

@@ -7,11 +7,13 @@ import is still a dependency. The rule, lowest first:
       → receivers (ground floor only)
       → workloads (ground floor and cutbench.receivers.client only)
       → harness rooms: model → checker → generator → store → environment
-        → nemesis → reports → runner → integrations
+        → nemesis → observer → reports → runner → integrations
 
 A room may import the ground floor, workloads, receivers, itself and the rooms
-before it. ``cutbench.__main__`` (the shell's door) and ``cutbench.api`` (the
-door for code) rank with integrations; the package's ``__init__`` reaches
+before it. The doors rank with what they open: ``cutbench.__main__`` (the
+shell's) and ``cutbench.api`` (runs, for code) with integrations,
+``cutbench.backend`` (a tool's author's) with nemesis, ``cutbench.workload`` (a
+workload's author's) with workloads; the package's ``__init__`` reaches
 ``cutbench.api`` only lazily, from its module ``__getattr__`` (the one upward
 import the ground floor makes, and not an edge of the import graph: it runs
 after the package is loaded). No module may import the bare names ``harness``, ``workloads`` or
@@ -19,7 +21,7 @@ after the package is loaded). No module may import the bare names ``harness``, `
 
 One name per module: the three folders are ``cutbench.harness``, ``cutbench.workloads`` and
 ``cutbench.receivers`` (``package-dir`` in the wheel, ``cutbench.__path__`` in a checkout) and refuse
-their bare names. ``cutbench.api`` holds every public name, each imported on first use.
+their bare names. Each door's public names are what it imports, each written once.
 """
 
 from __future__ import annotations
@@ -35,12 +37,10 @@ from pathlib import Path
 
 import pytest
 
-import cutbench
-import cutbench.api
 
 from tests.conftest import REPO
 
-ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "reports", "runner", "integrations")
+ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "observer", "reports", "runner", "integrations")
 PACKAGES = ("harness", "workloads", "receivers")
 
 
@@ -80,8 +80,9 @@ def rank(module: str) -> tuple[str, int] | None:
         return ("bare " + parts[0], -1)
     if parts[0] != "cutbench":
         return None
-    if module in ("cutbench.__main__", "cutbench.api"):  # the doors: `python -m cutbench`, `cutbench.open_run`
-        return ("integrations", 4 + ROOMS.index("integrations"))
+    if module in DOORS:
+        room = DOORS[module]
+        return ("workloads", 2) if room == "workloads" else (room, 4 + ROOMS.index(room))
     if len(parts) == 1 or parts[1] not in PACKAGES:
         return ("ground", 0)
     if parts[1] == "receivers":
@@ -91,6 +92,12 @@ def rank(module: str) -> tuple[str, int] | None:
     if len(parts) < 3 or parts[2] not in ROOMS:
         return ("harness", 3)  # the harness package itself (its __init__ holds only a docstring)
     return (parts[2], 4 + ROOMS.index(parts[2]))
+
+
+# The public doors and the room each ranks with: `python -m cutbench`, runs (`cutbench.open_run`), a tool's author's
+# and a workload's author's.
+DOORS = {"cutbench.__main__": "integrations", "cutbench.api": "integrations", "cutbench.backend": "nemesis",
+         "cutbench.workload": "workloads"}
 
 
 # Imports made on first attribute access, after the importing module is loaded (PEP 562): allowed, and no cycle.
@@ -233,9 +240,12 @@ def test_every_module_has_one_name():
     from cutbench.harness import nemesis
     from cutbench.harness.nemesis import base
 
-    assert cutbench.api.Capabilities is nemesis.Capabilities is base.Capabilities
-    assert cutbench.api.Child is importlib.import_module("cutbench.procs").Child
-    assert cutbench.api.BaseWorkload is importlib.import_module("cutbench.workloads.common").BaseWorkload
+    import cutbench.backend
+    import cutbench.workload
+
+    assert cutbench.backend.Capabilities is nemesis.Capabilities is base.Capabilities
+    assert cutbench.backend.Child is importlib.import_module("cutbench.procs").Child
+    assert cutbench.workload.BaseWorkload is importlib.import_module("cutbench.workloads.common").BaseWorkload
     # The folders beside the package in use (this checkout, or the one an editable install points at).
     assert Path(base.__file__) == cutbench.IMPORT_ROOT / "harness" / "nemesis" / "base.py"
     folders = tuple(str(cutbench.IMPORT_ROOT / pkg) + os.sep for pkg in PACKAGES)
@@ -258,27 +268,52 @@ def test_a_checkout_on_pythonpath_alone_finds_every_folder(tmp_path):
                                    str(root / "receivers" / "protocol.py")]
 
 
-def test_a_workload_importing_the_api_loads_no_pandas():
-    """``cutbench.api`` imports each name on first use: a workload's names load the workload runtime only."""
-    code = ("import sys, cutbench.api\n"
-            "from cutbench.api import BaseWorkload, PHASES, ReplayReference, Runtime, Ready, pointer, synchronize, to_host\n"
-            "print(','.join(m for m in ('pandas', 'cutbench.harness') if m in sys.modules))")
+def test_a_workload_importing_its_door_loads_neither_pandas_nor_the_harness():
+    """``cutbench.workload`` runs inside the checkpointed process: it loads the workload runtime only."""
+    code = ("import sys\n"
+            "from cutbench.workload import BaseWorkload, PHASES, ReplayReference, Runtime, Ready, pointer, synchronize, to_host\n"
+            "print(','.join(m for m in ('pandas', 'cutbench.harness', 'cutbench.api') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "", f"loaded by a workload's imports: {proc.stdout.strip()}"
 
 
-def test_the_api_s_names_are_its_type_checking_imports():
-    """``cutbench.api``'s table of names and the imports type checkers read name the same objects, from the same modules."""
-    tree = ast.parse((REPO / "cutbench" / "api.py").read_text())
-    [block] = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
-    imported = {a.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for a in node.names}
-    assert imported == cutbench.api._HOMES
-    assert cutbench.api.__all__ == list(cutbench.api._HOMES)
+@pytest.mark.parametrize("door", ["cutbench.api", "cutbench.backend", "cutbench.workload"])
+def test_each_door_s_public_names_are_its_imports_and_at_most_25(door):
+    """A door holds what its audience imports, each name written once (in its import), never more than 25."""
+    module = importlib.import_module(door)
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {a.asname or a.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+                for a in node.names}
+    assert all(isinstance(n, (ast.ImportFrom, ast.Expr)) for n in tree.body), "a door only imports"
+    public = {n for n in vars(module) if not n.startswith("_") and not isinstance(getattr(module, n), type(ast))}
+    assert public == set(imported) and len(imported) <= 25, sorted(public ^ set(imported))
     for name, home in imported.items():
-        assert getattr(cutbench.api, name) is getattr(importlib.import_module(home), name), name
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        cutbench.api.nothing
+        assert getattr(module, name) is getattr(importlib.import_module(home), name), name
+    others = [importlib.import_module(d) for d in ("cutbench.api", "cutbench.backend", "cutbench.workload") if d != door]
+    assert not set(imported) & {n for m in others for n in vars(m)}, "a name in two doors"
+
+
+def test_every_error_cutbench_raises_is_a_cutbench_error_in_cutbench_errors():
+    """An exception class defined anywhere in the package is private (``_Name``: control flow inside one module) or
+    lives in :mod:`cutbench.errors` as a :class:`CutbenchError`. The lifecycle kit is exempt: it imports nothing
+    of cutbench, so that its reproducers run without it."""
+    import cutbench.errors as errors
+
+    strays = []
+    for path in [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")] + list((REPO / "cutbench").glob("*.py")):
+        if path.name == "lifecycle_kit.py" or path == REPO / "cutbench" / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and \
+                    any(ast.unparse(b).split(".")[-1].endswith(("Error", "Exception", "Failed", "Unavailable", "Refused",
+                                                                 "Fault", "NoAnswer", "Mismatch"))
+                        for b in node.bases):
+                strays.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert strays == []
+    for name, value in vars(errors).items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert issubclass(value, errors.CutbenchError), name
 
 
 def test_the_documented_coverage_table_is_the_backends_declared_coverage():
@@ -286,3 +321,15 @@ def test_the_documented_coverage_table_is_the_backends_declared_coverage():
     from cutbench.harness.reports.summary import render_coverage
 
     assert render_coverage() in (REPO / "docs" / "backends.md").read_text()
+
+
+def test_each_package_s_map_names_every_module_in_it():
+    """A package's ``__init__`` docstring is its map: it names each module and sub-package in it as ``name``."""
+    missing = []
+    for init in sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        members = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        members += [p.parent.name for p in folder.glob("*/__init__.py")]
+        missing += [f"{folder.relative_to(REPO)}/{m}" for m in sorted(members) if f"``{m}``" not in doc]
+    assert missing == [], "not named in their package's __init__ docstring"

@@ -16,6 +16,7 @@ from cutbench.harness.model.certificate import Evidence, Position, certify
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.harness.checker import oracle
 from cutbench.harness.reports import matrix as render
+from cutbench.harness.store.findings import deviation_rows
 from cutbench.workloads import api
 
 
@@ -115,6 +116,35 @@ def test_the_markdown_counts_and_shouts_the_silently_wrong_cells():
     assert "## Not measured here" in text
     page = render.html_section(cells.build(grid_trials(), meta()))
     assert 'id="support-matrix-table"' in page and "cell-wrong" in page and "t0005.json" in page
+
+
+def test_the_hunts_deviations_become_one_row_per_deviation_per_tool_after_the_grid(tmp_path):
+    """The reference hunts (results/reference/findings): five deviations of three tools, the same deviation of the
+    utility found by two hunts counted once (the shorter sequence), each with its driver, promise and reproducer."""
+    from tests.conftest import REPO
+
+    rows = deviation_rows([REPO / "results" / "reference" / "findings"])
+    assert sorted((r["tool"], r["steps"]) for r in rows) == [("criu-cuda-plugin", 2), ("cuda", 4), ("cuda", 4),
+                                                              ("cuda-checkpoint", 4), ("cuda-checkpoint", 5)]
+    assert {r["driver"] for r in rows} == {"580.159.04"} and {r["shown"] for r in rows} == {"3 of 3"}
+    assert all((REPO / "results" / "reference" / "findings" / r["reproducer"]).is_file() for r in rows)
+    assert sum("cuda-checkpoint#44" in r["public_report"] for r in rows) == 2
+    plugin = next(r for r in rows if r["tool"] == "criu-cuda-plugin")
+    assert plugin["observed"] == "answered ok (left it checkpointed)"
+    table, deviations = cells.build(grid_trials(), meta()), pd.DataFrame(rows)
+    text = render.markdown(table, deviations=deviations)
+    assert text.index("## Lifecycle deviations") > text.index("## Not measured here")
+    assert "| `cuda` | 580.159.04 | lock(timeout_ms=5000) → checkpoint → restore_filled → restore |" in text
+    assert "Collect mappings (pid: 1283) failed with -1 \\| Dumping FAILED." in text  # a cell's own bar, escaped
+    page = render.html_section(table, deviations)
+    assert page.count("<tr><td><code>cuda") == 4 and 'id="lifecycle-deviations-table"' in page
+    assert "## Lifecycle deviations" not in render.markdown(table)
+    with pytest.raises(InvalidArgument, match="no hunt.json in it or in its sub-folders"):
+        deviation_rows([tmp_path])
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "hunt.json").write_text("{")
+    with pytest.raises(InvalidArgument, match=r"h/hunt.json: damaged"):
+        deviation_rows([tmp_path])
 
 
 def test_matrices_of_two_machines_are_not_merged_and_compare_says_what_changed():

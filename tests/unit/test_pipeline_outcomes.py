@@ -68,7 +68,7 @@ def test_a_failing_stage_is_the_tools_refusal_the_tools_loss_or_the_harness_own(
 
 
 def test_a_cuts_images_go_to_the_discard_it_is_given_and_a_session_waits_for_its_discards(tmp_path: Path):
-    from cutbench.harness.runner.trial import Session
+    from cutbench.harness.runner.session import Session
 
     child = spawn([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
     handed = []
@@ -101,7 +101,7 @@ def test_a_session_builds_one_reference_per_parameter_set_and_thread():
     """Shared by a thread's trials; never by two threads (a reference may advance a model as it is asked)."""
     import threading
 
-    from cutbench.harness.runner.trial import Session
+    from cutbench.harness.runner.session import Session
     from cutbench.workloads.counter import Counter
 
     session = Session("r")

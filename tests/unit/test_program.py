@@ -13,7 +13,7 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.checker import oracle
 from cutbench.harness.model.scenario import parse_scenario
 from cutbench.harness.model.trial import TrialRecord
-from cutbench.harness.runner.program import Observer, Seen, _unread
+from cutbench.harness.observer.streams import Observer, Seen, _unread
 from cutbench.workloads import api
 from cutbench.workloads.program import Program, RegexRule, digest
 from tests.conftest import REPO

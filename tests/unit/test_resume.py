@@ -13,7 +13,7 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.environment.record import fingerprint
 from cutbench.harness.model.scenario import Scenario, load_scenario
 from cutbench.harness.model.trial import Finding, TrialRecord, TrialResult, TrialSpec, Verdict
-from cutbench.harness.runner.run import resume_refusal
+from cutbench.harness.runner.resume import resume_refusal
 from cutbench.harness.store.rundir import as_stored
 from cutbench.harness.store.tables import result_from_file, trial_file
 from tests.conftest import REPO

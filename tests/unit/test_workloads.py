@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from cutbench.errors import InvalidArgument, Unavailable
-from cutbench.harness.runner.run import check_backends, variant_specs
+from cutbench.harness.runner.run import variant_specs
+from cutbench.harness.runner.checks import check_backends
 from cutbench.harness.model.scenario import load_scenario, parse_scenario
 from cutbench.workloads import api
 from cutbench.workloads.common import ExternalCursor, ReplayReference

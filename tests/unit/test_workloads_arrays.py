@@ -18,7 +18,7 @@ import pytest
 
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.model.scenario import parse_scenario
-from cutbench.harness.runner.run import check_backends
+from cutbench.harness.runner.checks import check_backends
 from cutbench.workloads import api, launch, xp
 from cutbench.workloads.common import sums
 from cutbench.workloads.control import PHASES, ControlFile

@@ -11,6 +11,14 @@ is the op's effect. The report adds every pointer the probe holds (device
 addresses, mapped host addresses, VMM reservations), so a restore that
 moved one is ``pointer_changed``.
 
+The probes by subject: ``memory`` (plain buffers, ``__device__`` and
+``__constant__``), ``host`` (host memory the GPU reaches), ``allocation``
+(pools, VMM), ``inflight`` (work in flight at the cut), ``graphs``,
+``modules`` (code and libraries), ``processes`` (a second process, handles
+outside CUDA; ``ipc_child`` is the child of ``probe_ipc``), ``errors``
+(error paths), ``multi_gpu`` (two GPUs) and ``torch_probes`` (PyTorch's
+own CUDA machinery).
+
 Ground truth is *recorded* (``ground_truth = "recorded"``): CUDA libraries
 are not bit-replayable on NumPy, so the reference is an uninterrupted run of
 the same probe on the same machine, recorded twice and kept only when both
@@ -34,7 +42,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, ClassVar
 
-from cutbench.workloads.api import MatrixRow, WorkloadError
+from cutbench.errors import WorkloadError
+from cutbench.workloads.api import MatrixRow
 from cutbench.workloads.common import RecordedWorkload, check_range
 from cutbench.workloads.control import PHASES
 from cutbench.workloads.xp import backend_name, synchronize

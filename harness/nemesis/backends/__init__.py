@@ -2,8 +2,13 @@
 
 A backend module holds the class (or classes) implementing
 :class:`~cutbench.harness.nemesis.base.Checkpointer`, each with its
-``capabilities`` declared on the class (``cuda_checkpoint_util`` holds two
-backends, ``cuda-checkpoint`` and ``cuda-checkpoint+criu``). Beside them sit
+``capabilities`` declared on the class: ``criu`` (CRIU alone), ``cuda``
+(the driver's checkpoint calls in place, and the CUDA stages every CUDA
+backend runs), ``cuda_criu`` (``cuda+criu``, the one with a split window),
+``criu_cuda_plugin`` (CRIU driving its own CUDA plugin), ``docker`` and
+``podman``, ``app`` (the application's own checkpoints, the baseline) and
+``restart`` (a requeue from the beginning); ``cuda_checkpoint_util`` holds two
+backends, ``cuda-checkpoint`` and ``cuda-checkpoint+criu``. Beside them sit
 modules no backend name points at: ``containers`` (what ``docker`` and
 ``podman`` share), ``cuda_driver`` (the CUDA driver's checkpoint calls and
 their error table) and ``cuda_discovery`` (whether that driver API is usable

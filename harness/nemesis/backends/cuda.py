@@ -41,11 +41,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cutbench.errors import HarnessFault, StageFailed, StageRefused, hung_reason
+from cutbench.errors import CudaCallError, HarnessFault, StageFailed, StageRefused, hung_reason
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.environment.cpu_account import helper_thread
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs, bindings_unavailable_reason, find_cuda_processes
-from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, CudaDriver, DriverApi
+from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver, DriverApi
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
 
@@ -239,7 +239,7 @@ class CudaStages:
                 if self._state(pid) != "checkpointed":
                     break
         raise errors[-1] if len(errors) == 1 else CudaCallError(
-            errors[-1].call, pid, errors[-1].code, errors[-1].name,
+            errors[-1].call, pid, errors[-1].code, errors[-1].name, errors[-1].meaning,
             "; ".join(f"with {len(c)} pair(s): {e.name} {e.text}" for c, e in zip(candidates, errors)))
 
     def _call(self, stage: str, rank: int, pid: int, ctx: CutContext, fn: Callable[[], Any]) -> None:

@@ -19,7 +19,7 @@ from cutbench.errors import hung_reason
 from cutbench.harness.environment.cpu_account import run_measured
 from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
-from cutbench.harness.nemesis.backends.cuda_driver import RESULTS, STATES, CudaCallError, DriverApi
+from cutbench.harness.nemesis.backends.cuda_driver import RESULTS, STATES, DriverApi, call_error
 
 TOOL = "cuda-checkpoint"
 CALL_TIMEOUT_S = 120.0
@@ -40,15 +40,15 @@ class UtilityDriver:
             # workload's CUDA threads).
             p = run_measured(argv, role="tool", timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
-            raise CudaCallError(call, pid, -1, "", hung_reason(f"{TOOL} --{call}", CALL_TIMEOUT_S)) from exc
+            raise call_error(call, pid, -1, "", hung_reason(f"{TOOL} --{call}", CALL_TIMEOUT_S)) from exc
         except OSError as exc:
-            raise CudaCallError(call, pid, -1, "", f"{TOOL}: {exc}") from exc
+            raise call_error(call, pid, -1, "", f"{TOOL}: {exc}") from exc
         out = (p.stdout + p.stderr).strip()
         if p.returncode != 0:
             m = re.search(r"CUDA_ERROR_[A-Z_]+", out)
             name = m.group(0) if m else ""
             code = RESULTS.get(name, (-1, ""))[0]
-            raise CudaCallError(call, pid, code, name or f"{TOOL} exit {p.returncode}", out.splitlines()[-1] if out else "")
+            raise call_error(call, pid, code, name or f"{TOOL} exit {p.returncode}", out.splitlines()[-1] if out else "")
         return out
 
     def get_state(self, pid: int) -> str:
@@ -57,7 +57,7 @@ class UtilityDriver:
         for state in STATES:
             if re.search(rf"\b{state}\b", out):
                 return state
-        raise CudaCallError("get-state", pid, -1, f"{TOOL} output", out)
+        raise call_error("get-state", pid, -1, f"{TOOL} output", out)
 
     def lock(self, pid: int, timeout_ms: int) -> None:
         """``--action lock --timeout MS``."""
@@ -70,7 +70,7 @@ class UtilityDriver:
     def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
         """``--action restore`` (no remap: see ``supports_remap``)."""
         if pairs:
-            raise CudaCallError("restore", pid, 801, "CUDA_ERROR_NOT_SUPPORTED", f"{TOOL} cannot remap GPUs")
+            raise call_error("restore", pid, 801, "CUDA_ERROR_NOT_SUPPORTED", f"{TOOL} cannot remap GPUs")
         self._run("restore", pid, "--action", "restore")
 
     def unlock(self, pid: int) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from cutbench.errors import HarnessFault, StageRefused
 from cutbench.harness.environment import gpu_mem, gpu_probe
-from cutbench.harness.nemesis.backends.cuda_driver import CudaCallError, DriverApi
+from cutbench.errors import CudaCallError
+from cutbench.harness.nemesis.backends.cuda_driver import DriverApi
 
 
 def bindings_unavailable_reason() -> str | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from cutbench.errors import CudaCallError
+
 # Process states as the driver names them (CUprocessState), lower-cased.
 STATES = ("running", "locked", "checkpointed", "failed", "checkpointing", "restoring")
 
@@ -50,23 +52,12 @@ RESULTS: dict[str, tuple[int, str]] = {
 _BY_CODE = {code: name for name, (code, _) in RESULTS.items()}
 
 
-class CudaCallError(Exception):
-    """A checkpoint call returned an error (or could not be made).
-
-    ``str()`` is ``<call>(pid <pid>) -> <name>: <meaning>[; driver says: <text>]``; ``name`` and
-    ``meaning`` come from :data:`RESULTS` when ``code`` is one of its codes.
-    """
-
-    def __init__(self, call: str, pid: int, code: int, name: str = "", text: str = ""):
-        self.call, self.pid, self.code = call, pid, code
-        self.name = name or _BY_CODE.get(code, f"CUresult {code}")
-        self.meaning = RESULTS.get(self.name, (code, "error not documented for checkpoint calls"))[1]
-        self.text = text
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        extra = f"; driver says: {self.text}" if self.text and self.text not in self.meaning else ""
-        return f"{self.call}(pid {self.pid}) -> {self.name}: {self.meaning}{extra}"
+def call_error(call: str, pid: int, code: int, name: str = "", text: str = "") -> CudaCallError:
+    """The :class:`~cutbench.errors.CudaCallError` of ``call`` on ``pid`` answering ``code``: ``name`` (looked up
+    from ``code`` when empty) and its meaning from :data:`RESULTS`, plus the driver's or the utility's ``text``."""
+    name = name or _BY_CODE.get(code, f"CUresult {code}")
+    meaning = RESULTS.get(name, (code, "error not documented for checkpoint calls"))[1]
+    return CudaCallError(call, pid, code, name, meaning, text)
 
 
 class DriverApi(Protocol):
@@ -121,7 +112,7 @@ class CudaDriver:
                 text = msg.decode() if isinstance(msg, bytes) else str(msg)
             except Exception:
                 pass
-            raise CudaCallError(call, pid, code, getattr(err, "name", ""), text)
+            raise call_error(call, pid, code, getattr(err, "name", ""), text)
         return result[1] if isinstance(result, tuple) and len(result) > 1 else None
 
     def get_state(self, pid: int) -> str:
@@ -148,7 +139,7 @@ class CudaDriver:
             for old, new in pairs:
                 for u in (old, new):
                     if u not in known:
-                        raise CudaCallError("cuCheckpointProcessRestore", pid, 101, "CUDA_ERROR_INVALID_DEVICE",
+                        raise call_error("cuCheckpointProcessRestore", pid, 101, "CUDA_ERROR_INVALID_DEVICE",
                                             f"GPU {u} is not visible to the harness")
                 pair = self.drv.CUcheckpointGpuPair()
                 pair.oldUuid = known[old]

@@ -1,0 +1,156 @@
+"""What a run refuses before anything runs: arms this machine cannot run, programs that cannot start, workloads a
+trial's process cannot import, storage that is unwritable or nearly full.
+
+Each check raises one clear error (:class:`~cutbench.errors.InvalidArgument` for the user's input,
+:class:`~cutbench.errors.Unavailable` for what this machine lacks) naming what to fix, so that a run that cannot
+be carried out stops at once, never as a run of refused or ``unknown`` trials blamed on a tool.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from cutbench import storage
+from cutbench.errors import InvalidArgument, Unavailable, WorkloadError
+from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.registry import CHECKPOINTERS
+from cutbench.workloads import api as workload_api
+from cutbench.workloads import program as program_api
+
+
+def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]:
+    """Split the scenario's arms into runnable ones and skipped ones (with the reason).
+
+    Raises :class:`Unavailable` when a backend cannot run and the scenario does
+    not allow skipping (``pipeline.skip_unavailable``).
+    """
+    reasons: dict[str, str | None] = {}
+    faults: dict[str, frozenset[str] | None] = {}
+    for name in scenario.backends:
+        try:
+            backend = checkpointers.get(name)
+            reasons[name] = backend.unavailable_reason()
+            faults[name] = backend.capabilities.faults
+        except Unavailable as exc:
+            reasons[name] = str(exc)
+            faults[name] = None
+    # A workload that needs what this machine lacks (a GPU) skips every arm.
+    workload_reason = workload_api.unavailable_reason(workload_api.load(scenario.workload), scenario.array)
+    runnable, skipped = [], []
+    for arm in scenario.arms():
+        reason = workload_reason or reasons[arm.backend]
+        offered = faults[arm.backend]
+        if offered is not None and arm.fault not in offered:
+            # Not a failure: e.g. the in-place `cuda` backend has no CPU image to restore after a kill.
+            skipped.append({"arm": arm.label(), "reason": f"backend {arm.backend!r} does not support fault {arm.fault!r}"})
+            continue
+        if reason is None:
+            runnable.append(arm)
+        elif scenario.skip_unavailable:
+            skipped.append({"arm": arm.label(), "reason": reason})
+        elif workload_reason:
+            raise Unavailable(f"workload {scenario.workload!r} cannot run here: {reason}")
+        else:
+            raise Unavailable(f"backend {arm.backend!r} cannot run here: {reason}")
+    return runnable, skipped
+
+
+def check_programs(workloads: list[tuple[str, dict[str, Any], str]]) -> None:
+    """Refuse, before anything runs, a program workload (``(name, params, backend)``) that cannot be started as
+    its scenario says (:func:`check_program`: its command not found, a file
+    missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
+    container engine). Raises :class:`InvalidArgument` naming it."""
+    checked: set[str] = set()
+    for name, params, backend in workloads:
+        if not getattr(workload_api.load(name), "program", False):
+            continue
+        try:
+            cls = CHECKPOINTERS.load(backend)
+        except Unavailable:
+            cls = None  # a backend this machine lacks: its arms are skipped, with the reason, as any workload's
+        if hasattr(cls, "launch"):
+            raise InvalidArgument(f"pipeline.backends: {backend!r} starts the workload in a container of its own; a "
+                                  "program runs under criu, the GPU tools, app and restart (docs/programs.md)")
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in checked:
+            checked.add(key)
+            try:
+                check_program(params)
+            except workload_api.WorkloadError as exc:
+                raise InvalidArgument(str(exc)) from None
+
+
+def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Refuse, before anything runs, a workload (``(name, workload_path)`` pairs) that a workload process cannot import.
+
+    The harness imported every workload already, but from its own working directory and ``sys.path``; a
+    trial's process starts in the trial's directory with the spec's ``workload_path``. A workload that is
+    not cutbench's own is imported once there (``python -m cutbench.workloads.launch --check``), so that an
+    import error is one clear refusal, not a run of ``unknown`` trials. Raises :class:`InvalidArgument` with
+    the command and its stderr.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    from cutbench.procs import package_env
+
+    for name, path in dict.fromkeys(workloads):
+        if name in workload_api.WORKLOADS.builtin:
+            continue
+        argv = [sys.executable, "-m", "cutbench.workloads.launch", "--check", name, *path]
+        with tempfile.TemporaryDirectory(prefix="cutbench-check-") as cwd:
+            done = subprocess.run(argv, cwd=cwd, env=package_env(), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-12:])
+            raise InvalidArgument(f"workload {name!r}: a workload process cannot import it ({' '.join(argv)} exited "
+                                  f"{done.returncode}, from a directory of its own):\n{tail}")
+
+
+# The least free space a run starts with: in its images directory, about one CRIU image of the smallest
+# workload (a NumPy counter's is 18 MB: results/reference/containers), and in its results directory room for
+# the tables, plots and report of a small run. Larger images are caught when a stage runs out (storage.exhausted).
+MIN_IMAGES_FREE = 32 << 20
+MIN_RESULTS_FREE = 4 << 20
+
+
+def check_storage(images_dirs: set[str], results_root: str | Path, workdir: str | Path | None = None) -> None:
+    """Refuse, before anything runs, an images, results or work directory that is unwritable or nearly full:
+    the harness's own storage, which must never turn into refused trials blamed on a tool. Raises
+    :class:`Unavailable` naming the directory, its free space and what it needs."""
+    import tempfile
+
+    problems = [storage.room_problem(d, MIN_IMAGES_FREE, "pipeline.images_dir") for d in sorted(images_dirs)]
+    problems.append(storage.room_problem(results_root, MIN_RESULTS_FREE, "the results directory"))
+    # The session's work directory (trial directories, the SQLite receiver store) is made under this.
+    problems.append(storage.room_problem(workdir or tempfile.gettempdir(), MIN_RESULTS_FREE, "the work directory"))
+    found = [p for p in problems if p]
+    if found:
+        raise Unavailable("; ".join(found))
+
+
+def check_program(params: dict[str, Any]) -> None:
+    """Raise :class:`WorkloadError` before any trial for a program that cannot be started as the scenario says:
+    its command not found, a file it starts with missing, an effects parser or an artefact comparison that
+    cannot be made, the port it is given already taken."""
+    if params["stream"] in (program_api.HTTP, program_api.SOCKET) and params["port"]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", params["port"]))
+            except OSError as exc:
+                raise WorkloadError(f"workload.params.port = {params['port']}: already taken on 127.0.0.1 "
+                                    f"({exc.strerror}); give another, or 0 for a free one") from None
+    why = program_api.Program.missing_command(params)
+    if why:
+        raise WorkloadError(f"workload.params.command = {params['command']!r}: {why}")
+    missing = program_api.Program.missing_files(params)
+    if missing:
+        raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
+    program_api.Program.rule(params)
+    for artefact in program_api.Program.artefacts(params):
+        if artefact.compare:
+            artefact.load(params["parser_path"])
