@@ -129,6 +129,19 @@ class CudaCallError(CutbenchError):
         return f"{self.call}(pid {self.pid}) -> {self.name}: {self.meaning}{extra}"
 
 
+class RemapRefused(StageRefused):
+    """The driver rejected a GPU remap; the workload was restored on its own GPU instead (``resumed_pid``)."""
+
+    def __init__(self, reason: str, resumed_pid: int):
+        super().__init__("cuda_restore", reason)
+        self.resumed_pid = resumed_pid
+
+
+class ReceiverLost(Unavailable):
+    """The run's receiver died and could not be started again on its store: the run stops (its finished trials
+    are stored; ``--resume`` runs the rest)."""
+
+
 class NoAnswer(CutbenchError):
     """A workload's adapters gave no usable answer to one request (the message says why)."""
 

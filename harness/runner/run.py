@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
-                             InvalidArgument, Unavailable)
+                             InvalidArgument, ReceiverLost, Unavailable)
 from cutbench import storage
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
@@ -42,7 +42,7 @@ from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_executor
-from cutbench.harness.runner.shared import ReceiverLost, ReceiverWatch
+from cutbench.harness.runner.shared import ReceiverWatch
 from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session

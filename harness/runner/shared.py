@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import HarnessFault, Unavailable
+from cutbench.errors import HarnessFault, ReceiverLost, Unavailable
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.harness.nemesis.base import remove_tree
@@ -304,11 +304,6 @@ class SupportLookup:
 
 
 RECEIVER_RERUNS = 2  # times a trial runs again because the run's receiver died while it ran
-
-
-class ReceiverLost(Unavailable):
-    """The run's receiver died and could not be started again on its store: the run stops (its finished trials
-    are stored; ``--resume`` runs the rest)."""
 
 
 class ReceiverWatch:

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cutbench.errors import CudaCallError, HarnessFault, StageFailed, StageRefused, hung_reason
+from cutbench.errors import CudaCallError, HarnessFault, RemapRefused, StageFailed, StageRefused, hung_reason
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.environment.cpu_account import helper_thread
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs, bindings_unavailable_reason, find_cuda_processes
@@ -76,14 +76,6 @@ def classify(stage: str, error: CudaCallError, states_after: Sequence[str]) -> S
     if went_on and (stage in ("cuda_lock", "cuda_checkpoint") or stage.endswith("_original")):
         return StageRefused(stage, f"{error} (process {'left' if stage == 'cuda_lock' else 'brought back'} RUNNING)")
     return StageFailed(stage, f"{error}; states after recovery: {', '.join(states_after) or 'none'}")
-
-
-class RemapRefused(StageRefused):
-    """The driver rejected a GPU remap; the workload was restored on its own GPU instead."""
-
-    def __init__(self, reason: str, resumed_pid: int):
-        super().__init__("cuda_restore", reason)
-        self.resumed_pid = resumed_pid
 
 
 # -- the stages ---------------------------------------------------------------

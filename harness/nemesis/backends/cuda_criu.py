@@ -27,10 +27,10 @@ import time
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
-from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer, RemapRefused
+from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_discovery import process_tree
 from cutbench.harness.nemesis.backends.cuda_driver import DriverApi
-from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.errors import HarnessFault, RemapRefused, StageFailed, StageRefused
 from cutbench.procs import Child
 
 GHOST_LIMIT = "512M"
