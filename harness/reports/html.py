@@ -17,6 +17,7 @@ import base64
 import datetime as _dt
 import html
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from cutbench.harness.store.rundir import RunDir
 
 MAX_TIMELINES = 60  # per-trial timelines drawn: every failing trial first, then one per arm, then the rest
 MAX_TRIAL_ROWS = 2000  # rows of the all-trials table
+# The environment variable that turns the PNG plots off (see write_all).
+PLOTS_ENV = "CUTBENCH_PLOTS"
 MAX_SKIPPED_LINES = 40  # skipped arms listed (a matrix on a CPU machine skips hundreds)
 
 _CSS = """
@@ -112,13 +115,18 @@ def write_all(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline:
     section and its plots (``plots/criteria_<criterion>.png``); ``matrix``
     (``cutbench matrix``'s table) the support-matrix section, and ``deviations``
     (``cutbench matrix --findings``) its table of the tools' lifecycle deviations.
+
+    With ``CUTBENCH_PLOTS=0`` in the environment no PNG is drawn (no ``plots/``, no trial pictures): the
+    tables, ``summary.md`` and ``report.html`` (with its SVG timelines) are written as ever. Drawing the plots
+    is most of a small run's report time, which a CI gate's runs need not spend.
     """
-    pictures = _trial_pictures(trials, timeline, effects)
+    drawn = os.environ.get(PLOTS_ENV, "1") != "0"
+    pictures = _trial_pictures(trials, timeline, effects) if drawn else {}
     for tid, png in pictures.items():
         run.write_bytes(summary.trial_picture(tid), png)
     summary_path = run.write_text("summary.md", summary.render(meta, trials, effects, set(pictures)))
-    pngs = plots.render_all(trials, timeline)
-    if criteria is not None and not criteria.empty:
+    pngs = plots.render_all(trials, timeline) if drawn else {}
+    if drawn and criteria is not None and not criteria.empty:
         pngs.update({f"criteria_{c}": plots.criteria_plot(criteria, c) for c in plots.CRITERIA_PLOTS})
     plot_paths = {name: run.write_bytes(f"plots/{name}.png", png) for name, png in pngs.items()}
     report_path = run.write_text("report.html", render_html(meta, trials, timeline, effects, pngs, criteria, matrix,

@@ -238,6 +238,18 @@ def test_cutbench_report_regenerates_everything_from_stored_data(mixed_run_copy:
     assert str(mixed_run_copy) in (mixed_run_copy / "summary.md").read_text()
 
 
+def test_without_plots_the_report_and_summary_are_written_and_no_png_is(mixed_run_copy: Path):
+    """``CUTBENCH_PLOTS=0`` (a CI gate's runs): the same report.html and summary.md, less their pictures."""
+    shutil.rmtree(mixed_run_copy / "plots")
+    proc = cli("report", str(mixed_run_copy), "--json", env={**os.environ, "CUTBENCH_PLOTS": "0"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["plots"] == {} and not (mixed_run_copy / "plots").exists()
+    text = (mixed_run_copy / "report.html").read_text()
+    assert "<img " not in text and text.count("<svg") >= 3 and out["counts"]["invalid"] > 0
+    assert "](plots/trial-" not in (mixed_run_copy / "summary.md").read_text()
+
+
 def test_bad_report_argument_exits_254(tmp_path: Path):
     proc = cli("report", str(tmp_path))
     assert proc.returncode == 254
