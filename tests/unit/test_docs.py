@@ -95,6 +95,12 @@ def test_the_pages_are_there():
     assert len(names) > 10, names
 
 
+def test_the_design_page_stays_a_map():
+    """docs/DESIGN.md: the rooms, the import rule, the life of a trial and where to look; detail lives on the
+    topic pages it links."""
+    assert len((REPO / "docs" / "DESIGN.md").read_text().splitlines()) <= 250
+
+
 def test_the_readme_stays_a_five_minute_read_that_indexes_every_page():
     readme = REPO / "README.md"
     text = readme.read_text()
