@@ -9,9 +9,9 @@ stores the run, after ``checks`` has refused what cannot run (arms this
 machine lacks, programs that cannot start, storage nearly full), with
 ``runmeta`` saying what ``run.toml`` holds; ``resume`` continues a partial
 run (``cutbench run --resume``); ``executors`` holds the ways of running them (serial, worker
-threads, an adaptive driver), chosen once per run, and ``ray_executor`` the
-Ray one, whose tasks each run ``trial_worker`` (one trial in a process of its
-own); ``adaptive`` hosts the drivers that decide trial by trial (the
+threads: ``workers``, an adaptive driver), chosen once per run, and
+``ray_executor`` the Ray one (the cluster), whose tasks (``ray_tasks``) each
+run ``trial_worker`` (one trial in a process of its own); ``adaptive`` hosts the drivers that decide trial by trial (the
 Hypothesis search, stop-at-first-invalid); ``replay`` reruns a stored trial;
 ``matrix`` runs ``cutbench matrix`` and stores the support matrix;
 ``hunt`` runs ``cutbench hunt`` (search, random walk, reproducers);

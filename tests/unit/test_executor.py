@@ -11,7 +11,8 @@ import pytest
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.model.scenario import EXECUTORS, LIMITS, check_executor, load_scenario, parse_scenario
 from cutbench.harness.model.trial import TrialSpec
-from cutbench.harness.runner.ray_executor import RayCluster, decode, gpu_ids, trial_visible_devices
+from cutbench.harness.runner.ray_executor import RayCluster
+from cutbench.harness.runner.ray_tasks import decode, gpu_ids, trial_visible_devices
 from cutbench.harness.runner.trial_worker import check_host, needs_root
 from tests.conftest import REPO
 
