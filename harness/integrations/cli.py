@@ -15,34 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.text import Text
 
-from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED,
-                             EXIT_NOT_REPRODUCED, EXIT_OK, EXIT_SIGNAL_BASE, CutbenchError, InvalidArgument,
+from cutbench.harness.integrations.cli_tools import hunt, matrix
+from cutbench.harness.integrations.console import INTERRUPTED_BY, console, fail, interrupted_code, progress_printer, say
+from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_NOT_REPRODUCED, EXIT_OK, CutbenchError, InvalidArgument,
                              Unavailable)
-
-console = Console(stderr=True, soft_wrap=True)
-# The signal that interrupted the run (SIGINT, SIGTERM or SIGHUP): the exit code is 128 + its number,
-# as a shell reports a process a signal stopped (130, 143, 129).
-_INTERRUPTED_BY = [0]
-
-
-def interrupted_code() -> int:
-    """Return the exit code of an interrupted command: 128 + the signal (130 for Ctrl-C)."""
-    return EXIT_SIGNAL_BASE + _INTERRUPTED_BY[0] if _INTERRUPTED_BY[0] else EXIT_INTERRUPTED
-
-
-def say(text: str, style: str | None = None) -> None:
-    """Print ``text`` to the terminal as it is: never read as rich markup (user values and error
-    messages contain square brackets: ``[plan]``, ``--set plan.source=[/x]``)."""
-    console.print(text, style=style, markup=False, highlight=False)
-
-
-def _fail(message: str, code: int = EXIT_BAD_ARGUMENTS) -> None:
-    console.print(Text.assemble(("error: ", "bold red"), message), highlight=False)
-    sys.exit(code)
-
 
 @click.group()
 @click.version_option(package_name="cutbench", message="cutbench %(version)s")
@@ -50,37 +28,8 @@ def cli() -> None:
     """cutbench: does a GPU checkpoint restore the application at one coherent instant?"""
 
 
-def _progress_printer(as_json: bool):
-    """A progress callback: a rich bar on a terminal, one line per trial otherwise."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    state: dict[str, Any] = {"invalid": 0, "progress": None, "task": None}
-
-    def callback(result: Any, done: int, total: int) -> None:
-        state["invalid"] += result.verdict.outcome == "invalid"
-        if as_json:
-            return
-        if console.is_terminal:
-            if state["progress"] is None:
-                bar = state["progress"] = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
-                                                   TextColumn("invalid trials {task.fields[invalid]}"), TextColumn("ETA"),
-                                                   TimeRemainingColumn(), console=console, transient=True)
-                bar.start()
-                state["task"] = bar.add_task("run", total=total, invalid=0)
-            state["progress"].update(state["task"], completed=done, invalid=state["invalid"])
-            if done == total:
-                state["progress"].stop()
-        else:
-            say(f"[{done}/{total}] {result.spec.trial_id} {result.spec.backend}/{result.spec.receiver_mode} "
-                f"{result.spec.cut_plan().describe()} -> {result.verdict.outcome} "
-                f"({len(result.verdict.findings)} findings) {result.record.error[:120]}")
-
-    def stop() -> None:
-        if state["progress"] is not None:
-            state["progress"].stop()
-
-    callback.stop = stop  # type: ignore[attr-defined]
-    return callback
+cli.add_command(matrix)
+cli.add_command(hunt)
 
 
 def _report_run(outcome: Any, as_json: bool) -> int:
@@ -167,7 +116,7 @@ def run(scenario: str | None, out: str, overrides: tuple[str, ...], as_json: boo
     scen = select_variants(load_scenario(scenario, list(overrides)), variants) if scenario is not None else None
     if jobs is not None and scen is not None:  # wins over run.jobs in the file and in --set, like --set over the file
         scen = replace(scen, jobs=parse_jobs("--jobs", jobs))
-    progress = _progress_printer(as_json)
+    progress = progress_printer(as_json)
     try:
         if resume is not None:
             outcome = resume_run(resume, scenario=scen, progress=progress,
@@ -196,7 +145,7 @@ def replay(trial_file: str, out: str, as_json: bool) -> None:
 
     result = replay_trial(trial_file, out)
     if result.replayed is None:
-        _fail("replay was interrupted", interrupted_code())
+        fail("replay was interrupted", interrupted_code())
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     else:
@@ -276,7 +225,7 @@ def sweep(scenario: str, axes: tuple[str, ...], out: str, overrides: tuple[str, 
                 click.echo(f"{p['variant']}\t{p['arms']} arms\t{p['trials']} trials")
             click.echo(f"total\t{sum(p['trials'] for p in points)} trials")
         sys.exit(EXIT_OK)
-    progress = _progress_printer(as_json)
+    progress = progress_printer(as_json)
     try:
         outcome = run_sweep(scenario, parsed, out, overrides=list(overrides), progress=progress)
     finally:
@@ -358,128 +307,6 @@ def criteria(runs: tuple[str, ...], into: str | None, as_json: bool) -> None:
     shown = crit.display(table)
     click.echo(shown.drop(columns=["method"]).to_markdown(index=False))
     say(f"criteria: {path}; report: {files.report} (how each row was measured: the method column there)")
-
-
-@cli.command()
-@click.option("--probe", "probes", multiple=True, metavar="NAME",
-              help="A matrix row or a probe workload (all its rows), repeatable; default: every row. --list names them.")
-@click.option("--tool", "tools", multiple=True, metavar="BACKEND",
-              help="A checkpoint tool (a registered backend), repeatable; default: every backend but app and restart.")
-@click.option("--fault", "faults", multiple=True, type=click.Choice(["none", "kill"]),
-              help="Fault after the checkpoint, repeatable; default: none and kill.")
-@click.option("--out", "out", default="results", show_default=True, help="Results root directory.")
-@click.option("--jobs", "jobs", default=None, metavar="N|auto", help="Trials run at once (default 1); the rows that "
-              "need the GPU to themselves still run alone.")
-@click.option("--from", "from_runs", multiple=True, type=click.Path(file_okay=False), metavar="RUN",
-              help="Build the matrix from stored matrix runs of one machine instead of running trials (repeatable).")
-@click.option("--findings", "findings", multiple=True, type=click.Path(file_okay=False, exists=True), metavar="DIR",
-              help="Add the tools' lifecycle deviations found by `cutbench hunt` (its --out folder, or a folder of "
-                   "them), one row per deviation per tool, to matrix.md and the report (repeatable).")
-@click.option("--compare", "compare_with", nargs=2, type=click.Path(), metavar="A B",
-              help="Show the cells that changed from matrix A to matrix B (run directories or matrix.parquet files), "
-                   "e.g. two drivers or two tool versions.")
-@click.option("--list", "list_rows", is_flag=True, help="List the matrix rows (probe, feature, cut) and exit.")
-@click.option("--fail-on-wrong", is_flag=True, help="Exit 1 when a cell is restored silently wrong.")
-@click.option("--json", "as_json", is_flag=True, help="Print the matrix (or comparison) as JSON.")
-def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, ...], out: str, jobs: str | None,
-           from_runs: tuple[str, ...], findings: tuple[str, ...], compare_with: tuple[str, str] | None, list_rows: bool,
-           fail_on_wrong: bool, as_json: bool) -> None:
-    """The measured CUDA support matrix: every probe row through every tool, faults none and kill.
-
-    Writes matrix.parquet and matrix.md into the run directory and a support-matrix section into its
-    report.html. A cell is one of: identical (continued identically), refused (cleanly), failed (the
-    tool's words), hung, wrong (restored silently wrong), unknown, not_measured (and why).
-    """
-    from cutbench.harness.generator import matrix as plan
-    from cutbench.harness.reports import matrix as render
-    from cutbench.harness.runner import matrix as runner
-
-    if list_rows:
-        rows = plan.describe_rows()
-        if as_json:
-            click.echo(json.dumps(rows))
-        else:
-            for r in rows:
-                extra = "".join([f"  [{r['min_gpus']} GPUs]" if r["min_gpus"] > 1 else "",
-                                 "  [GPU alone]" if r["exclusive_gpu"] else ""])
-                click.echo(f"{r['row']}\t{r['feature']}\t{r['probe']} ({r['array']}) cut {r['cut']}\t{r['description']}{extra}")
-        sys.exit(EXIT_OK)
-    if compare_with:
-        table, env, text = runner.compare_matrices(*compare_with)
-        click.echo(json.dumps({"changed": render.as_records(table), "environment": env}) if as_json else text)
-        sys.exit(EXIT_OK)
-    if from_runs:
-        run, table = runner.from_runs(list(from_runs), findings=[Path(f) for f in findings])
-    else:
-        from cutbench.harness.model.scenario import parse_jobs
-
-        progress = _progress_printer(as_json)
-        try:
-            outcome, table = runner.run_matrix(probes, tools, faults, out,
-                                               jobs=parse_jobs("--jobs", jobs) if jobs is not None else 1,
-                                               progress=progress, findings=[Path(f) for f in findings])
-        finally:
-            progress.stop()
-        run = outcome.run
-        for line in run.meta().get("swept", []):
-            say(f"removed, left by a run whose harness is gone: {line}", "yellow")
-        if not outcome.complete:
-            say(f"matrix run interrupted; partial matrix: {run.path / 'matrix.md'}", "yellow")
-            sys.exit(interrupted_code())
-    counts = render.counts(table)
-    if as_json:
-        click.echo(json.dumps({"run_dir": str(run.path), "matrix": str(run.path / "matrix.parquet"), "counts": counts,
-                               "cells": render.as_records(table)}))
-    else:
-        console.print((run.path / "matrix.md").read_text(), highlight=False, markup=False)
-        say(f"matrix: {run.path / 'matrix.parquet'}; report: {run.path / 'report.html'}")
-    sys.exit(EXIT_CHECK_FAILED if fail_on_wrong and counts["wrong"] else EXIT_OK)
-
-
-@cli.command()
-@click.option("--tool", required=True, metavar="TOOL",
-              help="cuda (the driver API), cuda-checkpoint (NVIDIA's utility), criu-cuda-plugin, or criu (a CPU probe).")
-@click.option("--budget", "budget_s", type=float, default=300.0, show_default=True, metavar="S",
-              help="Seconds of directed search (a shrink in progress may run up to half as long again).")
-@click.option("--random-walk", "walk_s", type=float, default=0.0, metavar="S",
-              help="Also run S seconds of random walk over the same steps, to measure the search against it.")
-@click.option("--length", type=int, default=10, show_default=True, help="Steps per sequence.")
-@click.option("--repeat", type=int, default=3, show_default=True,
-              help="Runs of each reproducer on its own (0: write them, run none).")
-@click.option("--bound", "bound_s", type=float, default=60.0, show_default=True, metavar="S",
-              help="The longest any one step may take; past it the step is a hang (a finding).")
-@click.option("--sequences", type=int, default=None, metavar="N",
-              help="Also stop once N sequences ran, shrinking's included (an effort budget, the same on any host).")
-@click.option("--seed", type=int, default=None, help="Draw the same sequences on every run (a repeatable search).")
-@click.option("--model", "overrides", multiple=True, metavar="ACTION@STATE=ok|refused",
-              help="State a promise in place of the documented one (repeatable), e.g. criu_restore@running=ok.")
-@click.option("--out", default="results/hunt", show_default=True, type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print hunt.json's summary as JSON.")
-def hunt(tool: str, budget_s: float, walk_s: float, length: int, repeat: int, bound_s: float, sequences: int | None,
-         seed: int | None, overrides: tuple[str, ...], out: str, as_json: bool) -> None:
-    """Search a tool's lifecycle for deviations from its documentation; shrink each to a standalone reproducer.
-
-    Writes OUT/TOOL/hunt.json, FINDINGS.md and repro/*.py. Exits 1 when a deviation was found, 0 when none.
-    """
-    from cutbench.harness.runner import hunt as runner
-
-    stated = {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if "@" not in key or value not in ("ok", "refused"):
-            raise InvalidArgument(f"--model {item!r}: write ACTION@STATE=ok or ACTION@STATE=refused, "
-                                  "e.g. criu_restore@running=ok")
-        stated[key] = value
-    doc = runner.hunt(tool, Path(out) / tool, budget_s=budget_s, walk_s=walk_s, length=length, repeat=repeat,
-                      bound_s=bound_s, overrides=stated, sequences=sequences, seed=seed,
-                      command="cutbench hunt " + " ".join(sys.argv[2:]),
-                      say=(lambda _m: None) if as_json else say)
-    if as_json:
-        click.echo(json.dumps({"out": str(Path(out) / tool), "search": doc["search"], "walk": doc["walk"],
-                               "findings": [{"id": f["id"], "summary": f["deviation"]["summary"],
-                                             "shown": sum(r["shown"] for r in f["standalone"]),
-                                             "public_report": f["public_report"]} for f in doc["findings"]]}))
-    sys.exit(EXIT_CHECK_FAILED if doc["findings"] else EXIT_OK)
 
 
 @cli.command()
@@ -623,8 +450,8 @@ def _interrupt_once() -> None:
     import signal
 
     def handler(signum: int, frame: Any) -> None:
-        if not _INTERRUPTED_BY[0]:
-            _INTERRUPTED_BY[0] = signum
+        if not INTERRUPTED_BY[0]:
+            INTERRUPTED_BY[0] = signum
             raise KeyboardInterrupt
         say("interrupted: cleaning up and saving the partial run, please wait", "yellow")
 
@@ -640,23 +467,23 @@ def main(argv: list[str] | None = None) -> None:
         # DESIGN.md reserves for "unknown only"; bad arguments exit 254.
         rv = cli.main(args=argv, prog_name="cutbench", standalone_mode=False)
     except click.exceptions.Abort:
-        _fail("interrupted", interrupted_code())
+        fail("interrupted", interrupted_code())
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_BAD_ARGUMENTS)
     except (InvalidArgument, Unavailable) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except CutbenchError as exc:
-        _fail(str(exc), EXIT_INTERNAL)
+        fail(str(exc), EXIT_INTERNAL)
     except KeyboardInterrupt:
-        _fail("interrupted", interrupted_code())
+        fail("interrupted", interrupted_code())
     except OSError as exc:
         from cutbench import storage
 
         if not storage.is_full_error(exc):
             _internal(exc)
         where = exc.filename or "a file"
-        _fail(f"{where}: {exc.strerror}; free space there and run the command again")
+        fail(f"{where}: {exc.strerror}; free space there and run the command again")
     except Exception as exc:
         _internal(exc)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
@@ -667,7 +494,7 @@ def _internal(exc: BaseException) -> None:
     import traceback
 
     traceback.print_exception(exc)
-    _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+    fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
 
 
 if __name__ == "__main__":
