@@ -27,10 +27,8 @@ BASELINES: tuple[str, ...] = ("app", "restart")
 def probe_rows() -> list[tuple[str, type, workload_api.MatrixRow]]:
     """Every registered workload's matrix rows, as (workload name, class, row), in registry order."""
     out = []
-    for name in workload_api.available():
-        try:
-            cls = workload_api.load(name)
-        except workload_api.WorkloadError:
+    for name, cls in workload_api.loadable().items():
+        if isinstance(cls, workload_api.WorkloadError):
             continue  # a plug-in that does not load declares no rows (``cutbench list workloads`` says why)
         out += [(name, cls, row) for row in getattr(cls, "matrix_rows", ())]
     return out

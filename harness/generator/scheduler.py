@@ -17,13 +17,12 @@ from cutbench.errors import InvalidArgument
 from cutbench.harness.model.plan import Cut, CutPlan
 from cutbench.harness.model.scenario import LIMITS, Arm, Scenario
 from cutbench.harness.model.trial import TrialSpec, spec_for
-from cutbench.workloads import api as workload_api
 
 
 def positions(scenario: Scenario) -> list[tuple[int, str]]:
     """Every cut point ``(op, phase)`` the scenario allows, in execution order."""
     lo, hi = scenario.plan_ops
-    order = workload_api.load(scenario.workload).phases
+    order = scenario.workload_class().phases
     phases = sorted(scenario.plan_phases, key=order.index)
     return [(op, phase) for op in range(lo, hi + 1) for phase in phases]
 

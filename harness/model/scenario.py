@@ -19,7 +19,7 @@ import itertools
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
@@ -35,6 +35,9 @@ from cutbench.harness.model.schema import PROFILES as PROFILES
 from cutbench.harness.model.schema import RECEIVER_MODES as RECEIVER_MODES
 from cutbench.registry import backend_capabilities
 from cutbench.validate import check_choice, check_choices
+
+if TYPE_CHECKING:
+    from cutbench.workloads.api import Workload
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,11 @@ class Scenario:
             for crash, split, skew, target, cert in itertools.product(crashes, splits, skews, targets, self.certify):
                 out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert))
         return out
+
+    def workload_class(self) -> "type[Workload]":
+        """The class of this scenario's workload (every reader of a scenario gets it here); :class:`InvalidArgument`
+        naming ``workload.name`` when it cannot be loaded."""
+        return _workload_class(self.workload)
 
     def narrowed(self, arm: Arm) -> "Scenario":
         """This scenario with one arm: every arm axis set to ``arm``'s value, no ``[[variants]]``.
@@ -483,10 +491,7 @@ def _validate_workload(name: str, params: dict[str, Any], base: Path) -> dict[st
     from cutbench.workloads import api
 
     # The class is the workload.name's problem (unknown, not importable, not a workload); the parameters, the params'.
-    try:
-        cls = api.load(name)
-    except api.WorkloadError as exc:
-        raise InvalidArgument(f"workload.name: {exc}") from None
+    cls = _workload_class(name)
     try:
         out = api.resolve_params(cls, params)
     except api.WorkloadError as exc:
@@ -495,16 +500,23 @@ def _validate_workload(name: str, params: dict[str, Any], base: Path) -> dict[st
     return anchor(out, base) if callable(anchor) else out
 
 
-def _is_program(name: str) -> bool:
-    """Whether workload ``name`` is a program started as it is (docs/programs.md), not a workload class."""
+def _workload_class(name: str) -> "type[Workload]":
+    """The class of workload ``name``: the one place a scenario resolves it; :class:`InvalidArgument` naming
+    ``workload.name`` when it is unknown, not importable or not a workload."""
     from cutbench.workloads import api
 
-    return bool(getattr(api.load(name), "program", False))
+    try:
+        return api.load(name)
+    except api.WorkloadError as exc:
+        raise InvalidArgument(f"workload.name: {exc}") from None
+
+
+def _is_program(name: str) -> bool:
+    """Whether workload ``name`` is a program started as it is (docs/programs.md), not a workload class."""
+    return bool(getattr(_workload_class(name), "program", False))
 
 
 def _workload_phases(name: str) -> tuple[str, ...]:
-    from cutbench.workloads import api
-
-    return tuple(api.load(name).phases)
+    return tuple(_workload_class(name).phases)
 
 

@@ -116,6 +116,11 @@ class TrialSpec:
         """The plan as a :class:`CutPlan`."""
         return CutPlan.from_dict(self.plan)
 
+    def workload_class(self) -> "type[workload_api.Workload]":
+        """The workload class this spec runs, from where the run found it (``workload_path``): every reader of a
+        spec gets its workload here. Raises :class:`~cutbench.errors.WorkloadError` when it cannot be loaded."""
+        return workload_api.load(self.workload, self.workload_path)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)
@@ -135,7 +140,7 @@ class TrialSpec:
         Raises :class:`InvalidArgument` for an unknown workload or a plan it cannot run.
         """
         try:
-            cls_ = workload_api.load(self.workload, self.workload_path)
+            cls_ = self.workload_class()
         except workload_api.WorkloadError as exc:
             raise InvalidArgument(f"trial spec: workload: {exc}") from None
         self.cut_plan().validate_for(tuple(cls_.phases), self.params.get("ops"))
@@ -252,5 +257,5 @@ def spec_for(scenario: Scenario, arm: Arm, plan: CutPlan, index: int) -> TrialSp
         prepare_timeout_s=scenario.prepare_timeout_s,
         images_dir=scenario.images_dir,
         keep_images=scenario.keep_images,
-        workload_path=list(workload_api.import_roots(workload_api.load(scenario.workload))),
+        workload_path=list(workload_api.import_roots(scenario.workload_class())),
     ).validated()

@@ -29,17 +29,18 @@ def workloads() -> list[dict[str, Any]]:
     cannot be loaded says why instead.
     """
     items: list[dict[str, Any]] = []
+    classes = workload_api.loadable()
     for name, target in sorted(workload_api.available().items()):
         arrays: list[str] = []
-        try:
-            cls = workload_api.load(name)
+        cls = classes[name]
+        if isinstance(cls, workload_api.WorkloadError):
+            doc = f"(cannot load: {cls})"
+        else:
             doc = (cls.__doc__ or "").strip()
             if not doc or "see module docstring" in doc:  # the module says what the workload is
                 doc = (sys.modules[cls.__module__].__doc__ or doc).strip()
             doc = _plain(" ".join(doc.split("\n\n")[0].split()))  # its first paragraph, on one line
             arrays = list(getattr(cls, "arrays", workload_api.ARRAYS))
-        except workload_api.WorkloadError as exc:
-            doc = f"(cannot load: {exc})"
         items.append({"name": name, "target": target, "description": doc, "arrays": arrays,
                       "needs_gpu": bool(arrays) and all(a in DEVICE_BACKENDS for a in arrays)})
     return items

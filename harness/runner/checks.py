@@ -39,7 +39,7 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
             reasons[name] = str(exc)
             faults[name] = None
     # A workload that needs what this machine lacks (a GPU) skips every arm.
-    workload_reason = workload_api.unavailable_reason(workload_api.load(scenario.workload), scenario.array)
+    workload_reason = workload_api.unavailable_reason(scenario.workload_class(), scenario.array)
     runnable, skipped = [], []
     for arm in scenario.arms():
         reason = workload_reason or reasons[arm.backend]
@@ -59,14 +59,14 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     return runnable, skipped
 
 
-def check_programs(workloads: list[tuple[str, dict[str, Any], str]]) -> None:
-    """Refuse, before anything runs, a program workload (``(name, params, backend)``) that cannot be started as
+def check_programs(workloads: list[tuple[type, dict[str, Any], str]]) -> None:
+    """Refuse, before anything runs, a program workload (``(class, params, backend)``) that cannot be started as
     its scenario says (:func:`check_program`: its command not found, a file
     missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
     container engine). Raises :class:`InvalidArgument` naming it."""
     checked: set[str] = set()
-    for name, params, backend in workloads:
-        if not getattr(workload_api.load(name), "program", False):
+    for workload, params, backend in workloads:
+        if not getattr(workload, "program", False):
             continue
         try:
             cls = CHECKPOINTERS.load(backend)

@@ -182,7 +182,7 @@ class RayCluster:
                 "workdir": str(workdir) if workdir else None, "pid_namespace": window > 1, "node": None}
 
         def request(spec: "TrialSpec") -> dict[str, Any]:
-            cls = workload_api.load(spec.workload)
+            cls = spec.workload_class()
             support = (supports or {}).get(spec.backend)
             extra = {"support": {spec.backend: support}} if support and workload_api.declared_features(cls) else {}  # any params
             if not workload_api.records_reference(cls):

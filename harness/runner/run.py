@@ -178,9 +178,9 @@ def execute(
     and the tables are written over all of them (see :func:`resume_run`).
     """
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
-                     [(scenario.workload, workload_api.import_roots(workload_api.load(scenario.workload)))])
-    check_programs([(s.workload, s.params, s.backend) for s in specs] if isinstance(specs, list) else
-                   [(scenario.workload, scenario.params, b) for b in scenario.backends])
+                     [(scenario.workload, workload_api.import_roots(scenario.workload_class()))])
+    check_programs([(s.workload_class(), s.params, s.backend) for s in specs] if isinstance(specs, list) else
+                   [(scenario.workload_class(), scenario.params, b) for b in scenario.backends])
     check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
                   results_root if resume is None else resume.run.path, workdir)
     env = environment.collect()
@@ -304,7 +304,7 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
     keep: list[TrialSpec] = []
     skipped: dict[str, dict[str, str]] = {}
     for spec in specs:
-        cls = workload_api.load(spec.workload)
+        cls = spec.workload_class()
         key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
         if key in failures:
             label = f"{spec.variant} {spec.arm.label()}".strip()
@@ -322,7 +322,7 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
     come). A program that does not reproduce itself stays in ``failures``: its arms are skipped, with the first
     differing effect, as any recorded workload's."""
     for spec in specs:
-        cls = workload_api.load(spec.workload)
+        cls = spec.workload_class()
         if not getattr(cls, "program", False):
             continue
         key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))

@@ -147,7 +147,7 @@ class Session:
         """The runner of one trial of ``spec``: the first of :data:`RUNNERS` that runs its workload (cutbench's
         workload classes: :class:`~cutbench.harness.runner.trial.TrialRunner`; a program that knows nothing of
         cutbench: :class:`~cutbench.harness.runner.program.ProgramRunner`)."""
-        cls = workload_api.load(spec.workload, spec.workload_path)
+        cls = spec.workload_class()
         kind = next(r for r in RUNNERS if r.runs(cls))
         return kind(self, spec, workload=cls, **kwargs)
 

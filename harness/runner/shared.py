@@ -204,7 +204,7 @@ class References:
         """
         todo: dict[str, TrialSpec] = {}
         for spec in specs:
-            cls = workload_api.load(spec.workload)
+            cls = spec.workload_class()
             if workload_api.records_reference(cls):
                 key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
                 if key not in self.recordings:
@@ -223,7 +223,7 @@ class References:
                     running.discard(threading.get_ident())
 
         def control_runs(key: str, spec: TrialSpec) -> None:
-            cls = workload_api.load(spec.workload)
+            cls = spec.workload_class()
             array = workload_api.resolve_array(cls, spec.array)
             runs: list[workload_api.RecordedReference] = []
             for n in (1, 2):

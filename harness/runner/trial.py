@@ -64,7 +64,7 @@ class TrialRunner:
         self.spec = spec
         # Start the workload as the harness starts any process, not through the backend's own launch.
         self.plain_launch = plain_launch
-        self.cls = workload or workload_api.load(spec.workload)  # the class Session.runner chose this runner by
+        self.cls = workload or spec.workload_class()  # the class Session.runner chose this runner by
         self.phases = tuple(self.cls.phases)
         # A trial run again (the receiver died during it) gets a key of its own: the first attempt's rows stay apart.
         self.receiver_trial = f"{session.run_id}/{spec.trial_id}" + (f"#{attempt}" if attempt else "")

@@ -16,12 +16,11 @@ from collections.abc import Callable, Iterator
 
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.session import Session
-from cutbench.workloads import api as workload_api
 
 
 def _needs_gpu_alone(spec: TrialSpec) -> bool:
     """Whether ``spec``'s workload declares that it needs the GPUs to itself (``exclusive_gpu``: it fills their memory)."""
-    return bool(getattr(workload_api.load(spec.workload), "exclusive_gpu", False))
+    return bool(getattr(spec.workload_class(), "exclusive_gpu", False))
 
 
 class ExclusiveGate:
