@@ -57,9 +57,11 @@ lint: venv
 	ln -s $(CURDIR)/cutbench/*.py $(CURDIR)/harness $(CURDIR)/workloads $(CURDIR)/receivers $(MYPY_TREE)/
 	$(BIN)/python -m mypy
 
-# pytest-xdist: the tests mostly wait (CRIU dumps, engines, sleeps), so more workers than cores pay off;
-# --dist loadgroup keeps a group (the container engines, Ray, a module's shared fixture) on one worker.
-TEST_WORKERS ?= 4
+# pytest-xdist, one worker per core: CRIU's dumps and restores are kernel work, and four workers on two cores
+# spent it contending (the whole suite side by side on one 2-core machine: 1368 s with 4 workers and 3 tests
+# failed on their neighbours' load, 1124 s with 2 and none). --dist loadgroup keeps a group (the container
+# engines, Ray, a module's shared fixture) on one worker.
+TEST_WORKERS ?= 2
 
 test: lint criu postgres chromium containers gromacs
 	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 CUTBENCH_REQUIRE_GROMACS=1 \
