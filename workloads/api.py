@@ -12,7 +12,6 @@ import path ``"package.module:Class"`` in a scenario file.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -357,9 +356,7 @@ def load(name: str, path: "tuple[str, ...] | list[str]" = (), *, environ: bool =
     """The workload class for a registered ``name`` or an import path ``"mod:Class"``, its module looked for on
     ``path`` too (a trial's ``workload_path``: see :func:`add_import_path`, which ``environ`` is passed to).
 
-    A class is checked against the protocol once per process (a run asks for its workload at every trial);
-    its module is looked up each time, so a module imported afresh is seen. Raises :class:`WorkloadError`
-    naming the allowed workloads when not found.
+    Raises :class:`WorkloadError` naming the allowed workloads when not found.
     """
     if path:
         add_import_path(path, environ=environ)
@@ -372,8 +369,6 @@ def load(name: str, path: "tuple[str, ...] | list[str]" = (), *, environ: bool =
         cls = import_target(target, f"workload {name!r}")
     except CutbenchError as exc:
         raise WorkloadError(str(exc)) from exc
-    if cls in _CHECKED:
-        return cls
     # A workload whose ground truth is recorded from uninterrupted runs needs no model of it (``reference``).
     required = ("name", "domains", "phases", "defaults", *(() if records_reference(cls) else ("reference",)), "run_op")
     for member in required:
@@ -393,12 +388,7 @@ def load(name: str, path: "tuple[str, ...] | list[str]" = (), *, environ: bool =
     features: frozenset[str] = getattr(cls, "features", frozenset())
     if isinstance(features, str) or not all(isinstance(f, str) and f for f in features):
         raise WorkloadError(f"workload {target!r}: features = {features!r}; must be a set of feature names")
-    _CHECKED.add(cls)
     return cls
-
-
-# The classes load() has checked against the protocol (weakly held: a test's class goes with its module).
-_CHECKED: "weakref.WeakSet[type]" = weakref.WeakSet()
 
 
 def import_roots(cls: type) -> tuple[str, ...]:
