@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import HUNG_MARK
+from cutbench.harness.model.plan import SAME_GPU
 from cutbench.harness.model.scenario import Arm
 
 CELLS: tuple[str, ...] = ("identical", "refused", "failed", "hung", "wrong", "unknown", "not_measured")
@@ -51,7 +52,7 @@ COLUMNS: tuple[str, ...] = ("row", "feature", "description", "probe", "array", "
 ENVIRONMENT_COLUMNS: tuple[str, ...] = ("gpu", "driver", "cuda", "criu", "kernel", "cuda_checkpoint", "cuda_bindings")
 
 
-def arm_label(tool: str, fault: str, restore_target: str = "same") -> str:
+def arm_label(tool: str, fault: str, restore_target: str = SAME_GPU) -> str:
     """The arm label of a matrix trial (``Arm.label`` of its one receiver mode), as run.toml's skipped arms name it."""
     return Arm(tool, RECEIVER_MODE, fault, 0.0, 0.0, restore_target=restore_target).label()
 
@@ -141,7 +142,7 @@ def build(trials: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
                         "run_dir": meta.get("run_dir", ""), **env}
                 if rec is None:
                     # An arm of a backend that drives no CUDA has no restore target: look under both labels.
-                    labels = dict.fromkeys([arm_label(tool, fault, row.get("restore_target", "same")), arm_label(tool, fault)])
+                    labels = dict.fromkeys([arm_label(tool, fault, row.get("restore_target", SAME_GPU)), arm_label(tool, fault)])
                     reason = next((skipped[f"{row['name']} {label}"] for label in labels
                                    if f"{row['name']} {label}" in skipped), "no trial was run")
                     out.append({**base, "cell": "not_measured", "detail": reason, "harness_action": "", "trial_id": "",

@@ -51,7 +51,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CERTIFY_MODES: tuple[str, ...] = ("off", "audit", "enforce")
+CERTIFY_OFF = "off"  # the default: no certificate, no decision
+CERTIFY_MODES: tuple[str, ...] = (CERTIFY_OFF, "audit", "enforce")
 # Phases whose completion changes GPU state (see the module docstring).
 DEVICE_PHASES: frozenset[str] = frozenset({"launch", "device_done", "collective", "allreduce"})
 # The one external domain: no checkpoint holds it; effects are judged by the receiver mode.

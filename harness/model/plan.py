@@ -18,7 +18,9 @@ from cutbench.workloads.control import PHASES
 
 FAULTS: tuple[str, ...] = ("kill", "leave_running", "none")
 CUT_MODES: tuple[str, ...] = ("precise", "async")
-RESTORE_TARGETS: tuple[str, ...] = ("same", "other_gpu")
+# Where a restore puts the process: the GPU it ran on (the default, and the only target a CPU tool has), or another.
+SAME_GPU = "same"
+RESTORE_TARGETS: tuple[str, ...] = (SAME_GPU, "other_gpu")
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,16 @@ class Cut:
     split_window_ms: float = 0.0
     fault: str = "kill"
     crash_after_ms: float = 0.0
-    restore_target: str = "same"
+    restore_target: str = SAME_GPU
     rank_skew_ms: float = 0.0
 
     def __post_init__(self) -> None:
         validate_cut(self)
+
+    @property
+    def remaps(self) -> bool:
+        """Whether the restore puts the process on another GPU than the one it ran on."""
+        return self.restore_target != SAME_GPU
 
     def to_dict(self) -> dict[str, Any]:
         """The cut as a JSON-ready dict."""
@@ -160,7 +167,7 @@ class CutPlan:
                 s += f" split={c.split_window_ms:g}ms"
             if c.rank_skew_ms:
                 s += f" skew={c.rank_skew_ms:g}ms"
-            if c.restore_target != "same":
+            if c.remaps:
                 s += f" ->{c.restore_target}"
             if c.mode == "async":
                 s += f" async+{c.async_offset_ms:g}ms"

@@ -26,6 +26,8 @@ import tomli_w
 from cutbench.errors import InvalidArgument
 from cutbench.files import read_document
 from cutbench.harness.model import schema
+from cutbench.harness.model.certificate import CERTIFY_OFF
+from cutbench.harness.model.plan import SAME_GPU
 # Re-exported: the rooms above name these vocabularies and bounds through the scenario (schema.py declares them).
 from cutbench.harness.model.schema import ARRAYS as ARRAYS
 from cutbench.harness.model.schema import EXECUTORS as EXECUTORS
@@ -85,9 +87,9 @@ class Arm:
             s += f"/split{self.split_window_ms:g}ms"
         if self.rank_skew_ms:
             s += f"/skew{self.rank_skew_ms:g}ms"
-        if self.restore_target != "same":
+        if self.restore_target != SAME_GPU:
             s += f"/{self.restore_target}"
-        if self.certify != "off":
+        if self.certify != CERTIFY_OFF:
             s += f"/{self.certify}"
         return s
 
@@ -172,7 +174,7 @@ class Scenario:
             splits = self.split_window_ms if caps.split_window else (0.0,)
             cuda = caps.drives_cuda
             skews = self.rank_skew_ms if cuda else (0.0,)
-            targets = self.restore_targets if cuda else ("same",)
+            targets = self.restore_targets if cuda else (SAME_GPU,)
             for crash, split, skew, target, cert in itertools.product(crashes, splits, skews, targets, self.certify):
                 out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert))
         return out

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutbench.harness.model.certificate import CERTIFY_MODES
-from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS
+from cutbench.harness.model.certificate import CERTIFY_MODES, CERTIFY_OFF
+from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS, SAME_GPU
 from cutbench.registry import CHECKPOINTERS
 from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
 from cutbench.workloads.xp import ARRAY_BACKENDS
@@ -180,10 +180,10 @@ FIELDS: tuple[Field, ...] = (
     Field("pipeline", "rank_skew_ms", MS, (0.0,),
           "for CUDA backends and multi-process workloads: 0 cuts all ranks together (coordinated); > 0 cuts them one "
           "at a time this far apart", attr="rank_skew_ms", low=0, high=MAX_MS, arm=True),
-    Field("pipeline", "restore_targets", CHOICES, ("same",), "for CUDA backends: any of {choices}",
+    Field("pipeline", "restore_targets", CHOICES, (SAME_GPU,), "for CUDA backends: any of {choices}",
           attr="restore_targets", choices=RESTORE_TARGETS,
-          meanings={"same": "the GPU it ran on", "other_gpu": "restore remapped to another GPU"}, arm=True),
-    Field("pipeline", "certify", CHOICES, ("off",),
+          meanings={SAME_GPU: "the GPU it ran on", "other_gpu": "restore remapped to another GPU"}, arm=True),
+    Field("pipeline", "certify", CHOICES, (CERTIFY_OFF,),
           "recovery-cut certificates, an arm axis: {choices}; see [docs/certificates.md](../docs/certificates.md)",
           attr="certify", choices=CERTIFY_MODES, types=(list, str), type_text="string or list",
           meanings={"audit": "certify, restore anyway", "enforce": "refuse ineligible cuts"}, arm=True),

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cutbench.harness.model.certificate import CERTIFY_OFF
 from cutbench.harness.checker.stats import wilson_interval
 from cutbench.registry import backend_capabilities
 
@@ -391,7 +392,7 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
 
     nat = throughput(base)
     rows = []
-    periodic = periodic.assign(certify=periodic["certify"].fillna("off") if "certify" in periodic else "off")
+    periodic = periodic.assign(certify=periodic["certify"].fillna(CERTIFY_OFF) if "certify" in periodic else CERTIFY_OFF)
     judged = periodic[periodic["outcome"] != "unknown"]
     for (fault, n_cuts, mode, certify, _variant), group in throughput(judged).groupby(
             ["fault", "n_cuts", "receiver_mode", "certify", "variant"]):
@@ -403,7 +404,7 @@ def _overhead(backend: str, mine: pd.DataFrame, native: pd.DataFrame, timeline: 
         boot = [1 - rng.choice(with_, len(with_)).mean() / rng.choice(without, len(without)).mean() for _ in range(_BOOTSTRAP)]
         interval_s = float(same["span_s"].mean() / max(int(n_cuts), 1))
         # A fenced receiver with certified cuts pays in effect latency too: its own row.
-        how = f", {mode} receiver, certify {certify}" if mode == "fenced" or certify != "off" else ""
+        how = f", {mode} receiver, certify {certify}" if mode == "fenced" or certify != CERTIFY_OFF else ""
         rows.append(_row(backend, "overhead", f"throughput lost, fault {fault}{how}, a cut every {interval_s:.2f} s",
                          100.0 * (1 - with_.mean() / without.mean()), "%",
                          method + f"; {int(n_cuts)} cuts per run, {with_.mean():.1f} against {without.mean():.1f} ops/s",

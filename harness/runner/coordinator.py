@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from cutbench.errors import HarnessFault, StageRefused
-from cutbench.harness.model.certificate import (Certificate, Evidence, Position, certify, epoch_steps,
+from cutbench.harness.model.certificate import (CERTIFY_OFF, Certificate, Evidence, Position, certify, epoch_steps,
                                                 in_flight_candidates)
 from cutbench.harness.model.plan import Cut
 from cutbench.receivers.client import workload_client_name
@@ -200,7 +200,7 @@ class CutCertifier:
 
     @property
     def certifying(self) -> bool:
-        return self.co.certify_mode != "off"
+        return self.co.certify_mode != CERTIFY_OFF
 
     def precheck(self) -> str | None:
         """Refuse before anything is touched when a domain is outside every image (enforce)."""

@@ -62,7 +62,7 @@ class AppCheckpointer:
         control = ctx.control
         if control is None:
             raise HarnessFault("app_save", "no control channel to the workload")
-        if ctx.cut.restore_target != "same":
+        if ctx.cut.remaps:
             raise StageRefused("app_save", "the app backend restores on the same device only")
         self._command = command_of(target.pid, "app_save")
         ctx.images_dir.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,7 @@ from typing import Any
 from cutbench.errors import CudaCallError, HarnessFault, RemapRefused, StageFailed, StageRefused, hung_reason
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.environment.cpu_account import helper_thread
+from cutbench.harness.model.plan import SAME_GPU
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs, bindings_unavailable_reason, find_cuda_processes
 from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver, DriverApi
 from cutbench.harness.nemesis.base import Capabilities, CutContext
@@ -131,7 +132,7 @@ class CudaStages:
         even be asked for (one GPU, unknown usage, no remap support, too little
         free memory on a target GPU).
         """
-        if target == "same":
+        if target == SAME_GPU:
             return {}
         if not self.driver.supports_remap:
             raise StageRefused("cuda_restore", "this driver interface cannot remap GPUs on restore")

@@ -45,7 +45,7 @@ class RestartCheckpointer:
 
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
         """Stage ``restart_record``: note the command line to start again (there is no image)."""
-        if ctx.cut.restore_target != "same":
+        if ctx.cut.remaps:
             raise StageRefused("restart_record", "the restart backend starts the job on the same device only")
         with ctx.timeline.stage("restart_record", ctx.cut_index):
             self._command = command_of(target.pid, "restart_record")
