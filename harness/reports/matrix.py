@@ -141,7 +141,7 @@ def html_section(table: pd.DataFrame, deviations: pd.DataFrame | None = None) ->
     """The report's support-matrix section: the grid (each measured cell links to its entry below, which
     names the trial and its replay command), then the entries of the cells that are not identical, then the
     tools' lifecycle deviations (``deviations``, as :func:`markdown` takes it)."""
-    e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
+    e = _e
     if table.empty:
         return _deviations_html(deviations)
     n = counts(table)
@@ -188,11 +188,16 @@ def html_section(table: pd.DataFrame, deviations: pd.DataFrame | None = None) ->
     return "\n".join(out)
 
 
+def _e(value: Any) -> str:
+    """``value`` as HTML text (None as nothing), quotes escaped for attributes."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
 def _deviations_html(deviations: pd.DataFrame | None) -> str:
     """The report's table of lifecycle deviations, one row per deviation per tool ("" when none)."""
     if deviations is None or deviations.empty:
         return ""
-    e = lambda v: html.escape("" if v is None else str(v), quote=True)  # noqa: E731
+    e = _e
     out = ['<h3 id="lifecycle-deviations">Lifecycle deviations (cutbench hunt)</h3>',
            "<p>Sequences of lifecycle steps after which a tool did not do what its documentation says, each "
            "shrunk and shown by a standalone reproducer (no cutbench in it).</p>",

@@ -68,8 +68,8 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     """Measure the matrix of ``probes`` (row or probe names; none: all) × ``tools`` × ``faults``; return the
     run and its matrix table, with the lifecycle deviations of the hunts under ``findings`` (see
     :func:`store_matrix`). Bad names raise :class:`InvalidArgument` before anything runs."""
-    if findings:
-        deviation_rows(findings)  # a folder with no hunt, or a damaged hunt.json, is named before any trial
+    # Read before any trial: a folder with no hunt, or a damaged hunt.json, is named before anything runs.
+    deviations = deviation_rows(findings) if findings else None
     chosen = plan.check_tools(tools)
     # Asked for by name, a tool that cannot run here is a column of "not measured" with the reason; by
     # default only the tools this machine has are columns, and the others are named with why.
@@ -81,15 +81,17 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     specs, skipped = variant_specs([(v.variant, v) for v in scen.variants])
     outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
                       extra_meta={"matrix": grid})
-    return outcome, store_matrix(outcome.run, findings=findings)
+    return outcome, store_matrix(outcome.run, deviations=deviations)
 
 
-def store_matrix(run: RunDir, table: pd.DataFrame | None = None, findings: list[Path] | None = None) -> pd.DataFrame:
+def store_matrix(run: RunDir, table: pd.DataFrame | None = None,
+                 deviations: list[dict[str, Any]] | None = None) -> pd.DataFrame:
     """Write ``matrix.parquet`` and ``matrix.md`` into ``run`` (``table``, or the matrix of ``run`` itself) and
     redraw its report with the matrix section; return the table.
 
-    ``findings`` (hunt folders: ``cutbench hunt --out``) become the run's ``deviations`` table, one row per
-    lifecycle deviation per tool, shown after the grid; without it a table stored before is kept."""
+    ``deviations`` (:func:`~cutbench.harness.store.findings.deviation_rows` of the hunts asked for) become the
+    run's ``deviations`` table, one row per lifecycle deviation per tool, shown after the grid; without them a
+    table stored before is kept."""
     meta = {**run.meta(), "run_dir": display_path(run.path)}
     if table is None:
         try:
@@ -97,8 +99,8 @@ def store_matrix(run: RunDir, table: pd.DataFrame | None = None, findings: list[
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
     run.write_table("matrix", table)
-    if findings:
-        run.write_table("deviations", deviation_rows(findings))
+    if deviations is not None:
+        run.write_table("deviations", deviations)
     run.write_text("matrix.md", render.markdown(table, (meta.get("matrix") or {}).get("tools_unavailable") or {},
                                                 run.table("deviations")))
     report.build(run)
@@ -122,7 +124,7 @@ def from_runs(paths: list[str | Path], into: str | Path | None = None,
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     target = RunDir.open(into) if into else runs[0]
-    return target, store_matrix(target, merged, findings)
+    return target, store_matrix(target, merged, deviation_rows(findings) if findings else None)
 
 
 def compare_matrices(a: str | Path, b: str | Path) -> tuple[pd.DataFrame, dict[str, Any], str]:
