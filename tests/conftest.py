@@ -238,6 +238,16 @@ def criu():
 
 
 @pytest.fixture
+def gromacs() -> None:
+    """GROMACS's ``gmx`` on PATH; fails where the suite requires it (CI, ``CUTBENCH_REQUIRE_GROMACS=1``), else skips."""
+    if shutil.which("gmx") is None:
+        reason = "GROMACS (gmx) is not installed: `make gromacs` installs Debian's package"
+        if os.environ.get("CI") or os.environ.get("CUTBENCH_REQUIRE_GROMACS") == "1":
+            pytest.fail(f"{reason} (required here because CI or CUTBENCH_REQUIRE_GROMACS=1 is set)")
+        pytest.skip(reason)
+
+
+@pytest.fixture
 def results_root(tmp_path: Path) -> Path:
     """A fresh results root for one test."""
     root = tmp_path / "results"

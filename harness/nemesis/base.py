@@ -161,10 +161,11 @@ class Certifier(Protocol):
 class Checkpointer(Protocol):
     """One checkpoint backend (see DESIGN.md "Checkpoint pipeline" and docs/backends.md).
 
-    Optional: ``launch(argv, *, cwd, labels) -> Child`` for a backend that must
-    start the workload itself (a container engine); the trial calls it instead
-    of :func:`cutbench.procs.spawn`, with ``labels`` naming the run and the
-    trial for the container (a ``launch`` without that parameter gets none).
+    Optional: ``launch(argv, *, cwd, labels, env) -> Child`` for a backend that
+    must start the workload itself (a container engine); the trial calls it
+    instead of :func:`cutbench.procs.spawn`, with ``labels`` naming the run
+    and the trial for the container (a ``launch`` without that parameter gets
+    none) and, for a program as it is, ``env``: its own environment.
     """
 
     name: ClassVar[str]

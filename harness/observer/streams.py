@@ -98,6 +98,10 @@ class Observer(ServerClients):
         self._acceptor: threading.Thread | None = None
         self._pending: list[tuple[int, int]] = []  # (read end, write end) of pipes handed to a restore
         self.pipe_inodes: dict[str, int] = {}  # the running incarnation's pipes (what a CRIU image of it names)
+        # A program in a container (started by an engine): its engine keeps its stdout and stderr, asked for its
+        # last words while the container is there (``_said`` keeps what it said last, for after its removal).
+        self._words: Callable[[], str] | None = None
+        self._said = ""
 
     # -- counting -------------------------------------------------------------
     def distinct(self) -> int:
@@ -105,22 +109,42 @@ class Observer(ServerClients):
         with self.lock:
             return len(self.keys)
 
-    def last_words(self) -> str:
-        """The program's last lines on stderr (stdout's where stderr said nothing)."""
+    def last_words(self, settle_s: float = 0.0) -> str:
+        """The program's last lines on stderr (stdout's where stderr said nothing); a program in a container:
+        the last lines its engine kept of both, waited for up to ``settle_s`` while there are none (an engine
+        copies a container's output into its log a moment after the container wrote it, or ended)."""
+        if self._words is not None:
+            deadline = time.monotonic() + settle_s
+            said = self._words().strip()
+            while not said and not self._said and time.monotonic() < deadline:
+                time.sleep(0.1)
+                said = self._words().strip()
+            self._said = said or self._said
+            return "\n".join(self._said.splitlines()[-20:])
         with self.lock:
             lines = list(self.tails["stderr"]) or list(self.tails["stdout"])
         return "\n".join(lines[-20:])
 
     def last_line(self) -> str:
         """``": <its last line>"`` of :meth:`last_words` (to end a message with), "" when it said nothing."""
-        words = self.last_words()
+        words = self.last_words(settle_s=2.0)
         return f": {words.splitlines()[-1]}" if words.strip() else ""
 
     # -- pipes ----------------------------------------------------------------
-    def start(self, argv: list[str]) -> Child:
+    def start(self, argv: list[str], launch: Callable[..., Child] | None = None) -> Child:
         """Start the program (``argv`` in its directory) as a new incarnation, its stdout and stderr piped to
         readers here, a fresh effects rule on its stream; return its handle. Raises ``OSError`` when it cannot
-        be started, :class:`~cutbench.workloads.api.WorkloadError` when the rule cannot be made."""
+        be started, :class:`~cutbench.workloads.api.WorkloadError` when the rule cannot be made.
+
+        ``launch`` (a container engine's ``launch(argv, *, cwd, env)``) starts it in a container instead: its
+        engine keeps its stdout and stderr, so its effects come from a file, a socket or its server only
+        (checked before any trial), and its last words from the engine."""
+        if launch is not None:
+            child = launch(argv, cwd=str(self.directory), env={"PATH": os.environ.get("PATH", os.defpath), **self.params["env"]})
+            self.incarnation += 1
+            self.pipe_inodes, self._words = {}, child.output_tail
+            self._tail()
+            return child
         rule = self._make_rule() if self.file is None else None  # before any pipe: a factory that raises leaks none
         ends = {name: os.pipe() for name in program_api.PIPES}
         try:
@@ -136,11 +160,22 @@ class Observer(ServerClients):
         for name, (r, w) in ends.items():
             os.close(w)  # the program holds the write ends: EOF when it (and its children) are gone
             self._read(name, r, self.incarnation, {"rule": rule})
+        self._tail()
+        return child
+
+    def _tail(self) -> None:
+        """Start tailing the stream's file, where it is one (once: a file outlives the program's incarnations)."""
         if self.file is not None and self._tailer is None:
             self._tailer = threading.Thread(target=self._guarded, args=(f"reading {self.file}", self._tail_file),
                                             name="cutbench-tail", daemon=True)
             self._tailer.start()
-        return child
+
+    def restoring(self) -> None:
+        """A restore of the program begins: what it shows from now on is the next incarnation's. (A CRIU restore
+        of its pipes counts it in :meth:`inherited_fds`; a container engine's restore hands over no pipe.)"""
+        if not self.pipe_inodes:
+            with self.lock:
+                self.incarnation += 1
 
     def inherited_fds(self) -> list[tuple[str, int]]:
         """Fresh pipes for a CRIU restore of the program, whose image holds the running incarnation's pipes:

@@ -62,8 +62,8 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
 def check_programs(workloads: list[tuple[type, dict[str, Any], str]]) -> None:
     """Refuse, before anything runs, a program workload (``(class, params, backend)``) that cannot be started as
     its scenario says (:func:`check_program`: its command not found, a file
-    missing, a parser that cannot be made) or that runs under a backend that starts workloads itself (a
-    container engine). Raises :class:`InvalidArgument` naming it."""
+    missing, a parser that cannot be made) or whose stream a container engine keeps to itself (stdout or
+    stderr, under docker or podman). Raises :class:`InvalidArgument` naming it."""
     checked: set[str] = set()
     for workload, params, backend in workloads:
         if not getattr(workload, "program", False):
@@ -72,9 +72,11 @@ def check_programs(workloads: list[tuple[type, dict[str, Any], str]]) -> None:
             cls = CHECKPOINTERS.load(backend)
         except Unavailable:
             cls = None  # a backend this machine lacks: its arms are skipped, with the reason, as any workload's
-        if hasattr(cls, "launch"):
-            raise InvalidArgument(f"pipeline.backends: {backend!r} starts the workload in a container of its own; a "
-                                  "program runs under criu, the GPU tools, app and restart (docs/programs.md)")
+        if hasattr(cls, "launch") and params["stream"] in program_api.PIPES:
+            # The engine keeps a container's stdout and stderr (its log): nothing here could read them as they come.
+            raise InvalidArgument(f"workload.params.stream = {params['stream']!r}: under {backend!r} the program runs in a "
+                                  "container whose stdout and stderr its engine keeps; watch a file it appends to "
+                                  '(stream = "file:PATH"), a socket ("socket") or its server ("http") (docs/programs.md)')
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in checked:
             checked.add(key)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,9 @@ from cutbench.harness.model.trial import TrialRecord
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
-from cutbench.harness.runner.arming import TrialState
+from cutbench.harness.runner.arming import TrialState, launcher
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
-from cutbench.procs import Child
+from cutbench.procs import Child, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
@@ -84,6 +84,9 @@ class ProgramRunner(TrialRunner):
         self.fresh_starts = 0
         self.started_at: float | None = None  # monotonic time of the first start (cuts of phase "time" count from it)
         self.served = False  # a server whose clients all finished (it is then stopped: a server never exits)
+        # A container engine's launch where the backend starts the program in a container (docker, podman);
+        # None: the observer starts it here, its pipes read (the control runs always are).
+        self.engine_launch: Callable[..., Child] | None = None
 
     def _hwm(self) -> int | None:
         return len(self.observer.seen)
@@ -91,7 +94,7 @@ class ProgramRunner(TrialRunner):
     def launch(self, extra_args: list[str]) -> Child:
         """Start the program (its command and ``extra_args``) as the next incarnation."""
         command = program_api.Program.command_for(self.spec.params, self.observer.port)
-        child = self.observer.start([*command, *extra_args])
+        child = self.observer.start([*command, *extra_args], self.engine_launch)
         if self.started_at is None:
             self.started_at = time.monotonic()
         if not extra_args:
@@ -107,6 +110,8 @@ class ProgramRunner(TrialRunner):
         state = TrialState()
         child: Child | None = None
         order: dict[str, int] | None = None
+        if not self.plain_launch and (launch := launcher(backend, self.labels())) is not spawn:
+            self.engine_launch = launch
         try:
             if not self.plain_launch:
                 reference = self.s.references.get(self.cls, spec.params, spec.array)
@@ -142,6 +147,7 @@ class ProgramRunner(TrialRunner):
             if child is not None and child.alive():
                 child.kill()
             if child is not None:
+                self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
                 child.kill_groups()
             for target in self.cut_targets:
                 target.kill()
@@ -252,7 +258,7 @@ class ProgramRunner(TrialRunner):
                          timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
                          prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
                          program=ProgramHooks(self))
-        outcome = execute_cut(backend, child, ctx, release=lambda: None, before_resume=lambda: None,
+        outcome = execute_cut(backend, child, ctx, release=lambda: None, before_resume=self.observer.restoring,
                               keep_images=self.spec.keep_images, discard=self.s.images.discard)
         state.outcomes.append(asdict(outcome))
         for key, value in ctx.facts.items():

@@ -99,6 +99,10 @@ class TrialRunner:
         verdict = oracle.judge(record, effects, reference)
         return TrialResult(self.spec, record, self.timeline.rows(), effects, verdict)
 
+    def labels(self) -> dict[str, str]:
+        """The labels of the trial's container, where an engine starts the workload: its run and trial."""
+        return {RUN_LABEL: self.s.run_id, "cutbench.trial": self.spec.trial_id}
+
     def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
         """Spawn, cut, restore and watch; return what was observed (record and the receiver's rows), unjudged.
         Never raises for a failing stage or workload; the trial's directory is gone afterwards."""
@@ -124,8 +128,7 @@ class TrialRunner:
             arming = Arming(control, spec.cut_plan(), self.phases)
             seq = arming.arm(0)
             # A backend that must own the workload's start (a container engine) launches it itself.
-            labels = {RUN_LABEL: self.s.run_id, "cutbench.trial": spec.trial_id}
-            launch = spawn if self.plain_launch else launcher(backend, labels)
+            launch = spawn if self.plain_launch else launcher(backend, self.labels())
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
             with self.timeline.stage("spawn"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,51 @@ def test_docker_and_podman_run_every_workload_of_the_ci_subset_to_a_verdict(criu
     # Idempotent receivers hide the duplicates of in-process rollback (test_workloads runs at_least_once in CI).
     idem = trials[(trials["receiver_mode"] == "idempotent") & (trials["fault"] != "none")]
     assert len(idem) and (idem["duplicate"] == 0).all(), idem[idem["duplicate"] > 0][["variant", "arm", "findings"]]
+    assert left_behind(latest_run(results_root)) == []
+
+
+def test_a_streaming_server_as_it_is_in_a_container_gets_criu_s_verdict_through_each_engine(
+        criu, docker_engine, podman_engine, results_root):
+    # A program that knows nothing of cutbench (examples/programs/server), started by the engine in a container, its
+    # effects what cutbench's clients receive over the host's network; the same cuts through CRIU on the bare process.
+    trials = run(results_root, str(REPO / "examples" / "programs" / "server" / "containers.toml"), "--variant", "give_up",
+                 "--set", "run.stage_timeout_s=90")
+    assert len(trials) == 6 and (trials["outcome"] != "unknown").all(), trials[["backend", "fault", "error"]].to_string()
+    kinds = {(r["backend"], r["fault"]): {f["kind"] for f in json.loads(r["findings"] or "[]")} for r in trials.to_dict("records")}
+    for backend in ("criu", "docker", "podman"):
+        # kill: the clients' connections come back established, every token once (a connection still waiting to be
+        # accepted at the cut is left out of the image, --skip-in-flight, and its client gives up: missing).
+        assert kinds[(backend, "kill")] <= {"missing"}, trials[["backend", "fault", "findings"]].to_string()
+        # leave_running: the streams in flight break (restored closed) and the clients give up on them.
+        assert kinds[(backend, "leave_running")] == {"missing"}, trials[["backend", "fault", "findings"]].to_string()
+    engines_ = trials[trials["backend"] != "criu"]
+    # Each engine restored the container it checkpointed: the program went on, never started again.
+    assert (engines_["restores"] == 1).all() and (engines_["restarted"] == 0).all()
+    assert left_behind(latest_run(results_root)) == []
+
+
+@pytest.mark.parametrize("scenario, extra, leave_running", [
+    # GROMACS's md.log (a file in the trial's directory, which the container mounts): md.log grew after the dump, and
+    # CRIU under each engine refuses to restore a file of another size, as on the bare process.
+    ("gromacs/gromacs.toml", ["--set", 'receiver.modes=["idempotent"]'], "criu restore|criu failed"),
+    # The ticker's TCP connection to its collector (a socket cutbench listens on): restored closed after leave_running,
+    # and the ticker's next send fails, in its own words (the engine's log of the container).
+    ("ticker/carbon.toml", [], "BrokenPipeError"),
+], ids=["gromacs-md-log", "ticker-socket"])
+def test_a_program_s_file_and_socket_streams_in_a_container_get_criu_s_verdict(
+        criu, docker_engine, podman_engine, results_root, request, scenario, extra, leave_running):
+    if scenario.startswith("gromacs"):
+        request.getfixturevalue("gromacs")
+    trials = run(results_root, str(REPO / "examples" / "programs" / scenario), *extra, "--set", "run.stage_timeout_s=90",
+                 "--set", 'pipeline.backends=["criu", "docker", "podman"]')
+    assert len(trials) == 6 and (trials["outcome"] != "unknown").all(), trials[["backend", "fault", "error"]].to_string()
+    by = {(r["backend"], r["fault"]): r for r in trials.to_dict("records")}
+    for backend in ("criu", "docker", "podman"):
+        # kill: every effect once, and the final artefacts equal the uninterrupted runs' (GROMACS's md.gro).
+        assert by[(backend, "kill")]["outcome"] == "valid", by[(backend, "kill")]["findings"]
+        lost = by[(backend, "leave_running")]
+        assert {f["kind"] for f in json.loads(lost["findings"])} == {"process_lost"}, lost["findings"]
+        assert re.search(leave_running, lost["error"]), lost["error"]
     assert left_behind(latest_run(results_root)) == []
 
 

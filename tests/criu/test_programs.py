@@ -5,8 +5,6 @@ measured (docs/programs.md, "What the examples show")."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pandas as pd
 import pytest
@@ -57,15 +55,6 @@ def test_an_unmodified_program_s_tcp_connection_to_its_collector_under_criu_and_
     assert lost["kinds"] == {"process_lost"} and "BrokenPipeError" in lost["error"], lost["error"]
     # A requeue connects anew and sends every step again.
     assert rows[("restart", "kill")]["kinds"] == {"duplicate", "restarted"}
-
-
-@pytest.fixture
-def gromacs():
-    if shutil.which("gmx") is None:
-        reason = "GROMACS (gmx) is not installed: `make gromacs` installs Debian's package"
-        if os.environ.get("CI") or os.environ.get("CUTBENCH_REQUIRE_GROMACS") == "1":
-            pytest.fail(f"{reason} (required here because CI or CUTBENCH_REQUIRE_GROMACS=1 is set)")
-        pytest.skip(reason)
 
 
 def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs, tmp_path):

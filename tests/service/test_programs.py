@@ -162,6 +162,18 @@ def test_a_program_that_cannot_be_judged_as_written_is_refused_before_any_trial(
     assert not out.exists() or not any(out.iterdir()), "a refused program leaves no run directory"
 
 
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_program_s_stdout_under_a_container_engine_is_refused_naming_the_streams_it_can_be_watched_by(tmp_path, engine):
+    # The engine keeps a container's stdout and stderr (its log); refused at the door, before any engine is asked.
+    out = tmp_path / "results"
+    proc = cli("run", str(scenario(tmp_path, PRINTS + 'effects = "^step"')), "--out", str(out),
+               "--set", f'pipeline.backends=["{engine}"]')
+    assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"workload.params.stream = 'stdout': under '{engine}' the program runs in a container" in proc.stderr
+    assert 'stream = "file:PATH"' in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_a_program_that_does_not_reproduce_itself_is_named_and_never_judged(tmp_path):
     params = ('command = ["python3", "-c", "import time; print(\'step 1 \' + str(time.time_ns()))"]\n'
               'effects = "^step (?P<index>\\\\d+) (?P<payload>\\\\d+)"')

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import cutbench
-from cutbench.errors import StageRefused, Unavailable
+from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment.engines import HARNESS_LABEL, TRIAL_LABEL
 from cutbench.harness.nemesis.backends.criu import NETWORK_LOCK
-from cutbench.procs import Child, identity, is_zombie_or_gone
+from cutbench.procs import Child, identity, is_zombie_or_gone, package_env
 
 # The image every container backend runs the workload in (built on first use).
 IMAGE = "cutbench-rootfs:1"
@@ -81,6 +81,19 @@ def trial_labels(labels: dict[str, str] | None = None) -> dict[str, str]:
     return {TRIAL_LABEL: "trial", **(labels or {}), HARNESS_LABEL: identity()}
 
 
+def container_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial container: the project importable (``PYTHONPATH``), no bytecode written into
+    the read-only mounts, then ``extra`` (a program's own ``env``)."""
+    return {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": package_env()["PYTHONPATH"], **(extra or {})}
+
+
+def gone_after_restore(stage: str, code: int, said: str) -> StageFailed:
+    """The failure of a restore after which the container is not running: its exit status and its last line
+    (``said``: what its engine kept of its output), the words a restored process that died would have left."""
+    last = f": {said.strip().splitlines()[-1]}" if said.strip() else ""
+    return StageFailed(stage, f"the container is not running after the restore (exit {code}){last}")
+
+
 def container_name(cwd: str) -> str:
     """A unique, valid container name from the trial directory (``…/cutbench-RUN-xxxx/TRIAL``)."""
     path = Path(cwd)
@@ -90,7 +103,8 @@ def container_name(cwd: str) -> str:
 def host_mounts(workdir: Path, *, forbidden: tuple[Path, ...] = ()) -> dict[str, str]:
     """Host paths to bind-mount at the same path, each mapped to ``"ro"`` or ``"rw"``.
 
-    ``/usr`` (the interpreter and its libraries), the Python environment, the
+    ``/usr`` (the interpreter and its libraries) and ``/etc/alternatives``
+    (where some of /usr's links point), the Python environment, the
     project's source tree and every other directory on ``sys.path`` are
     read-only; ``workdir`` (the trial's directory: control file, report,
     marker, log) is read-write. A path inside another is dropped. ``forbidden``
@@ -98,6 +112,9 @@ def host_mounts(workdir: Path, *, forbidden: tuple[Path, ...] = ()) -> dict[str,
     makes CRIU's dump fail ("unreachable sharing"), so such a mount raises.
     """
     wanted = [Path("/usr"), Path(sys.prefix), Path(sys.base_prefix)]
+    # Debian's alternatives: some of /usr's commands and libraries are links through /etc/alternatives (GROMACS's
+    # gmx finds its BLAS there), which the image's empty /etc would leave dangling.
+    wanted += [Path("/etc/alternatives")]
     repo = cutbench.source_checkout()
     if repo is not None:
         wanted.append(repo)
@@ -133,7 +150,7 @@ def _outermost(paths: list[Path]) -> list[Path]:
     return kept
 
 
-def criu_options(path: Path, *, log: Path, restore_after: str | None = None) -> None:
+def criu_options(path: Path, *, log: Path, restore_after: str | None = None, skip_in_flight: bool = False) -> None:
     """Write the CRIU options file at ``path`` for the next checkpoint (``restore_after=None``) or restore.
 
     CRIU writes its log to ``log`` (the engine's own copy is deleted with a
@@ -144,10 +161,16 @@ def criu_options(path: Path, *, log: Path, restore_after: str | None = None) -> 
     established; after a ``leave_running`` crash the kernel closed the
     original, so the restored socket is closed and the workload's client
     reconnects (its real recovery path).
+
+    ``skip_in_flight`` (a program's checkpoint, as the ``criu`` backend
+    dumps one): a client connection still waiting in a listening socket's
+    queue is left out of the image, where CRIU would otherwise refuse the
+    whole dump of a server that is accepting ("In-flight connection").
     """
     tcp = "tcp-close" if restore_after == "leave_running" else "tcp-established"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {OPTIONS_HEADER}\n{tcp}\nnetwork-lock {NETWORK_LOCK}\nlog-file {log}\n")
+    skip = "skip-in-flight\n" if skip_in_flight else ""
+    path.write_text(f"# {OPTIONS_HEADER}\n{tcp}\n{skip}network-lock {NETWORK_LOCK}\nlog-file {log}\n")
 
 
 OPTIONS_HEADER = "CRIU options for a container checkpoint, written by cutbench for each stage"

@@ -35,12 +35,12 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
-                                                          container_of, criu_options,
+from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_env,
+                                                          container_name, container_of, criu_options, gone_after_restore,
                                                           host_mounts, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
-from cutbench.procs import Child, package_env
+from cutbench.procs import Child
 
 RUNC_OPTIONS = Path("/etc/criu/runc.conf")
 
@@ -115,9 +115,11 @@ class DockerCheckpointer:
             pass
 
     # -- the workload's container --------------------------------------------
-    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None) -> Child:
+    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> Child:
         """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
-        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`); returns its handle."""
+        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
+        environment); returns its handle."""
         self._ensure_image()
         mounts = host_mounts(Path(cwd), forbidden=(self.data_root(), engines.docker_paths().root))
         host_config = self.api.create_host_config(
@@ -126,7 +128,7 @@ class DockerCheckpointer:
         try:
             created = self.api.create_container(
                 IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=name,
-                environment={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": package_env()["PYTHONPATH"]},
+                environment=container_env(env),
                 labels=trial_labels(labels))
             cid = created["Id"]
             try:
@@ -163,7 +165,7 @@ class DockerCheckpointer:
         # /etc/criu/runc.conf is one file per host: one Docker cut at a time, across processes too
         # (a Ray worker runs each trial in a process of its own). Released by cleanup, which follows.
         self._cuts[ctx.images_dir] = (cid, name, _lock_options())
-        criu_options(RUNC_OPTIONS, log=log)
+        criu_options(RUNC_OPTIONS, log=log, skip_in_flight=ctx.program is not None)
         ctx.mark("criu_freeze")
         with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
             reply = self._post(ctx, "docker_checkpoint", "/containers/{0}/checkpoints", cid,
@@ -181,7 +183,7 @@ class DockerCheckpointer:
         """Stage ``docker_restore``: start the stopped container from its checkpoint; returns the new pid."""
         cid, name, _lock = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
-        criu_options(RUNC_OPTIONS, log=log, restore_after=ctx.cut.fault)
+        criu_options(RUNC_OPTIONS, log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None)
         with ctx.timeline.stage("docker_restore", ctx.cut_index):
             reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
             if _stale_upload(reply) and (action := self._retouch(cid, name, _message(reply))):
@@ -191,7 +193,7 @@ class DockerCheckpointer:
                 raise restore_failure("docker_restore", f"docker start --checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}", ctx)
             running, code, pid = self.state(cid)
             if not running:
-                raise StageFailed("docker_restore", f"the container is not running after the restore (exit {code})")
+                raise gone_after_restore("docker_restore", code, self.logs(cid))
         return pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:

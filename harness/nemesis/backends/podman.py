@@ -29,11 +29,12 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of, criu_options,
-                                                          host_mounts, rootfs_tarball, trial_labels)
+from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_env, container_name, container_of,
+                                                          criu_options, gone_after_restore, host_mounts, rootfs_tarball,
+                                                          trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.procs import Child, package_env
+from cutbench.procs import Child
 
 # Podman's statistics (microseconds) kept as facts, in seconds, under these names.
 _CHECKPOINT_STATS = {"podman_checkpoint_duration": "podman_checkpoint_total_s",
@@ -107,9 +108,11 @@ class PodmanCheckpointer:
         self.podman("rm", "--force", "--ignore", container, timeout=60)
 
     # -- the workload's container ------------------------------------------------
-    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None) -> Child:
+    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
+               env: dict[str, str] | None = None) -> Child:
         """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
-        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`); returns its handle."""
+        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
+        environment); returns its handle."""
         self._ensure_image()
         name = container_name(cwd)
         options = Path(cwd) / OPTIONS_FILE
@@ -124,7 +127,7 @@ class PodmanCheckpointer:
             p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
                             "--annotation", f"org.criu.config={options}",
                             *[arg for k, v in trial_labels(labels).items() for arg in ("--label", f"{k}={v}")],
-                            "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", f"PYTHONPATH={package_env()['PYTHONPATH']}",
+                            *[arg for k, v in container_env(env).items() for arg in ("--env", f"{k}={v}")],
                             "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
             if p.returncode != 0:
                 raise Unavailable(f"podman could not start the workload's container: {_err(p)}")
@@ -155,7 +158,7 @@ class PodmanCheckpointer:
         options = self._options[container]
         self._cuts[ctx.images_dir] = (container, archive, options)
         log = ctx.images_dir / "criu-dump.log"
-        criu_options(options, log=log)
+        criu_options(options, log=log, skip_in_flight=ctx.program is not None)
         args = ["container", "checkpoint", "--tcp-established", "--print-stats", "--compress", "none",
                 "--export", str(archive)]
         if ctx.cut.fault != "kill":
@@ -176,7 +179,7 @@ class PodmanCheckpointer:
         """Stage ``podman_restore``: remove the crashed container, import its checkpoint; returns the new pid."""
         container, archive, options = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
-        criu_options(options, log=log, restore_after=ctx.cut.fault)
+        criu_options(options, log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None)
         with ctx.timeline.stage("podman_restore", ctx.cut_index):
             self._discard(container)
             p = self.podman("container", "restore", "--import", str(archive), "--print-stats",
@@ -185,7 +188,7 @@ class PodmanCheckpointer:
                 raise restore_failure("podman_restore", f"podman restore exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}", ctx)
             running, code, pid = self.state(container)
             if not running:
-                raise StageFailed("podman_restore", f"the container is not running after the restore (exit {code})")
+                raise gone_after_restore("podman_restore", code, self.logs(container))
         ctx.facts.update(_stats(p.stdout, _RESTORE_STATS))
         return pid
 
