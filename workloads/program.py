@@ -5,7 +5,8 @@ stream the harness watches (its stdout, its stderr or a file it appends to,
 such as a log); an **effects rule** turns each line of that stream into an
 effect with an identity, ``(stream, index, payload)``: a regular expression
 with a named group ``index`` (and ``payload``; the whole line otherwise), or
-a parser named by import path. The program imports nothing of cutbench and
+a parser named by import path. ``streams`` adds more pipes or files, each
+with its own rule (:meth:`Program.watched`). The program imports nothing of cutbench and
 cutbench imports nothing of the program; the harness side of it (starting
 the program with its stream piped to a reader outside the checkpointed tree,
 the readers, the cuts at the k-th effect) is
@@ -57,8 +58,26 @@ HTTP_DEFAULTS: dict[str, Any] = {
     "retry": "give_up",  # after a broken stream: give up, send it again with the same id, or as a new request
 }
 
+# What an entry of ``streams`` holds: the stream, and its rule (one of the two).
+STREAM_KEYS: tuple[str, ...] = ("stream", "effects", "parser")
+
 # A parser: one line in, the effects it completes out.
 LineParser = Callable[[str], Iterable[tuple[Any, Any]]]
+
+
+def _check_rule(params: dict[str, Any], where: str) -> None:
+    """Raise :class:`WorkloadError` unless ``params`` (the scenario's, or an entry of ``streams``, named ``where``)
+    gives exactly one effects rule: a regular expression that compiles, or a parser named ``module:factory``."""
+    if bool(params["effects"]) == bool(params["parser"]):
+        raise WorkloadError(f"{where}: give exactly one effects rule: effects = a regular expression "
+                            "(named groups index, payload) or parser = \"module:factory\"")
+    if params["effects"]:
+        try:
+            re.compile(params["effects"])
+        except re.error as exc:
+            raise WorkloadError(f"{where}.effects = {params['effects']!r}: not a regular expression ({exc})") from None
+    elif ":" not in params["parser"]:
+        raise WorkloadError(f"{where}.parser = {params['parser']!r}: expected 'module:factory'")
 
 
 def digest(text: str) -> str:
@@ -153,6 +172,9 @@ class Program:
         "port": 0,
         "effects": "",  # a regular expression (named groups: index, payload), or ...
         "parser": "",  # ... "module:factory", the module in the scenario's folder (parser_path)
+        # More streams the outside world sees, each with its own rule: tables { stream = "stderr" or "file:PATH",
+        # effects = "REGEX" } or { stream = ..., parser = "module:factory" } (STREAM_KEYS).
+        "streams": [],
         "parser_path": "",  # where the parser's and comparisons' modules are found (empty: the scenario's folder)
         "ops": 1,  # effects the cuts choose among (plan.ops lies within 1..ops)
         # Files it leaves (relative to its directory), compared with the reference's: a name, by digest; or a table
@@ -201,17 +223,8 @@ class Program:
                                 "[\"python3\", \"train.py\", \"--metrics\", \"127.0.0.1:{port}\"]")
         if not 0 <= params["port"] <= 65535:
             raise WorkloadError(f"workload.params.port = {params['port']}: 0 (a free one) or a port number")
-        if bool(params["effects"]) == bool(params["parser"]):
-            raise WorkloadError("workload.params: give exactly one effects rule: effects = a regular expression "
-                                "(named groups index, payload) or parser = \"module:factory\"")
-        if params["effects"]:
-            try:
-                re.compile(params["effects"])
-            except re.error as exc:
-                raise WorkloadError(f"workload.params.effects = {params['effects']!r}: not a regular expression "
-                                    f"({exc})") from None
-        elif ":" not in params["parser"]:
-            raise WorkloadError(f"workload.params.parser = {params['parser']!r}: expected 'module:factory'")
+        _check_rule(params, "workload.params")
+        cls.watched(params)
         for key in ("cut_time_ms", "cut_bytes"):
             value = params[key]
             if not value > 0:  # NaN too
@@ -282,7 +295,8 @@ class Program:
         the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
         out = dict(params)
         out["files"] = [str((base / f).resolve()) for f in params["files"]]
-        if (params["parser"] or any(a.compare for a in cls.artefacts(params))) and not params["parser_path"]:
+        parsers = params["parser"] or any(isinstance(e, dict) and e.get("parser") for e in params["streams"])
+        if (parsers or any(a.compare for a in cls.artefacts(params))) and not params["parser_path"]:
             out["parser_path"] = str(base.resolve())
         return out
 
@@ -292,10 +306,32 @@ class Program:
         return [word.replace("{port}", str(port)) for word in params["command"]]
 
     @staticmethod
-    def stream_file(params: dict[str, Any]) -> str | None:
-        """The file the program's effects are read from (relative to its directory), or None for a pipe."""
-        stream = params["stream"]
+    def stream_file(stream: str) -> str | None:
+        """The file a stream reads (relative to the program's directory: ``file:PATH``), or None for another kind."""
         return stream[len(FILE_PREFIX):] if stream.startswith(FILE_PREFIX) else None
+
+    @staticmethod
+    def watched(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Every stream the outside world sees of the program, the scenario's ``stream`` first, then ``streams``:
+        each mapped to the parameters its effects rule is made from (:meth:`rule`). Raises :class:`WorkloadError`
+        naming a bad entry of ``streams`` and its fix."""
+        out = {params["stream"]: params}
+        fix = ('give tables { stream = "stderr", effects = "REGEX" } or { stream = "file:PATH", parser = '
+               '"module:factory" }: more pipes or files the program writes to, each with its own rule')
+        for i, entry in enumerate(params["streams"]):
+            where = f"workload.params.streams[{i}]"
+            if not isinstance(entry, dict) or set(entry) - set(STREAM_KEYS) or not isinstance(entry.get("stream"), str):
+                raise WorkloadError(f"{where} = {entry!r}: {fix}")
+            stream = entry["stream"]
+            if stream not in PIPES and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+                raise WorkloadError(f"{where}.stream = {stream!r}: {', '.join(map(repr, PIPES))} or 'file:PATH' (a "
+                                    "socket or a server is the scenario's one stream)")
+            if stream in out:
+                raise WorkloadError(f"{where}.stream = {stream!r}: watched already; each stream once")
+            rule = {**params, "effects": entry.get("effects", ""), "parser": entry.get("parser", "")}
+            _check_rule(rule, where)
+            out[stream] = rule
+        return out
 
     @staticmethod
     def rule(params: dict[str, Any]) -> LineParser:

@@ -41,7 +41,7 @@ class ServerClients:
     def _take_lines(self, rule: program_api.LineParser, lines: list[str], size: int, stream: str = "") -> None:
         raise NotImplementedError
 
-    def _make_rule(self) -> program_api.LineParser:
+    def _make_rule(self, stream: str = "") -> program_api.LineParser:
         raise NotImplementedError
 
     def _guarded(self, what: str, body: Callable[[], None]) -> None:

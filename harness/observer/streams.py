@@ -12,6 +12,7 @@ for ``--inherit-fd``).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import select
@@ -69,8 +70,10 @@ class Observer(ServerClients):
     def __init__(self, params: dict[str, Any], directory: Path, *, wait_s: float = 60.0):
         self.params = params
         self.directory = directory
-        self.stream = params["stream"]
-        self.file = program_api.Program.stream_file(params)
+        self.stream = params["stream"]  # the scenario's stream: where cuts of phase "size" count its bytes
+        # Every stream watched (the scenario's first, then its ``streams``), each with its own rule's parameters.
+        self.watched = program_api.Program.watched(params)
+        self.files = {name: path for name in self.watched if (path := program_api.Program.stream_file(name))}
         self.http = program_api.Program.http_settings(params) if self.stream == program_api.HTTP else None
         self.port = 0
         self.wait_s = wait_s
@@ -85,15 +88,17 @@ class Observer(ServerClients):
         self.incarnation = -1
         self.tails: dict[str, deque[str]] = {p: deque(maxlen=TAIL_LINES) for p in program_api.PIPES}
         self.rule_error = ""  # a parser that raised: the harness's input, never a finding
-        self.lines = 0  # lines of the effect stream read, for "matched nothing" on a control run
-        self.bytes = 0  # bytes of the effect stream read (where a cut of phase "size" lands)
-        self.head: list[str] = []  # its first lines, to show with that
+        # Of each watched stream: lines and bytes read (a cut of phase "size" counts the scenario's stream's) and
+        # its first lines, for "matched nothing" on a control run.
+        self.read_lines: dict[str, int] = dict.fromkeys(self.watched, 0)
+        self.read_bytes: dict[str, int] = dict.fromkeys(self.watched, 0)
+        self.heads: dict[str, list[str]] = {name: [] for name in self.watched}
         self.readers: list[threading.Thread] = []
-        # The effect stream's reader of the running incarnation and its parser (each reader owns its parser: a
+        # Each watched pipe's reader of the running incarnation and its parser (each reader owns its parser: a
         # restored incarnation's reader continues a copy of its predecessor's, once that one read to its end).
-        self._stream_reader: tuple[threading.Thread, dict[str, Any]] | None = None
+        self._stream_readers: dict[str, tuple[threading.Thread, dict[str, Any]]] = {}
         self._stop = threading.Event()
-        self._tailer: threading.Thread | None = None
+        self._tailers: list[threading.Thread] = []
         self._listener: socket.socket | None = None  # stream "socket": where the program connects
         self._acceptor: threading.Thread | None = None
         self._pending: list[tuple[int, int]] = []  # (read end, write end) of pipes handed to a restore
@@ -145,7 +150,8 @@ class Observer(ServerClients):
             self.pipe_inodes, self._words = {}, child.output_tail
             self._tail()
             return child
-        rule = self._make_rule() if self.file is None else None  # before any pipe: a factory that raises leaks none
+        # Before any pipe: a factory that raises leaks none.
+        rules = {name: self._make_rule(name) for name in program_api.PIPES if name in self.watched}
         ends = {name: os.pipe() for name in program_api.PIPES}
         try:
             env = {**os.environ, **self.params["env"]}
@@ -159,16 +165,19 @@ class Observer(ServerClients):
         self.pipe_inodes = {name: os.fstat(r).st_ino for name, (r, _w) in ends.items()}
         for name, (r, w) in ends.items():
             os.close(w)  # the program holds the write ends: EOF when it (and its children) are gone
-            self._read(name, r, self.incarnation, {"rule": rule})
+            self._read(name, r, self.incarnation, {"rule": rules.get(name)})
         self._tail()
         return child
 
     def _tail(self) -> None:
-        """Start tailing the stream's file, where it is one (once: a file outlives the program's incarnations)."""
-        if self.file is not None and self._tailer is None:
-            self._tailer = threading.Thread(target=self._guarded, args=(f"reading {self.file}", self._tail_file),
-                                            name="cutbench-tail", daemon=True)
-            self._tailer.start()
+        """Start tailing each watched file (once: a file outlives the program's incarnations)."""
+        if self._tailers:
+            return
+        for name, path in self.files.items():
+            thread = threading.Thread(target=self._guarded, args=(f"reading {path}", functools.partial(self._tail_file, name)),
+                                      name="cutbench-tail", daemon=True)
+            self._tailers.append(thread)
+            thread.start()
 
     def restoring(self) -> None:
         """A restore of the program begins: what it shows from now on is the next incarnation's. (A CRIU restore
@@ -192,7 +201,8 @@ class Observer(ServerClients):
             r, w = os.pipe()
             self._pending.append((r, w))
             inodes[name] = os.fstat(r).st_ino
-            self._read(name, r, self.incarnation, {"rule": None, "after": self._stream_reader} if name == self.stream else {"rule": None})
+            after = self._stream_readers.get(name)
+            self._read(name, r, self.incarnation, {"rule": None, "after": after} if after is not None else {"rule": None})
             out.append((f"pipe:[{inode}]", w))
         self.pipe_inodes = inodes
         return out
@@ -210,8 +220,8 @@ class Observer(ServerClients):
         thread = threading.Thread(target=self._reader, args=(name, fd, incarnation, parsing), daemon=True,
                                   name=f"cutbench-{name}-{incarnation}")
         self.readers.append(thread)
-        if name == self.stream:
-            self._stream_reader = (thread, parsing)
+        if name in self.watched:
+            self._stream_readers[name] = (thread, parsing)
         thread.start()
 
     def _reader(self, name: str, fd: int, incarnation: int, parsing: dict[str, Any]) -> None:
@@ -223,7 +233,7 @@ class Observer(ServerClients):
             if after is not None:  # given to the effect stream's reader of a restored incarnation only
                 earlier, its = after
                 earlier.join(self.wait_s)
-                parsing["rule"] = copy.deepcopy(its.get("rule")) or self._make_rule()
+                parsing["rule"] = copy.deepcopy(its.get("rule")) or self._make_rule(name)
             with os.fdopen(fd, "rb", buffering=0) as pipe:
                 for lines, size in self._batches(pipe):
                     self._lines(name, [raw.decode(errors="replace") for raw in lines], incarnation, parsing, size)
@@ -264,33 +274,58 @@ class Observer(ServerClients):
     def _lines(self, name: str, lines: list[str], incarnation: int, parsing: dict[str, Any], size: int) -> None:
         with self.lock:
             self.tails[name].extend(lines[-TAIL_LINES:])
-            if name != self.stream:
+            if name not in self.watched:
                 return
-            self._count(lines, size)
+            self._count(name, lines, size)
         rule = parsing.get("rule")
         if rule is not None:
-            self._effects(rule, lines, incarnation)
+            self._effects(rule, lines, incarnation, name)
 
-    def _take_lines(self, rule: program_api.LineParser, lines: list[str], size: int, stream: str = "") -> None:
-        """Lines of the effect stream read by a file's, a socket's or a client's reader: counted, and turned into
-        effects of the incarnation running now (``stream``: a request's id, for a server's clients)."""
+    def _take_lines(self, rule: program_api.LineParser, lines: list[str], size: int, stream: str = "",
+                    watched: str = "") -> None:
+        """Lines of a watched stream (``watched``; the scenario's stream by default) read by a file's, a socket's or
+        a client's reader: counted, and turned into effects of the incarnation running now (``stream``: their
+        stream's name in the effects, a request's id for a server's clients)."""
         with self.lock:
-            self._count(lines, size)
+            self._count(watched or self.stream, lines, size)
             incarnation = self.incarnation
-        self._effects(rule, lines, incarnation, stream)
+        self._effects(rule, lines, incarnation, stream or watched)
 
-    def _count(self, lines: list[str], size: int) -> None:
-        """More lines of the effect stream read, ``size`` bytes with their newlines (the caller holds the lock)."""
-        self.lines += len(lines)
-        self.bytes += size
-        if len(self.head) < 5:
-            self.head.extend(lines[: 5 - len(self.head)])
+    def _count(self, name: str, lines: list[str], size: int) -> None:
+        """More lines of watched stream ``name`` read, ``size`` bytes with their newlines (the caller holds the lock)."""
+        self.read_lines[name] += len(lines)
+        self.read_bytes[name] += size
+        head = self.heads[name]
+        if len(head) < 5:
+            head.extend(lines[: 5 - len(head)])
 
-    def nothing_matched(self) -> str:
-        """Why a run that showed no effect cannot be judged: the rule and what the stream held."""
-        shown = "; ".join(repr(line[:120]) for line in self.head) or "nothing"
-        return (f"the effects rule matched nothing in the {self.lines} lines of {self.stream} (its first lines: "
-                f"{shown}): check workload.params.effects or parser")
+    @property
+    def lines(self) -> int:
+        """Lines of the watched streams read, all told."""
+        return sum(self.read_lines.values())
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the scenario's stream read (where a cut of phase "size" lands)."""
+        return self.read_bytes[self.stream]
+
+    def silent(self) -> list[str]:
+        """The watched streams that showed no effect (by the first word of the effects' stream: a server's
+        requests are its one stream)."""
+        with self.lock:
+            shown = {s.stream for s in self.seen}
+        if self.http is not None and shown:
+            shown.add(self.stream)
+        return [name for name in self.watched if name not in shown]
+
+    def nothing_matched(self, name: str = "") -> str:
+        """Why a run that showed no effect on stream ``name`` (the scenario's by default) cannot be judged: its
+        rule and what the stream held."""
+        name = name or self.stream
+        shown = "; ".join(repr(line[:120]) for line in self.heads[name]) or "nothing"
+        which = "workload.params.effects or parser" if name == self.stream else f"the rule of streams entry {name!r}"
+        return (f"the effects rule matched nothing in the {self.read_lines[name]} lines of {name} (its first lines: "
+                f"{shown}): check {which}")
 
     def _effects(self, rule: program_api.LineParser, lines: list[str], incarnation: int, stream: str = "") -> None:
         found: list[tuple[str, str]] = []
@@ -321,8 +356,9 @@ class Observer(ServerClients):
             with self.lock:
                 self.rule_error = self.rule_error or f"{what}: {type(exc).__name__}: {exc}"
 
-    def _make_rule(self) -> program_api.LineParser:
-        return program_api.Program.rule(self.params)
+    def _make_rule(self, stream: str = "") -> program_api.LineParser:
+        """A fresh effects rule of watched stream ``stream`` (the scenario's by default)."""
+        return program_api.Program.rule(self.watched[stream or self.stream])
 
     # -- a socket the program connects to -----------------------------------------------
     def listen(self, port: int) -> None:
@@ -370,15 +406,15 @@ class Observer(ServerClients):
                 self.rule_error = self.rule_error or f"reading the program's socket: {type(exc).__name__}: {exc}"
 
     # -- a file it appends to ----------------------------------------------------
-    def _tail_file(self) -> None:
-        """Read the stream's file as it grows, as ``tail -F`` does: a file replaced (a new inode: the program
-        started again and moved the old one aside) or cut shorter than what was read (a restart that truncates
-        its log to its checkpoint) is read again from where it differs, and what follows counts as seen again."""
-        assert self.file is not None
-        path = self.directory / self.file
+    def _tail_file(self, name: str) -> None:
+        """Read watched stream ``name``'s file as it grows, as ``tail -F`` does: a file replaced (a new inode: the
+        program started again and moved the old one aside) or cut shorter than what was read (a restart that
+        truncates its log to its checkpoint) is read again from where it differs, and what follows counts as seen
+        again."""
+        path = self.directory / self.files[name]
         kept = b""  # what was read so far, to its last whole line: where a rewritten file differs is found in it
         inode: int | None = None
-        rule = self._make_rule()
+        rule = self._make_rule(name)
         while True:
             stopping = self._stop.is_set()
             try:
@@ -389,14 +425,15 @@ class Observer(ServerClients):
                 same, data = -1, b""
             if same >= 0:
                 if same < len(kept):  # rewritten from there: the parser as it stood at that line, its effects seen
-                    kept, rule = kept[:same], self._make_rule()
+                    kept, rule = kept[:same], self._make_rule(name)
                     for old in kept.split(b"\n")[:-1]:
                         rule(old.decode(errors="replace"))
                 inode = st.st_ino
                 end = data.rfind(b"\n") + 1
                 if end:
                     kept += data[:end]
-                    self._take_lines(rule, [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]], end)
+                    self._take_lines(rule, [raw.decode(errors="replace") for raw in data[:end].split(b"\n")[:-1]], end,
+                                     watched=name)
             if stopping:
                 return
             self._stop.wait(FILE_POLL_S)
@@ -414,8 +451,8 @@ class Observer(ServerClients):
             readers = list(self.readers)
         for thread in [*readers, *self._clients]:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if self._tailer is not None:
-            self._tailer.join(max(0.1, deadline - time.monotonic()))
+        for tailer in self._tailers:
+            tailer.join(max(0.1, deadline - time.monotonic()))
 
     # -- the trial's table --------------------------------------------------------
     def frame(self, trial: str, order: dict[str, int] | None, mode: str = "at_least_once") -> pd.DataFrame:

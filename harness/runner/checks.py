@@ -17,7 +17,6 @@ from cutbench import storage
 from cutbench.errors import InvalidArgument, Unavailable, WorkloadError
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.scenario import Arm, Scenario
-from cutbench.registry import CHECKPOINTERS
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
@@ -26,13 +25,16 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     """Split the scenario's arms into runnable ones and skipped ones (with the reason).
 
     Raises :class:`Unavailable` when a backend cannot run and the scenario does
-    not allow skipping (``pipeline.skip_unavailable``).
+    not allow skipping (``pipeline.skip_unavailable``); :class:`InvalidArgument`, on any machine, for a
+    program watched through a pipe under a container engine.
     """
     reasons: dict[str, str | None] = {}
     faults: dict[str, frozenset[str] | None] = {}
     for name in scenario.backends:
         try:
             backend = checkpointers.get(name)
+            if hasattr(backend, "launch"):
+                _check_container_streams(scenario, name)  # the scenario's error, said on any machine
             reasons[name] = backend.unavailable_reason()
             faults[name] = backend.capabilities.faults
         except Unavailable as exc:
@@ -59,24 +61,28 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     return runnable, skipped
 
 
-def check_programs(workloads: list[tuple[type, dict[str, Any], str]]) -> None:
-    """Refuse, before anything runs, a program workload (``(class, params, backend)``) that cannot be started as
+def _check_container_streams(scenario: Scenario, backend: str) -> None:
+    """Refuse a program watched through a pipe under ``backend``, a container engine: the engine keeps a
+    container's stdout and stderr (its log), which nothing here could read as they come. Raises
+    :class:`InvalidArgument` naming the stream and the streams that work."""
+    if not getattr(scenario.workload_class(), "program", False):
+        return
+    piped = [name for name in program_api.Program.watched(scenario.params) if name in program_api.PIPES]
+    if piped:
+        where = "workload.params.stream" if scenario.params["stream"] in piped else "workload.params.streams"
+        raise InvalidArgument(f"{where}: {piped[0]!r} under {backend!r}: the program runs in a container whose stdout "
+                              "and stderr its engine keeps; watch a file it appends to (stream = \"file:PATH\"), a "
+                              "socket (\"socket\") or its server (\"http\") (docs/programs.md)")
+
+
+def check_programs(workloads: list[tuple[type, dict[str, Any]]]) -> None:
+    """Refuse, before anything runs, a program workload (``(class, params)``) that cannot be started as
     its scenario says (:func:`check_program`: its command not found, a file
-    missing, a parser that cannot be made) or whose stream a container engine keeps to itself (stdout or
-    stderr, under docker or podman). Raises :class:`InvalidArgument` naming it."""
+    missing, a parser that cannot be made). Raises :class:`InvalidArgument` naming it."""
     checked: set[str] = set()
-    for workload, params, backend in workloads:
+    for workload, params in workloads:
         if not getattr(workload, "program", False):
             continue
-        try:
-            cls = CHECKPOINTERS.load(backend)
-        except Unavailable:
-            cls = None  # a backend this machine lacks: its arms are skipped, with the reason, as any workload's
-        if hasattr(cls, "launch") and params["stream"] in program_api.PIPES:
-            # The engine keeps a container's stdout and stderr (its log): nothing here could read them as they come.
-            raise InvalidArgument(f"workload.params.stream = {params['stream']!r}: under {backend!r} the program runs in a "
-                                  "container whose stdout and stderr its engine keeps; watch a file it appends to "
-                                  '(stream = "file:PATH"), a socket ("socket") or its server ("http") (docs/programs.md)')
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in checked:
             checked.add(key)
@@ -152,7 +158,8 @@ def check_program(params: dict[str, Any]) -> None:
     missing = program_api.Program.missing_files(params)
     if missing:
         raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
-    program_api.Program.rule(params)
+    for rule_params in program_api.Program.watched(params).values():
+        program_api.Program.rule(rule_params)
     for artefact in program_api.Program.artefacts(params):
         if artefact.compare:
             artefact.load(params["parser_path"])

@@ -156,8 +156,8 @@ class ProgramRunner(TrialRunner):
             state.status, state.error = "unknown", self.observer.rule_error
         # The program ran to its end (a refused cut lets it go on: its effects and artefacts are judged too).
         completed = state.status in ("completed", "refused") and child is not None and (child.returncode == 0 or self.served)
-        if completed and self.plain_launch and not self.observer.distinct():
-            state.status, state.error, completed = "unknown", self.observer.nothing_matched(), False
+        if completed and self.plain_launch and (silent := self.observer.silent()):
+            state.status, state.error, completed = "unknown", self.observer.nothing_matched(silent[0]), False
         if completed and self.plain_launch and self.observer.broken:
             state.status, completed = "unknown", False
             state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "

@@ -179,8 +179,8 @@ def execute(
     """
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(scenario.workload_class()))])
-    check_programs([(s.workload_class(), s.params, s.backend) for s in specs] if isinstance(specs, list) else
-                   [(scenario.workload_class(), scenario.params, b) for b in scenario.backends])
+    check_programs([(s.workload_class(), s.params) for s in specs] if isinstance(specs, list) else
+                   [(scenario.workload_class(), scenario.params)])
     check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
                   results_root if resume is None else resume.run.path, workdir)
     env = environment.collect()

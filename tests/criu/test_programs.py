@@ -5,6 +5,7 @@ measured (docs/programs.md, "What the examples show")."""
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -55,6 +56,20 @@ def test_an_unmodified_program_s_tcp_connection_to_its_collector_under_criu_and_
     assert lost["kinds"] == {"process_lost"} and "BrokenPipeError" in lost["error"], lost["error"]
     # A requeue connects anew and sends every step again.
     assert rows[("restart", "kill")]["kinds"] == {"duplicate", "restarted"}
+
+
+def test_two_streams_of_one_program_are_judged_each_against_its_own_reference(criu, tmp_path):
+    # The ticker's stdout and the log of its saves it appends to (streams.toml), each with its own rule.
+    rows = run(PROGRAMS / "ticker" / "streams.toml", tmp_path)
+    assert rows[("criu", "kill")]["outcome"] == "valid"
+
+    def streams(row):
+        return {re.search(r"\[([^#\]]+)#", f["detail"]).group(1) for f in json.loads(row["findings"]) if f["kind"] == "duplicate"}
+
+    # Its own --resume restarts from its last save: the steps since are shown again, a save never is.
+    assert rows[("app", "kill")]["kinds"] == {"duplicate"} and streams(rows[("app", "kill")]) == {"stdout"}
+    # A requeue repeats both: every step and every save before the cut.
+    assert streams(rows[("restart", "kill")]) == {"stdout", "file:saves.log"}
 
 
 def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs, tmp_path):

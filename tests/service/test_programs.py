@@ -144,9 +144,16 @@ PRINTS = 'command = ["python3", "-c", "print(\'step 1\'); print(\'step 2\')"]\n'
     ('command = ["serve"]\nstream = "http"\neffects = "x"', 1, 'a server\'s command says where it listens with "{port}"'),
     (PRINTS + 'effects = "^step"\nartefacts = [{ path = "out", compare = "absent_cmp:f" }]', 1,
      "workload.params.artefacts: out: compare = 'absent_cmp:f' cannot be imported"),
+    (PRINTS + 'effects = "^step"\nstreams = [{ stream = "stderr", effects = "^never" }]', 1,
+     "the effects rule matched nothing in the 0 lines of stderr (its first lines: nothing): check the rule of streams "
+     "entry 'stderr'"),
+    (PRINTS + 'effects = "^step"\nstreams = [{ stream = "socket", effects = "x" }]', 1,
+     "workload.params.streams[0].stream = 'socket': 'stdout', 'stderr' or 'file:PATH'"),
+    (PRINTS + 'effects = "^step"\nstreams = [{ stream = "stderr" }]', 1, "workload.params.streams[0]: give exactly one effects rule"),
 ], ids=["command-not-found", "exits-before-first-effect", "rule-matches-nothing", "parser-raises", "parser-not-found",
         "fewer-effects-than-ops", "file-missing", "server-never-listens", "server-exits-first", "port-taken",
-        "server-without-port", "comparison-not-found"])
+        "server-without-port", "comparison-not-found", "second-stream-matches-nothing", "second-stream-a-socket",
+        "second-stream-without-rule"])
 def test_a_program_that_cannot_be_judged_as_written_is_refused_before_any_trial(tmp_path, params, ops, said):
     (tmp_path / "broken.py").write_text("def make():\n    return lambda line: [(1, 1 / 0)]\n")
     out = tmp_path / "results"
@@ -169,7 +176,7 @@ def test_a_program_s_stdout_under_a_container_engine_is_refused_naming_the_strea
     proc = cli("run", str(scenario(tmp_path, PRINTS + 'effects = "^step"')), "--out", str(out),
                "--set", f'pipeline.backends=["{engine}"]')
     assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert f"workload.params.stream = 'stdout': under '{engine}' the program runs in a container" in proc.stderr
+    assert f"workload.params.stream: 'stdout' under '{engine}': the program runs in a container" in proc.stderr
     assert 'stream = "file:PATH"' in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.iterdir())
 

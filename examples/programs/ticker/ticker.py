@@ -1,6 +1,7 @@
 """A small program that knows nothing of cutbench: a hash chain that prints one line per step.
 
     python ticker.py [--steps N] [--interval-ms MS] [--save-every K] [--resume] [--carbon HOST:PORT]
+                     [--saves FILE]
 
 Each step advances a state (a SHA-256 chain) and prints ``step <n> <state>``
 on stdout. Every ``--save-every`` steps it saves its state to
@@ -13,6 +14,10 @@ With ``--carbon HOST:PORT`` it sends each step to a metrics collector
 instead, over one TCP connection in Graphite's plaintext protocol
 (``ticker.state <value> <step>``, the step in the timestamp's place), as a
 program pushing its metrics to Graphite or InfluxDB does.
+
+With ``--saves FILE`` it also appends ``saved <n> <state>`` to FILE after
+each save (opened, appended to and closed each time, as a program's own
+log of its checkpoints).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def main() -> int:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--carbon", default="", help="HOST:PORT of a Graphite plaintext collector")
+    parser.add_argument("--saves", default="", help="a file to append a line to after each save")
     args = parser.parse_args()
     carbon = None
     if args.carbon:
@@ -57,6 +63,9 @@ def main() -> int:
             with open(STATE + ".tmp", "w") as fh:
                 fh.write(f"{step} {state}")
             os.replace(STATE + ".tmp", STATE)
+            if args.saves:
+                with open(args.saves, "a") as fh:
+                    fh.write(f"saved {step} {state}\n")
         time.sleep(args.interval_ms / 1000.0)
     with open("result.txt", "w") as fh:
         fh.write(state + "\n")
