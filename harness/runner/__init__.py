@@ -1,6 +1,7 @@
 """The runner: the interpreter that owns processes and time.
 
-``trial`` runs one trial end to end, its cuts armed by ``arming``, in a
+``trial`` runs one trial end to end, its cuts armed by ``arming``, the workload process's files and
+processes (its configuration, companions, the target of a cut, its report) in ``process``, in a
 ``Session`` (``session``: receiver, work directory), which holds what the
 trials share (``shared``: image discards, per-thread clients and backends,
 references, the support matrix, the receiver's watch); ``coordinator`` sits at a cut's stage boundaries for
