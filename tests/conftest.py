@@ -284,6 +284,7 @@ def live_processes() -> list[tuple[int, str]]:
 
 
 def workload_processes() -> list[tuple[int, str]]:
-    """Live (non-zombie) processes that are cutbench workloads (and their ranks) or receivers started by tests."""
-    marks = ("cutbench.workloads.launch", "cutbench.workloads.ranks", "cutbench.receivers serve")
+    """Live (non-zombie) processes that are cutbench workloads (their ranks, their loader workers) or receivers started
+    by tests."""
+    marks = ("cutbench.workloads.launch", "cutbench.workloads.ranks", "cutbench.workloads.data_loader", "cutbench.receivers serve")
     return [(pid, cmd) for pid, cmd in live_processes() if any(m in cmd for m in marks)]

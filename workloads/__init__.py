@@ -6,10 +6,10 @@ array backends, ``common`` what the built-in workloads share, ``adapters``
 the workload's side of the semantic adapters.
 
 The built-in workloads, one module each: ``counter`` (the smallest that can
-be wrong in every interesting way), ``training`` and ``torch_training``,
+be wrong in every interesting way), ``training`` and ``torch_training`` (its loader in ``data_loader``),
 ``inference_worker``, ``md_simulation``, ``request_service`` and
 ``adapter_faults`` (its adapters on, one misbehaving), ``echo_peer``,
-``ranks`` and ``nccl_ranks`` (several processes), ``allocator_churn``,
+``ranks`` (its TCP ring in ``ring``) and ``nccl_ranks`` (several processes), ``allocator_churn``,
 ``stream_callbacks``, ``persistent_kernel``; ``variants`` holds the
 known-bad variants and their correct twins (the sensitivity suite),
 ``probes`` the support matrix's probes, and ``program`` a program that

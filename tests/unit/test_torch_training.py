@@ -19,7 +19,8 @@ import pytest
 
 from cutbench.procs import is_zombie_or_gone
 from cutbench.workloads import api
-from cutbench.workloads.torch_training import CPT_NAME, Loader, TorchTraining, Trainer, Transformer, corpus
+from cutbench.workloads.data_loader import Loader, corpus
+from cutbench.workloads.torch_training import CPT_NAME, TorchTraining, Trainer, Transformer
 from tests.conftest import REPO
 
 
@@ -228,7 +229,8 @@ def test_its_ground_truth_is_recorded_and_its_checkpoint_file_is_on_disk():
 
 PARENT = """
 import sys, time
-from cutbench.workloads.torch_training import Loader, TorchTraining
+from cutbench.workloads.data_loader import Loader
+from cutbench.workloads.torch_training import TorchTraining
 loader = Loader({**TorchTraining.defaults, "loader_workers": 2})
 loader.next_batch()
 print(" ".join(map(str, loader.pids)), flush=True)
@@ -245,7 +247,7 @@ def test_no_worker_outlives_a_killed_parent():
         assert len(pids) == 2 and not any(is_zombie_or_gone(pid) for pid in pids)
         for pid in pids:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            assert b"--loader-worker" in cmdline and b"cutbench.workloads.torch_training" in cmdline
+            assert b"--loader-worker" in cmdline and b"cutbench.workloads.data_loader" in cmdline
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert b"CUDA_VISIBLE_DEVICES=" in environ  # no GPU visible to a worker
         os.kill(parent.pid, signal.SIGKILL)

@@ -21,7 +21,8 @@ from cutbench.harness.model.scenario import load_scenario, parse_scenario
 from cutbench.workloads import api
 from cutbench.workloads.common import ExternalCursor, ReplayReference
 from cutbench.workloads.control import ControlFile
-from cutbench.workloads.ranks import Ring, RanksModel, allreduce, contribution, apply_sum, replica_digest
+from cutbench.workloads.ranks import RanksModel, allreduce, contribution, apply_sum, replica_digest
+from cutbench.workloads.ring import Ring
 from cutbench.workloads.runtime import Runtime, WorkloadConfig
 from cutbench.workloads.stream_callbacks import HostStream
 
