@@ -134,23 +134,37 @@ class Workload(Protocol):
     @classmethod
     def reference(cls, params: dict[str, Any]) -> Reference: ...
 
-    # Optional members (see docs/workload-api.md):
-    #   arrays: ClassVar[tuple[str, ...]]   array backends it runs on (of "numpy", "cupy", "torch");
-    #                                       without "numpy" it is GPU-only
-    #   ground_truth: ClassVar[str]         "model" (default: ``reference`` computes it) or "recorded"
-    #                                       (uninterrupted runs on this machine record it; see RecordedReference)
-    #   features: ClassVar[frozenset[str]]  CUDA features it uses (probe features; the certificate asks the
-    #                                       measured support matrix about each); features_for(cls, params, array)
-    #                                       where they depend on the parameters or the array backend
-    #   environment: ClassVar[dict[str, str]] variables set in the workload process before CUDA starts
-    #   min_gpus: ClassVar[int]             GPUs it needs (default 1 for a device backend)
-    #   exclusive_gpu: ClassVar[bool]       it needs the GPUs to itself (it fills their memory)
-    #   matrix_rows: ClassVar[tuple[MatrixRow, ...]]  the support-matrix rows it measures (a probe)
+    # Optional class attributes: OPTIONAL below, with their defaults (read them with ``optional``).
+    # Optional methods (see docs/workload-api.md):
+    #   features_for(cls, params, array)    classmethod; the CUDA features where they depend on the parameters
+    #                                       or the array backend
     #   validate_params(cls, params)        classmethod; raise WorkloadError naming the bad value
     #   domains_for(cls, params)            classmethod; domains some parameter values add
     #   save_state(self, path: str) -> None / load_state(self, path: str) -> int
     #                                       the `app` baseline's hooks (op to resume after)
     #   finish(self) -> None                called after the last op, before report()
+
+
+# The Workload protocol's optional class attributes, each with the default a class that lacks it has:
+OPTIONAL: dict[str, Any] = {
+    "arrays": ARRAYS,  # array backends it runs on (of "numpy", "cupy", "torch"); without "numpy" it is GPU-only
+    # "model" (``reference`` computes it) or "recorded" (uninterrupted runs on this machine record it; see
+    # RecordedReference)
+    "ground_truth": "model",
+    # CUDA features it uses (probe features; the certificate asks the measured support matrix about each)
+    "features": frozenset(),
+    "environment": {},  # variables set in the workload process before CUDA starts
+    "min_gpus": 1,  # GPUs it needs, for a device backend
+    "exclusive_gpu": False,  # it needs the GPUs to itself (it fills their memory)
+    "matrix_rows": (),  # the support-matrix rows it measures (a probe): MatrixRow
+    "companions": (),  # modules run as ``python -m MODULE CONFIG`` beside it, outside the checkpointed tree
+    "program": False,  # a program that knows nothing of cutbench, started as it is (cutbench.workloads.program)
+}
+
+
+def optional(cls: type, name: str) -> Any:
+    """``cls``'s optional class attribute ``name`` (one of :data:`OPTIONAL`), or its declared default."""
+    return getattr(cls, name, OPTIONAL[name])
 
 
 # -- ground truth recorded on this machine ---------------------------------------
@@ -161,7 +175,7 @@ GROUND_TRUTHS: tuple[str, ...] = ("model", "recorded")
 def records_reference(cls: type[Workload]) -> bool:
     """Whether ``cls``'s ground truth is recorded from uninterrupted runs (``ground_truth = "recorded"``)
     rather than computed by its ``reference`` classmethod."""
-    return getattr(cls, "ground_truth", "model") == "recorded"
+    return optional(cls, "ground_truth") == "recorded"
 
 
 def reference_key(workload: str, params: dict[str, Any], array: str) -> str:
@@ -378,14 +392,14 @@ def load(name: str, path: "tuple[str, ...] | list[str]" = (), *, environ: bool =
     unknown_phases = [p for p in cls.phases if not isinstance(p, str)]
     if unknown_phases or not cls.phases:
         raise WorkloadError(f"workload {target!r}: phases must be a non-empty tuple of names")
-    arrays = getattr(cls, "arrays", ARRAYS)
+    arrays = optional(cls, "arrays")
     if isinstance(arrays, str) or not arrays or any(a not in ARRAY_LIBRARIES for a in arrays):
         raise WorkloadError(f"workload {target!r}: arrays = {arrays!r}; must be a non-empty tuple of "
                             f"{', '.join(map(repr, ARRAY_LIBRARIES))}")
-    truth = getattr(cls, "ground_truth", "model")
+    truth = optional(cls, "ground_truth")
     if truth not in GROUND_TRUTHS:
         raise WorkloadError(f"workload {target!r}: ground_truth = {truth!r}; allowed {', '.join(GROUND_TRUTHS)}")
-    features: frozenset[str] = getattr(cls, "features", frozenset())
+    features: frozenset[str] = optional(cls, "features")
     if isinstance(features, str) or not all(isinstance(f, str) and f for f in features):
         raise WorkloadError(f"workload {target!r}: features = {features!r}; must be a set of feature names")
     return cls
@@ -477,12 +491,12 @@ def declared_features(cls: type[Workload], params: dict[str, Any] | None = None,
     pick = getattr(cls, "features_for", None)
     if callable(pick) and params is not None and array is not None:
         return frozenset(pick(params, array))
-    return frozenset(getattr(cls, "features", frozenset()))
+    return frozenset(optional(cls, "features"))
 
 
 def declared_arrays(cls: type[Workload]) -> tuple[str, ...]:
     """The array backends ``cls`` runs on: its ``arrays``, or :data:`ARRAYS` when it declares none."""
-    return tuple(getattr(cls, "arrays", ARRAYS))
+    return tuple(optional(cls, "arrays"))
 
 
 def resolve_array(cls: type[Workload], array: str) -> str:
@@ -531,7 +545,7 @@ def unavailable_reason(cls: type[Workload], array: str) -> str | None:
     tried = [a for a in arrays if a in DEVICE_BACKENDS] if array == "auto" else [wanted]
     reasons = [(a, unusable_reason(a)) for a in tried]
     if any(why is None for _, why in reasons):
-        need = int(getattr(cls, "min_gpus", 1))
+        need = int(optional(cls, "min_gpus"))
         have = device_count()
         if need > have:
             return f"workload {cls.name!r} needs {need} GPUs; {have} visible here"

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                   + format_exception())
         return 1
     # Before CUDA starts in this process: the driver reads e.g. CUDA_MODULE_LOADING at its initialisation.
-    os.environ.update(getattr(cls, "environment", {}))
+    os.environ.update(api.optional(cls, "environment"))
     try:
         # "auto" by the workload's own ``arrays``: a torch-only workload gets torch.
         xp = get_xp(api.resolve_array(cls, config.array_backend))

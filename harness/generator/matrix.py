@@ -30,7 +30,7 @@ def probe_rows() -> list[tuple[str, type, workload_api.MatrixRow]]:
     for name, cls in workload_api.loadable().items():
         if isinstance(cls, workload_api.WorkloadError):
             continue  # a plug-in that does not load declares no rows (``cutbench list workloads`` says why)
-        out += [(name, cls, row) for row in getattr(cls, "matrix_rows", ())]
+        out += [(name, cls, row) for row in workload_api.optional(cls, "matrix_rows")]
     return out
 
 
@@ -81,11 +81,11 @@ def check_faults(faults: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 def grid(rows: list[tuple[str, type, workload_api.MatrixRow]], tools: tuple[str, ...], faults: tuple[str, ...]) -> dict[str, Any]:
     """What ``run.toml``'s ``[matrix]`` table holds: the rows (name, feature, description, probe, array,
     cut, params), the tools and the faults. The rows that need the GPU to themselves come last."""
-    ordered = sorted(rows, key=lambda r: bool(getattr(r[1], "exclusive_gpu", False)))
+    ordered = sorted(rows, key=lambda r: bool(workload_api.optional(r[1], "exclusive_gpu")))
     return {"rows": [{"name": row.name, "feature": row.feature, "description": row.description, "probe": probe,
                       "array": row.array, "cut": f"{row.cut_op}/{row.cut_phase}", "params": dict(row.params),
                       "restore_target": row.restore_target,
-                      "exclusive_gpu": bool(getattr(cls, "exclusive_gpu", False))} for probe, cls, row in ordered],
+                      "exclusive_gpu": bool(workload_api.optional(cls, "exclusive_gpu"))} for probe, cls, row in ordered],
             "tools": list(tools), "faults": list(faults)}
 
 
@@ -121,5 +121,5 @@ def scenario(matrix: dict[str, Any], *, jobs: int | str = schema.default("run.jo
 def describe_rows() -> list[dict[str, Any]]:
     """Every matrix row for ``cutbench matrix --list``: name, feature, probe, array, cut, description."""
     return [{"row": row.name, **{k: v for k, v in asdict(row).items() if k in ("feature", "array", "description")},
-             "probe": probe, "cut": f"{row.cut_op}/{row.cut_phase}", "min_gpus": int(getattr(cls, "min_gpus", 1)),
-             "exclusive_gpu": bool(getattr(cls, "exclusive_gpu", False))} for probe, cls, row in probe_rows()]
+             "probe": probe, "cut": f"{row.cut_op}/{row.cut_phase}", "min_gpus": int(workload_api.optional(cls, "min_gpus")),
+             "exclusive_gpu": bool(workload_api.optional(cls, "exclusive_gpu"))} for probe, cls, row in probe_rows()]

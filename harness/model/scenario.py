@@ -515,7 +515,9 @@ def _workload_class(name: str) -> "type[Workload]":
 
 def _is_program(name: str) -> bool:
     """Whether workload ``name`` is a program started as it is (docs/programs.md), not a workload class."""
-    return bool(getattr(_workload_class(name), "program", False))
+    from cutbench.workloads import api
+
+    return bool(api.optional(_workload_class(name), "program"))
 
 
 def _workload_phases(name: str) -> tuple[str, ...]:

@@ -192,6 +192,20 @@ class Checkpointer(Protocol):
         ...
 
 
+# The Checkpointer protocol's optional members, with what a backend that lacks one has:
+OPTIONAL: dict[str, Any] = {
+    # It copes with a workload tree that starts as the init of a PID namespace of its own (a parallel run's
+    # trials then cannot collide on a restored pid): plain ``criu``.
+    "pid_namespace": False,
+    "launch": None,  # launch(argv, *, cwd, labels, env) -> Child: it starts the workload itself (see Checkpointer)
+}
+
+
+def optional(backend: Any, name: str) -> Any:
+    """``backend``'s (a class or an instance) optional member ``name`` (one of :data:`OPTIONAL`), or its default."""
+    return getattr(backend, name, OPTIONAL[name])
+
+
 def dir_bytes(path: Path) -> int:
     """Total size in bytes of the regular files under ``path``."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

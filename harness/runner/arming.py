@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutbench.harness.model.plan import CutPlan
+from cutbench.harness.nemesis.base import optional
 from cutbench.procs import Child, spawn
 from cutbench.workloads.control import ControlFile
 
@@ -22,7 +23,7 @@ def launcher(backend: Any, labels: dict[str, str]) -> Callable[..., Child]:
     """How the trial starts its workload: :func:`~cutbench.procs.spawn`, or the backend's own ``launch(argv, *,
     cwd, labels)`` (a container engine), given the run's and the trial's ``labels`` for the container (a
     ``launch`` without that parameter gets none)."""
-    launch = getattr(backend, "launch", None)
+    launch = optional(backend, "launch")
     if launch is None:
         return spawn
     if "labels" in inspect.signature(launch).parameters:

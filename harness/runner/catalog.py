@@ -40,7 +40,7 @@ def workloads() -> list[dict[str, Any]]:
             if not doc or "see module docstring" in doc:  # the module says what the workload is
                 doc = (sys.modules[cls.__module__].__doc__ or doc).strip()
             doc = _plain(" ".join(doc.split("\n\n")[0].split()))  # its first paragraph, on one line
-            arrays = list(getattr(cls, "arrays", workload_api.ARRAYS))
+            arrays = list(workload_api.optional(cls, "arrays"))
         items.append({"name": name, "target": target, "description": doc, "arrays": arrays,
                       "needs_gpu": bool(arrays) and all(a in DEVICE_BACKENDS for a in arrays)})
     return items

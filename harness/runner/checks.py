@@ -65,7 +65,7 @@ def _check_container_streams(scenario: Scenario, backend: str) -> None:
     """Refuse a program watched through a pipe under ``backend``, a container engine: the engine keeps a
     container's stdout and stderr (its log), which nothing here could read as they come. Raises
     :class:`InvalidArgument` naming the stream and the streams that work."""
-    if not getattr(scenario.workload_class(), "program", False):
+    if not workload_api.optional(scenario.workload_class(), "program"):
         return
     piped = [name for name in program_api.Program.watched(scenario.params) if name in program_api.PIPES]
     if piped:
@@ -81,7 +81,7 @@ def check_programs(workloads: list[tuple[type, dict[str, Any]]]) -> None:
     missing, a parser that cannot be made). Raises :class:`InvalidArgument` naming it."""
     checked: set[str] = set()
     for workload, params in workloads:
-        if not getattr(workload, "program", False):
+        if not workload_api.optional(workload, "program"):
             continue
         key = json.dumps(params, sort_keys=True, default=str)
         if key not in checked:

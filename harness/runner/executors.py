@@ -27,6 +27,7 @@ from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import record as environment
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.nemesis.base import optional
 from cutbench.harness.runner.adaptive import Driver
 from cutbench.harness.runner.session import Session
 from cutbench.harness.runner.workers import Workers
@@ -293,7 +294,7 @@ def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
     """Return None, or raise :class:`Unavailable` when a parallel run needs PID namespaces (an arm's
     backend declares ``pid_namespace``) and this process cannot make one."""
     names = sorted({s.backend for s in specs})
-    if not any(getattr(checkpointers.CHECKPOINTERS.load(n), "pid_namespace", False) for n in names):
+    if not any(optional(checkpointers.CHECKPOINTERS.load(n), "pid_namespace") for n in names):
         return
     error = pid_namespace_error()
     if error:

@@ -14,6 +14,7 @@ from typing import Any
 
 from cutbench.errors import HarnessFault
 from cutbench.harness.model.trial import TrialSpec
+from cutbench.harness.nemesis.base import optional
 from cutbench.harness.runner.session import Session
 from cutbench.procs import Child, spawn
 from cutbench.workloads import api as workload_api
@@ -58,7 +59,7 @@ class WorkloadProcess:
         the checkpointed process tree, in their own sessions, so neither a cut
         nor a fault touches them; the trial kills them at its end."""
         return [spawn([sys.executable, "-m", module, str(config)], cwd=str(self.tdir))
-                for module in getattr(self.cls, "companions", ())]
+                for module in workload_api.optional(self.cls, "companions")]
 
     def _cut_target(self, control: ControlFile, child: Child) -> Child:
         """The process a cut checkpoints: the workload's root, whose whole tree the
@@ -90,7 +91,7 @@ class WorkloadProcess:
         a single process of its tree to cut (the ``peer`` domain: CRIU cannot
         dump one process of a namespace without its init).
         """
-        if not (self.s.pid_namespace and getattr(backend, "pid_namespace", False) and "peer" not in domains):
+        if not (self.s.pid_namespace and optional(backend, "pid_namespace") and "peer" not in domains):
             return False
         # No restore, no pid to collide with (an uninterrupted control run); and the CUDA runtime does not start
         # inside such a namespace (cudaErrorOperatingSystem, driver 580): a GPU workload runs in the host's.

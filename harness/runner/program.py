@@ -74,7 +74,7 @@ class ProgramRunner(TrialRunner):
     @classmethod
     def runs(cls, workload: type) -> bool:
         """Programs (``program = True`` on the workload class)."""
-        return bool(getattr(workload, "program", False))
+        return bool(workload_api.optional(workload, "program"))
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

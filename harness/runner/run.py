@@ -323,7 +323,7 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
     differing effect, as any recorded workload's."""
     for spec in specs:
         cls = spec.workload_class()
-        if not getattr(cls, "program", False):
+        if not workload_api.optional(cls, "program"):
             continue
         key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
         why = failures.get(key)

@@ -56,7 +56,7 @@ class TrialRunner(WorkloadProcess):
     @classmethod
     def runs(cls, workload: type) -> bool:
         """Whether this runner runs trials of ``workload`` (the base runs cutbench's workload classes)."""
-        return not getattr(workload, "program", False)
+        return not workload_api.optional(workload, "program")
 
     def __init__(self, session: Session, spec: TrialSpec, *, plain_launch: bool = False, attempt: int = 0,
                  workload: "type[workload_api.Workload] | None" = None):

@@ -41,6 +41,7 @@ from cutbench.errors import EXIT_INTERRUPTED, CutbenchError, InvalidArgument, Un
 from cutbench.files import atomic_write
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.trial import TrialResult, TrialSpec
+from cutbench.harness.nemesis.base import optional
 from cutbench.harness.runner.session import Session
 from cutbench.procs import become_subreaper, kill_namespace_inits, pid_namespace_error
 from cutbench.registry import backend_capabilities
@@ -108,7 +109,7 @@ def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None)
     reason = checkpointers.get(spec.backend).unavailable_reason()
     if reason:
         raise Unavailable(f"backend {spec.backend!r} cannot run on {host} (a Ray worker node): {reason}")
-    if pid_namespace and getattr(checkpointers.CHECKPOINTERS.load(spec.backend), "pid_namespace", False):
+    if pid_namespace and optional(checkpointers.CHECKPOINTERS.load(spec.backend), "pid_namespace"):
         error = pid_namespace_error()
         if error:
             raise Unavailable(f"trial worker on {host}: trials that run at once each need a PID namespace of their "

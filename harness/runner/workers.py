@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.session import Session
+from cutbench.workloads import api as workload_api
 
 
 def _needs_gpu_alone(spec: TrialSpec) -> bool:
     """Whether ``spec``'s workload declares that it needs the GPUs to itself (``exclusive_gpu``: it fills their memory)."""
-    return bool(getattr(spec.workload_class(), "exclusive_gpu", False))
+    return bool(workload_api.optional(spec.workload_class(), "exclusive_gpu"))
 
 
 class ExclusiveGate:
