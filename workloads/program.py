@@ -163,7 +163,10 @@ class Program:
     program: ClassVar[bool] = True
     defaults: ClassVar[dict[str, Any]] = {
         "command": [],  # argv; the first word found on PATH or a path (relative: in the program's directory)
-        "env": {},  # variables added to the harness's environment
+        "env": {},  # variables added to the harness's environment (to the image's, with ``image``)
+        # Under docker or podman: the program's own image (one the engine holds), its command run in it as it is,
+        # only the trial's directory mounted; "" runs it in cutbench's image with the host's /usr mounted.
+        "image": "",
         "files": [],  # copied into the program's directory before it starts (relative: to the scenario's folder)
         "stream": "stdout",  # "stdout", "stderr", "file:PATH" (a file it appends to), "socket" or "http" (it serves)
         "http": {},  # for stream "http": the load generator's settings (HTTP_DEFAULTS)
@@ -351,9 +354,10 @@ class Program:
 
     @staticmethod
     def missing_command(params: dict[str, Any]) -> str | None:
-        """Why the program's command cannot be started (its first word not found or not executable), or None."""
+        """Why the program's command cannot be started (its first word not found or not executable), or None.
+        A command in the program's own image (``image``) is the image's to find."""
         first = params["command"][0]
-        if os.sep in first:
+        if os.sep in first or params["image"]:
             return None  # relative to the program's directory (one of its files): checked when it starts
         env_path = dict(os.environ, **params["env"]).get("PATH", os.defpath)
         if shutil.which(first, path=env_path) is None:

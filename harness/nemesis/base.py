@@ -161,11 +161,13 @@ class Certifier(Protocol):
 class Checkpointer(Protocol):
     """One checkpoint backend (see DESIGN.md "Checkpoint pipeline" and docs/backends.md).
 
-    Optional: ``launch(argv, *, cwd, labels, env) -> Child`` for a backend that
-    must start the workload itself (a container engine); the trial calls it
-    instead of :func:`cutbench.procs.spawn`, with ``labels`` naming the run
-    and the trial for the container (a ``launch`` without that parameter gets
-    none) and, for a program as it is, ``env``: its own environment.
+    Optional: ``launch(argv, *, cwd, labels, env, image) -> Child`` for a
+    backend that must start the workload itself (a container engine); the
+    trial calls it instead of :func:`cutbench.procs.spawn`, with ``labels``
+    naming the run and the trial for the container (a ``launch`` without that
+    parameter gets none) and, for a program as it is, ``env``: its own
+    environment, and ``image``: its own image (then ``has_image(image)`` says
+    whether the engine holds it). See :data:`OPTIONAL`.
     """
 
     name: ClassVar[str]
@@ -197,7 +199,8 @@ OPTIONAL: dict[str, Any] = {
     # It copes with a workload tree that starts as the init of a PID namespace of its own (a parallel run's
     # trials then cannot collide on a restored pid): plain ``criu``.
     "pid_namespace": False,
-    "launch": None,  # launch(argv, *, cwd, labels, env) -> Child: it starts the workload itself (see Checkpointer)
+    "launch": None,  # launch(argv, *, cwd, labels, env, image) -> Child: it starts the workload itself (see Checkpointer)
+    "has_image": None,  # has_image(image) -> bool: whether the engine holds a program's own image
 }
 
 

@@ -145,7 +145,9 @@ class Observer(ServerClients):
         engine keeps its stdout and stderr, so its effects come from a file, a socket or its server only
         (checked before any trial), and its last words from the engine."""
         if launch is not None:
-            child = launch(argv, cwd=str(self.directory), env={"PATH": os.environ.get("PATH", os.defpath), **self.params["env"]})
+            image = self.params["image"]  # its own image: its own PATH; else the host's /usr, and the harness's PATH
+            env = dict(self.params["env"]) if image else {"PATH": os.environ.get("PATH", os.defpath), **self.params["env"]}
+            child = launch(argv, cwd=str(self.directory), env=env, **({"image": image} if image else {}))
             self.incarnation += 1
             self.pipe_inodes, self._words = {}, child.output_tail
             self._tail()

@@ -17,6 +17,7 @@ from cutbench import storage
 from cutbench.errors import InvalidArgument, Unavailable, WorkloadError
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.model.scenario import Arm, Scenario
+from cutbench.harness.nemesis.base import optional
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
@@ -26,16 +27,21 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
 
     Raises :class:`Unavailable` when a backend cannot run and the scenario does
     not allow skipping (``pipeline.skip_unavailable``); :class:`InvalidArgument`, on any machine, for a
-    program watched through a pipe under a container engine.
+    program that cannot run under a backend as its scenario says (:func:`_check_program_under`), and for a
+    program's own image that an engine here does not hold.
     """
     reasons: dict[str, str | None] = {}
     faults: dict[str, frozenset[str] | None] = {}
     for name in scenario.backends:
         try:
             backend = checkpointers.get(name)
-            if hasattr(backend, "launch"):
-                _check_container_streams(scenario, name)  # the scenario's error, said on any machine
+            _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
             reasons[name] = backend.unavailable_reason()
+            image = scenario.params.get("image") if workload_api.optional(scenario.workload_class(), "program") else ""
+            has_image = optional(backend, "has_image")
+            if image and reasons[name] is None and has_image is not None and not has_image(image):
+                raise InvalidArgument(f"workload.params.image = {image!r}: {name} holds no such image (no pull is "
+                                      f"tried); fix: load or build it into {name} first ({name} images lists them)")
             faults[name] = backend.capabilities.faults
         except Unavailable as exc:
             reasons[name] = str(exc)
@@ -61,16 +67,22 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     return runnable, skipped
 
 
-def _check_container_streams(scenario: Scenario, backend: str) -> None:
-    """Refuse a program watched through a pipe under ``backend``, a container engine: the engine keeps a
-    container's stdout and stderr (its log), which nothing here could read as they come. Raises
-    :class:`InvalidArgument` naming the stream and the streams that work."""
+def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
+    """Refuse a program that cannot run under backend ``name`` as its scenario says: one in its own image
+    (``image``) under a backend that starts no container, or one watched through a pipe under a container
+    engine, which keeps a container's stdout and stderr (its log) where nothing here could read them as they
+    come. Raises :class:`InvalidArgument` naming the parameter and what works."""
     if not workload_api.optional(scenario.workload_class(), "program"):
         return
-    piped = [name for name in program_api.Program.watched(scenario.params) if name in program_api.PIPES]
-    if piped:
+    engine = optional(backend, "launch") is not None
+    image = scenario.params["image"]
+    if image and not engine:
+        raise InvalidArgument(f"workload.params.image = {image!r}: a program in its own image runs under a container "
+                              f"engine (docker, podman); pipeline.backends has {name!r}")
+    piped = [s for s in program_api.Program.watched(scenario.params) if s in program_api.PIPES]
+    if engine and piped:
         where = "workload.params.stream" if scenario.params["stream"] in piped else "workload.params.streams"
-        raise InvalidArgument(f"{where}: {piped[0]!r} under {backend!r}: the program runs in a container whose stdout "
+        raise InvalidArgument(f"{where}: {piped[0]!r} under {name!r}: the program runs in a container whose stdout "
                               "and stderr its engine keeps; watch a file it appends to (stream = \"file:PATH\"), a "
                               "socket (\"socket\") or its server (\"http\") (docs/programs.md)")
 

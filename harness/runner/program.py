@@ -110,7 +110,8 @@ class ProgramRunner(TrialRunner):
         state = TrialState()
         child: Child | None = None
         order: dict[str, int] | None = None
-        if not self.plain_launch and (launch := launcher(backend, self.labels())) is not spawn:
+        # A program in its own image runs there for its uninterrupted runs too (its command is the image's).
+        if (not self.plain_launch or params["image"]) and (launch := launcher(backend, self.labels())) is not spawn:
             self.engine_launch = launch
         try:
             if not self.plain_launch:

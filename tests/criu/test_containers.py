@@ -157,6 +157,106 @@ def test_a_program_s_file_and_socket_streams_in_a_container_get_criu_s_verdict(
     assert left_behind(latest_run(results_root)) == []
 
 
+SHELL_IMAGE = "cutbench-test-shell:1"
+SHELL_PROGRAM = """
+name = "shell-in-its-image"
+[workload]
+name = "program"
+[workload.params]
+image = "IMAGE"
+command = ["sh", "-c",
+  "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo step $i >> steps.log; j=0; while [ $j -lt 20000 ]; do j=$((j+1)); done; done; echo $i > result.txt"]
+stream = "file:steps.log"
+effects = '^step (?P<index>\\d+)$'
+ops = 40
+artefacts = ["result.txt"]
+[pipeline]
+backends = ["docker", "podman"]
+faults = ["kill", "leave_running"]
+crash_after_ms = [100]
+[plan]
+source = "exhaustive"
+cut_mode = "async"
+ops = [10, 10]
+phases = ["effect"]
+[run]
+watchdog_s = 15
+trial_timeout_s = 60
+stage_timeout_s = 90
+"""
+
+
+def shell_rootfs() -> bytes:
+    """A root filesystem that owes the host nothing at run time: Debian's dash as /bin/sh and the two libraries it
+    loads, copied in (what a user's own small image is, without a registry)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("tmp", "proc", "dev", "sys", "etc", "bin", "lib", "lib/x86_64-linux-gnu", "lib64"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
+            tar.addfile(info)
+        for source, target in (("/usr/bin/dash", "bin/sh"),
+                               ("/lib/x86_64-linux-gnu/libc.so.6", "lib/x86_64-linux-gnu/libc.so.6"),
+                               ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2")):
+            tar.add(os.path.realpath(source), arcname=target)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def shell_image(docker_engine, podman_engine):
+    """:data:`SHELL_IMAGE` imported into both engines for the test, and removed after it."""
+    from cutbench.harness.nemesis.backends.podman import PodmanCheckpointer
+
+    tar = shell_rootfs()
+    docker, podman = docker_backend.DockerCheckpointer(), PodmanCheckpointer()
+    repository, tag = SHELL_IMAGE.split(":")
+    docker.api.import_image_from_data(tar, repository=repository, tag=tag)
+    assert podman.podman("import", "-", SHELL_IMAGE, stdin=tar).returncode == 0
+    try:
+        yield SHELL_IMAGE
+    finally:
+        docker.api.remove_image(SHELL_IMAGE, force=True)
+        podman.podman("rmi", "-f", SHELL_IMAGE)
+
+
+def test_a_program_in_its_own_image_is_recorded_and_cut_there_through_each_engine(criu, shell_image, results_root, tmp_path):
+    # Its command is the image's (sh: nothing of the host's /usr); its uninterrupted runs run in the image too. It
+    # paces itself by counting, not with sleep: a process forked at each step is, now and then, one CRIU cannot
+    # seize ("Unseizable non-zombie … state D": a refused dump, the tool's answer, but not this test's subject).
+    scenario = tmp_path / "shell.toml"
+    scenario.write_text(SHELL_PROGRAM.replace("IMAGE", shell_image))
+    trials = run(results_root, str(scenario))
+    assert len(trials) == 4 and (trials["outcome"] != "unknown").all(), trials[["backend", "fault", "error"]].to_string()
+    by = {(r["backend"], r["fault"]): r for r in trials.to_dict("records")}
+    for engine in ("docker", "podman"):
+        # kill: the restored shell goes on from the dump, every step once, result.txt equal.
+        assert by[(engine, "kill")]["outcome"] == "valid", by[(engine, "kill")]["findings"]
+        # leave_running: the original appended more steps after the dump (the log is opened per line, so CRIU has
+        # no open file to refuse); the restored copy appends them again.
+        kinds = {f["kind"] for f in json.loads(by[(engine, "leave_running")]["findings"])}
+        assert kinds == {"duplicate"}, by[(engine, "leave_running")]["findings"]
+    assert left_behind(latest_run(results_root)) == []
+
+
+def test_a_program_s_own_image_the_engine_lacks_or_under_a_tool_with_no_container_is_refused_naming_it(
+        criu, docker_engine, podman_engine, tmp_path):
+    from tests.fixtures.run_fixtures import cli
+
+    scenario = tmp_path / "shell.toml"
+    scenario.write_text(SHELL_PROGRAM.replace("IMAGE", "cutbench-no-such-image:0"))
+    for backend, said in (("docker", "workload.params.image = 'cutbench-no-such-image:0': docker holds no such image"),
+                          ("podman", "workload.params.image = 'cutbench-no-such-image:0': podman holds no such image"),
+                          ("criu", "a program in its own image runs under a container engine (docker, podman); "
+                                   "pipeline.backends has 'criu'")):
+        out = tmp_path / f"results-{backend}"
+        proc = cli("run", str(scenario), "--out", str(out), "--set", f'pipeline.backends=["{backend}"]')
+        assert proc.returncode == 254 and said in proc.stderr, proc.stderr[-2000:]
+        assert not out.exists() or not any(out.iterdir())
+
+
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_several_restores_of_one_container_in_one_trial(criu, docker_engine, podman_engine, results_root, engine):
     """Periodic checkpoints: the restored container is cut, killed and restored again, twice more."""

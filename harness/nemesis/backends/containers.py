@@ -87,6 +87,20 @@ def container_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": package_env()["PYTHONPATH"], **(extra or {})}
 
 
+def container_setup(cwd: str, image: str = "", env: dict[str, str] | None = None, *,
+                    forbidden: tuple[Path, ...] = ()) -> tuple[str, dict[str, str], dict[str, str]]:
+    """What a trial container is made of: ``(image, mounts, environment)``.
+
+    By default cutbench's own image with the host's directories mounted (:func:`host_mounts`) and the
+    project importable (:func:`container_env`). With ``image`` (a program's own, ``workload.params.image``)
+    that image as it is: only the trial's directory ``cwd`` is mounted, read-write at its own path, and the
+    environment is ``env`` over the image's own.
+    """
+    if image:
+        return image, {str(Path(cwd).resolve()): "rw"}, dict(env or {})
+    return IMAGE, host_mounts(Path(cwd), forbidden=forbidden), container_env(env)
+
+
 def gone_after_restore(stage: str, code: int, said: str) -> StageFailed:
     """The failure of a restore after which the container is not running: its exit status and its last line
     (``said``: what its engine kept of its output), the words a restored process that died would have left."""

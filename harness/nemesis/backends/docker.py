@@ -35,9 +35,9 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_env,
-                                                          container_name, container_of, criu_options, gone_after_restore,
-                                                          host_mounts, rootfs_tarball, trial_labels)
+from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
+                                                          container_of, container_setup, criu_options,
+                                                          gone_after_restore, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
 from cutbench.procs import Child
@@ -116,20 +116,22 @@ class DockerCheckpointer:
 
     # -- the workload's container --------------------------------------------
     def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
-               env: dict[str, str] | None = None) -> Child:
+               env: dict[str, str] | None = None, image: str = "") -> Child:
         """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
         identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
-        environment); returns its handle."""
-        self._ensure_image()
-        mounts = host_mounts(Path(cwd), forbidden=(self.data_root(), engines.docker_paths().root))
+        environment; ``image``: a program's own, else cutbench's: see
+        :func:`~cutbench.harness.nemesis.backends.containers.container_setup`); returns its handle."""
+        if not image:
+            self._ensure_image()
+        image, mounts, environment = container_setup(cwd, image, env,
+                                                     forbidden=(self.data_root(), engines.docker_paths().root))
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
         name = container_name(cwd)
         try:
             created = self.api.create_container(
-                IMAGE, command=argv, working_dir=cwd, host_config=host_config, name=name,
-                environment=container_env(env),
-                labels=trial_labels(labels))
+                image, command=argv, working_dir=cwd, host_config=host_config, name=name,
+                environment=environment, labels=trial_labels(labels))
             cid = created["Id"]
             try:
                 self.api.start(cid)
@@ -141,6 +143,14 @@ class DockerCheckpointer:
             self.remove(name)
             raise
         return ContainerChild(pid=pid, container=cid, engine=self)
+
+    def has_image(self, image: str) -> bool:
+        """Whether the engine holds ``image`` (no pull is tried: the trials' machine may have no registry)."""
+        try:
+            self.api.inspect_image(image)
+            return True
+        except Exception:
+            return False
 
     def data_root(self) -> Path:
         """The engine's data root (asked once: its checkpoints live there)."""

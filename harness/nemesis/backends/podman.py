@@ -29,9 +29,9 @@ from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.environment import engines
-from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_env, container_name, container_of,
-                                                          criu_options, gone_after_restore, host_mounts, rootfs_tarball,
-                                                          trial_labels)
+from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of,
+                                                          container_setup, criu_options, gone_after_restore,
+                                                          rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
@@ -109,11 +109,14 @@ class PodmanCheckpointer:
 
     # -- the workload's container ------------------------------------------------
     def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
-               env: dict[str, str] | None = None) -> Child:
+               env: dict[str, str] | None = None, image: str = "") -> Child:
         """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
         identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
-        environment); returns its handle."""
-        self._ensure_image()
+        environment; ``image``: a program's own, else cutbench's: see
+        :func:`~cutbench.harness.nemesis.backends.containers.container_setup`); returns its handle."""
+        if not image:
+            self._ensure_image()
+        image, mounted, environment = container_setup(cwd, image, env)
         name = container_name(cwd)
         options = Path(cwd) / OPTIONS_FILE
         criu_options(options, log=Path(cwd) / "criu.log")
@@ -122,13 +125,13 @@ class PodmanCheckpointer:
         # and a process limit measured to be granted on such hosts.
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         limits = ["--ulimit", f"nofile={_limit(soft)}:{_limit(hard)}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
-        mounts = [arg for path, mode in host_mounts(Path(cwd)).items() for arg in ("-v", f"{path}:{path}:{mode}")]
+        mounts = [arg for path, mode in mounted.items() for arg in ("-v", f"{path}:{path}:{mode}")]
         try:
             p = self.podman("run", "--detach", "--name", name, "--runtime", "runc", "--network", "host",
                             "--annotation", f"org.criu.config={options}",
                             *[arg for k, v in trial_labels(labels).items() for arg in ("--label", f"{k}={v}")],
-                            *[arg for k, v in container_env(env).items() for arg in ("--env", f"{k}={v}")],
-                            "--workdir", cwd, *limits, *mounts, IMAGE, *argv)
+                            *[arg for k, v in environment.items() for arg in ("--env", f"{k}={v}")],
+                            "--workdir", cwd, *limits, *mounts, image, *argv)
             if p.returncode != 0:
                 raise Unavailable(f"podman could not start the workload's container: {_err(p)}")
             self._options[name] = options
@@ -139,6 +142,10 @@ class PodmanCheckpointer:
             self.remove(name)
             raise
         return ContainerChild(pid=pid, container=name, engine=self)
+
+    def has_image(self, image: str) -> bool:
+        """Whether the engine holds ``image`` (no pull is tried: the trials' machine may have no registry)."""
+        return self.podman("image", "exists", image).returncode == 0
 
     def _ensure_image(self) -> None:
         if self._image_ready or self.podman("image", "exists", IMAGE).returncode == 0:
