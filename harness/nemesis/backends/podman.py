@@ -110,10 +110,9 @@ class PodmanCheckpointer:
     # -- the workload's container ------------------------------------------------
     def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
                env: dict[str, str] | None = None, image: str = "") -> Child:
-        """Start ``argv`` in a new container (working directory ``cwd``, tagged with ``labels`` and the harness's
-        identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
-        environment; ``image``: a program's own, else cutbench's: see
-        :func:`~cutbench.harness.nemesis.backends.containers.container_setup`); returns its handle."""
+        """``podman run --detach`` of ``argv``, as :meth:`DockerCheckpointer.launch
+        <cutbench.harness.nemesis.backends.docker.DockerCheckpointer.launch>` starts it, with the container's CRIU
+        options file named by its annotation; returns its handle."""
         if not image:
             self._ensure_image()
         image, mounted, environment = container_setup(cwd, image, env)
