@@ -35,8 +35,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
-from cutbench.harness.runner.run import run_scenario  # noqa: E402
+import cutbench.api as cutbench  # noqa: E402
 
 
 def scenario(name: str, workload: str, params: dict[str, Any], *, backend: str = "criu", trials: int = 10,
@@ -60,9 +59,9 @@ def scenario(name: str, workload: str, params: dict[str, Any], *, backend: str =
 
 def timeline_of(data: dict[str, Any], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run ``data``; return its (trials, timeline) tables."""
-    outcome = run_scenario(parse_scenario(data), out)
-    timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
-    return outcome.trials, timeline.merge(outcome.trials[["trial_id", "variant", "outcome", "failed_stage"]], on="trial_id")
+    run = cutbench.run(cutbench.load_scenario(data), out=out)
+    trials = run.trials
+    return trials, run.timeline.merge(trials[["trial_id", "variant", "outcome", "failed_stage"]], on="trial_id")
 
 
 def figures(seconds: pd.Series) -> dict[str, float]:

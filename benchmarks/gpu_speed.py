@@ -25,9 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.environment import record as environment  # noqa: E402
-from cutbench.harness.runner.run import run_scenario  # noqa: E402
-from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
+import cutbench.api as cutbench  # noqa: E402
 
 STAGES = ("cuda_lock", "cuda_checkpoint", "criu_dump", "criu_restore", "cuda_restore", "cuda_unlock")
 MIB = 1 << 20
@@ -81,26 +79,26 @@ def main() -> int:
         df = pd.read_csv(out / "speed.csv")
         sizes = sorted(df["device_mib"].unique())
         return render(df, out, f"--sizes {' '.join(map(str, sizes))} --repeat {int(df.groupby('device_mib').size().max())}")
-    rows = []
+    rows, env = [], {}
     for mib in args.sizes:
         data = scenario_for(mib, args.repeat)
         t0 = time.monotonic()
-        outcome = run_scenario(parse_scenario(data), out / "runs")
+        run = cutbench.run(cutbench.load_scenario(data), out=out / "runs")
         wall = time.monotonic() - t0
-        timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
-        for _, trial in outcome.trials.iterrows():
+        timeline, env = run.timeline, run.meta.get("environment", {})
+        for _, trial in run.trials.iterrows():
             tl = timeline[timeline["trial_id"] == trial["trial_id"]]
             row = {"device_mib": mib, "trial_id": trial["trial_id"], "outcome": trial["outcome"],
                    "images_dir": data["pipeline"]["images_dir"],
                    "gpu_bytes": trial.get("gpu_bytes"), "image_bytes": trial.get("image_bytes"), "run_wall_s": wall,
-                   "run_dir": outcome.run.path.name}
+                   "run_dir": run.path.name}
             for stage in STAGES:
                 row[f"{stage}_s"] = float(tl[tl["stage"] == stage]["duration_s"].sum())
             rows.append(row)
             print(f"{mib:>6} MiB  {trial['outcome']:<8} " + "  ".join(f"{s}={row[s + '_s']:.3f}s" for s in STAGES), flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(out / "speed.csv", index=False)
-    (out / "environment.json").write_text(json.dumps(environment.collect(), indent=2, default=str))
+    (out / "environment.json").write_text(json.dumps(env, indent=2, default=str))  # the last run's, as run.toml has it
     return render(df, out, f"--sizes {' '.join(map(str, args.sizes))} --repeat {args.repeat}")
 
 

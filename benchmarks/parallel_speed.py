@@ -22,16 +22,13 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.model.scenario import check_jobs, load_scenario  # noqa: E402
-from cutbench.harness.runner.run import run_scenario  # noqa: E402
-from cutbench.harness.store.analysis import verdicts_by_plan  # noqa: E402
+import cutbench.api as cutbench  # noqa: E402
 
 
 def main() -> int:
@@ -42,26 +39,29 @@ def main() -> int:
     ap.add_argument("--out", default="results/parallel-speed")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = ap.parse_args()
-    scenario = load_scenario(args.scenario, args.overrides)
-    runs = [("threads", check_jobs("--jobs", j)) for j in [1] + [j for j in args.jobs if j != 1]]
+    scenario = cutbench.load_scenario(args.scenario, args.overrides)
+    runs = [("threads", j) for j in [1] + [j for j in args.jobs if j != 1]]
     if args.executor:
         runs.append((args.executor, "auto"))
     rows, serial = [], None
     for executor, jobs in runs:
         t0 = time.monotonic()
-        point = replace(scenario, jobs=jobs, executor=executor)
-        outcome = run_scenario(point, Path(args.out) / (f"jobs-{jobs}" if executor == "threads" else executor))
-        wall = time.monotonic() - t0
-        if not outcome.complete:
-            print(f"{executor} jobs {jobs}: the run did not complete ({outcome.run.path})", file=sys.stderr)
+        # --jobs is checked as run.jobs is (a bad count: InvalidArgument naming it, before anything runs).
+        point = cutbench.load_scenario(args.scenario, [*args.overrides, f"run.jobs={json.dumps(jobs)}",
+                                                       f"run.executor={json.dumps(executor)}"])
+        try:
+            run = cutbench.run(point, out=Path(args.out) / (f"jobs-{jobs}" if executor == "threads" else executor))
+        except KeyboardInterrupt as exc:
+            print(f"{executor} jobs {jobs}: {exc}", file=sys.stderr)
             return 1
-        meta = outcome.run.meta()
-        serial = serial or {"wall": wall, "verdicts": verdicts_by_plan(outcome.trials)}
-        rows.append({"executor": executor, "jobs": meta["jobs"], "trials": len(outcome.trials), "wall_s": wall,
+        wall = time.monotonic() - t0
+        meta = run.meta
+        serial = serial or {"wall": wall, "verdicts": run.verdicts()}
+        rows.append({"executor": executor, "jobs": meta["jobs"], "trials": len(run), "wall_s": wall,
                      "startup_s": (meta.get("ray") or {}).get("startup_s", 0.0),
-                     "trials_per_min": 60.0 * len(outcome.trials) / wall, "speedup": serial["wall"] / wall,
-                     "same_verdicts": verdicts_by_plan(outcome.trials) == serial["verdicts"],
-                     "unknown": int((outcome.trials["outcome"] == "unknown").sum()), "run": outcome.run.path.name})
+                     "trials_per_min": 60.0 * len(run) / wall, "speedup": serial["wall"] / wall,
+                     "same_verdicts": run.verdicts() == serial["verdicts"],
+                     "unknown": run.counts["unknown"], "run": run.path.name})
     table = pd.DataFrame(rows)
     print(f"# Parallel trials: {scenario.name}, {len(os.sched_getaffinity(0))} CPUs\n")
     print(table.to_markdown(index=False, floatfmt=".2f"))

@@ -30,9 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import pandas as pd  # noqa: E402
 
-from cutbench.harness.store.analysis import verdicts_by_plan  # noqa: E402
+from cutbench.api import open_run  # noqa: E402
 from cutbench.procs import processes_in  # noqa: E402
 
 
@@ -62,10 +61,10 @@ def main() -> int:
         if ref.returncode not in (0, 1):
             print(ref.stderr[-3000:])
             return 2
-        refs.append(pd.read_parquet((out / f"reference-{n}" / "latest").resolve() / "trials.parquet"))
+        refs.append(open_run((out / f"reference-{n}" / "latest").resolve()))
         print(f"reference {n}: {len(refs[-1])} trials in {ref_s:.1f} s")
-    ref_trials = refs[0]
-    first, second = verdicts_by_plan(refs[0]), verdicts_by_plan(refs[1])
+    ref_trials = refs[0].trials
+    first, second = refs[0].verdicts(), refs[1].verdicts()
     unstable = sorted(p for p in first if first[p] != second.get(p))
     want = {p: v for p, v in first.items() if p not in unstable}
     print(f"{len(unstable)} plans differ between the two references (timing decides them here): {unstable}")
@@ -99,21 +98,20 @@ def main() -> int:
         problems = []
         if ended_first:
             problems.append("(the run had ended before the kill)")
-        if res.returncode == 254 and "the run is complete" in res.stderr:
-            got_trials = pd.read_parquet(run / "trials.parquet")
-        elif res.returncode not in (0, 1):
+        got_run = None
+        if res.returncode not in (0, 1) and not (res.returncode == 254 and "the run is complete" in res.stderr):
             problems.append(f"resume exit {res.returncode}: {res.stderr[-500:]}")
-            got_trials = None
         else:
-            got_trials = pd.read_parquet(run / "trials.parquet")
-        if got_trials is not None:
+            got_run = open_run(run)
+        if got_run is not None:
+            got_trials = got_run.trials
             if list(got_trials["trial_id"]) != list(ref_trials["trial_id"]):
                 problems.append("trial ids differ")
             stored = dict(zip(got_trials["trial_id"], got_trials["outcome"]))
             changed = [t for t, o in kept_files.items() if stored.get(t) != o]
             if changed:
                 problems.append(f"kept trials changed: {changed[:3]}")
-            got = verdicts_by_plan(got_trials)
+            got = got_run.verdicts()
             differ = [p for p in want if got.get(p) != want[p]]
             if differ:
                 problems.append(f"{len(differ)} plans differ, first {differ[0]}: {got.get(differ[0])} vs {want[differ[0]]}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES
+from cutbench.api import FINDING_KINDS, OUTCOMES
 
 
 def compare(trials: pd.DataFrame) -> pd.DataFrame:

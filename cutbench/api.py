@@ -5,7 +5,8 @@ For code that runs cutbench and reads what it found (``docs/python-api.md``):
 ``cutbench matrix``), ``open_run`` (a stored run) and the ``Run`` they all
 return, with what its methods return (``Comparison``, ``Reanalysis``,
 ``RunVerdict``); ``load_scenario`` and ``Scenario`` (a scenario file, checked);
-``read_matrix`` (a stored matrix table); the errors a run raises.
+``read_matrix`` (a stored matrix table); ``OUTCOMES`` and ``FINDING_KINDS``
+(the words a trial's verdict is written in); the errors a run raises.
 
 The two other audiences have their own door: a workload's author imports from
 :mod:`cutbench.workload`, a checkpoint tool's author from :mod:`cutbench.backend`.
@@ -20,6 +21,7 @@ check is off for the doors; ``tests/unit/test_layout.py`` counts them).
 """
 
 from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
+from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES
 from cutbench.harness.integrations.runs import Comparison, Reanalysis, Run, RunVerdict, matrix, open_run, run
 from cutbench.harness.model.scenario import Scenario, load_scenario
 from cutbench.harness.store.rundir import read_matrix

@@ -12,14 +12,11 @@ Skipped arms are listed under the table with their reasons.
 from __future__ import annotations
 
 import sys
-import tomllib
-from pathlib import Path
 
 import pandas as pd
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError
-from cutbench.harness.checker.oracle import FINDING_KINDS
-from cutbench.harness.store.rundir import RunDir
+from cutbench.api import FINDING_KINDS, open_run
 
 
 def finding_table(trials: pd.DataFrame) -> pd.DataFrame:
@@ -36,8 +33,8 @@ def finding_table(trials: pd.DataFrame) -> pd.DataFrame:
             row[kind] = f"{hits}/{len(adversarial)}" if hits else "–"
         row["unknown"] = int((group["outcome"] == "unknown").sum())
         rows.append(row)
-    frame = pd.DataFrame(rows)
-    return frame if key == "variant" else frame.drop(columns=["workload"]).rename(columns={key: "workload"})
+    # Keyed by workload, the row's key is its workload column already (a table keyed by variant shows both).
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str]) -> int:
@@ -46,14 +43,13 @@ def main(argv: list[str]) -> int:
         print("usage: " + __doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
     try:
-        run = RunDir.open(argv[0])
+        run = open_run(argv[0])
     except CutbenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
-    print(finding_table(run.table("trials")).to_markdown(index=False))
-    meta = tomllib.loads((Path(run.path) / "run.toml").read_text())
+    print(finding_table(run.trials).to_markdown(index=False))
     reasons: dict[str, set[str]] = {}
-    for skipped in meta.get("skipped_arms", []):
+    for skipped in run.meta.get("skipped_arms", []):
         variant, _, _arm = skipped["arm"].rpartition(" ")
         reasons.setdefault(variant or "(all)", set()).add(skipped["reason"])
     for variant, why in reasons.items():

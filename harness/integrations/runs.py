@@ -216,6 +216,11 @@ class Run:
         other = other if isinstance(other, Run) else open_run(other)
         return _compare.compare(self._stored_trials, other._stored_trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")
 
+    def verdicts(self) -> dict[tuple[str, str, str], tuple[str, tuple[str, ...]]]:
+        """Per ``(variant, arm, plan)``: its outcome and the kinds of its findings. Two runs of the same plans (by
+        any executor, or a run and its resumed copy) must give equal ones."""
+        return _analysis.verdicts_by_plan(self._stored_trials)
+
     def reanalyze(self) -> Reanalysis:
         """Every verdict recomputed from the stored data by the current oracle (as ``cutbench analyze``);
         ``.differences`` lists the trials whose verdict changed."""

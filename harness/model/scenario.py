@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import itertools
 import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,12 +231,18 @@ def select_variants(scenario: "Scenario", names: tuple[str, ...] | list[str]) ->
     return replace(scenario, variants=tuple(v for v in scenario.variants if v.variant in names))
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read, merge (``include``), override and validate a scenario file."""
-    data = _read_with_includes(Path(path), seen=())
+def load_scenario(path: "str | Path | Mapping[str, Any]", overrides: list[str] | None = None) -> Scenario:
+    """Read, merge (``include``), override and validate a scenario file; or, given a mapping (a scenario as
+    parsed TOML, built in code), override and validate that. Returns the :class:`Scenario`; raises
+    :class:`InvalidArgument` naming the first bad field."""
+    if isinstance(path, Mapping):
+        data = copy.deepcopy(dict(path))
+        source = ""
+    else:
+        data, source = _read_with_includes(Path(path), seen=()), str(path)
     for item in overrides or []:
         apply_override(data, item)
-    return parse_scenario(data, source_path=str(path), overrides=overrides)
+    return parse_scenario(data, source_path=source, overrides=overrides)
 
 
 def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[str] | None = None) -> Scenario:

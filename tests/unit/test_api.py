@@ -97,6 +97,27 @@ def test_a_run_compared_with_itself_changes_no_plan(run):
     assert cmp.counts()["matched"] == 84 and cmp.counts()["same"] == 84 and cmp.regressions.empty
 
 
+def test_verdicts_per_plan_name_each_plan_once_with_its_outcome_and_finding_kinds(run):
+    verdicts = run.verdicts()
+    assert len(verdicts) == len(run) and set(verdicts) == {(t.variant, t.arm, t.plan) for t in run.trials.itertuples()}
+    invalid = [v for v in verdicts.values() if v[0] == "invalid"]
+    assert len(invalid) == run.counts["invalid"] and all(kinds for _outcome, kinds in invalid)
+
+
+def test_a_scenario_built_in_code_is_checked_as_its_file_would_be():
+    import tomllib
+
+    from cutbench.api import load_scenario
+
+    path = REPO / "scenarios" / "quick.toml"
+    data = tomllib.loads(path.read_text())
+    assert load_scenario(data, ["plan.trials=2"]).to_dict() == load_scenario(path, ["plan.trials=2"]).to_dict() | {
+        "source_path": ""}
+    data["plan"]["cut_mode"] = "sideways"
+    with pytest.raises(InvalidArgument, match="plan.cut_mode"):
+        load_scenario(data)
+
+
 def test_reanalysis_gives_the_stored_verdicts(run):
     result = run.reanalyze()
     assert len(result.rows) == 84 and result.differences == []
