@@ -47,7 +47,6 @@ from cutbench.harness.runner.checks import check_backends, check_importable, che
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session
 from cutbench.harness.store.rundir import RunDir, read_matrix
-from cutbench.harness.store.tables import certificate_rows, trial_row
 from cutbench.workloads import api as workload_api
 
 
@@ -337,16 +336,9 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
 
 def store_run(run: RunDir, results: list[TrialResult], meta: RunMeta, *, complete: bool,
               mark_latest: bool = True) -> pd.DataFrame:
-    """Write the tables (in plan order), the summary and the final ``run.toml``; return the trials frame."""
-    results = sorted(results, key=lambda r: r.spec.index)  # a resumed run's kept trials and new ones, interleaved
-    trials = pd.DataFrame([trial_row(r) for r in results])
-    timeline = pd.DataFrame([row for r in results for row in r.timeline])
-    effects_frames = [r.effects.assign(trial_id=r.spec.trial_id) for r in results if not r.effects.empty]
-    effects = pd.concat(effects_frames, ignore_index=True) if effects_frames else pd.DataFrame()
-    run.write_table("trials", trials)
-    run.write_table("timeline", timeline)
-    run.write_table("effects", effects)
-    run.write_table("certificates", [row for r in results for row in certificate_rows(r)])
+    """Write the tables (:meth:`RunDir.write_results`), the final ``run.toml`` and the report; return the trials
+    frame."""
+    trials, timeline, effects = run.write_results(results)
     meta.finish(complete=complete, n_trials=len(results))
     record = meta.render()
     run.write_meta(record)

@@ -26,7 +26,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import tomli_w
@@ -35,6 +35,9 @@ from cutbench.errors import InvalidArgument
 from cutbench.files import atomic_open, atomic_symlink, atomic_write, read_document
 from cutbench.harness.model.timeline import CPU_COLUMNS
 from cutbench.harness.store import archive as _archive
+
+if TYPE_CHECKING:
+    from cutbench.harness.model.trial import TrialResult
 
 TABLES = ("trials", "timeline", "effects", "certificates", "criteria", "matrix", "deviations")
 # Tables every run with trials writes, and the columns each must have (for a damaged directory's error).
@@ -143,6 +146,23 @@ class RunDir:
         with atomic_open(path) as fh:
             frame.to_parquet(fh, index=False)
         return path
+
+    def write_results(self, results: list["TrialResult"]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """Write the run's tables of ``results`` (trials, timeline, effects, certificates), in plan order (a resumed
+        run's kept trials and its new ones come interleaved); return the trials, timeline and effects frames."""
+        # Loaded by a writer only: a reader of a stored run (open_run, report) needs neither the rows nor the plugins.
+        from cutbench.harness.store.tables import certificate_rows, trial_row
+
+        results = sorted(results, key=lambda r: r.spec.index)
+        trials = pd.DataFrame([trial_row(r) for r in results])
+        timeline = pd.DataFrame([row for r in results for row in r.timeline])
+        effects_frames = [r.effects.assign(trial_id=r.spec.trial_id) for r in results if not r.effects.empty]
+        effects = pd.concat(effects_frames, ignore_index=True) if effects_frames else pd.DataFrame()
+        self.write_table("trials", trials)
+        self.write_table("timeline", timeline)
+        self.write_table("effects", effects)
+        self.write_table("certificates", [row for r in results for row in certificate_rows(r)])
+        return trials, timeline, effects
 
     def write_text(self, name: str, text: str) -> Path:
         """Write a text artefact (``summary.md``, ``report.html``) into the run directory."""
