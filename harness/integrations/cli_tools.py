@@ -93,7 +93,8 @@ def matrix(probes: tuple[str, ...], tools: tuple[str, ...], faults: tuple[str, .
 
 @click.command()
 @click.option("--tool", required=True, metavar="TOOL",
-              help="cuda (the driver API), cuda-checkpoint (NVIDIA's utility), criu-cuda-plugin, or criu (a CPU probe).")
+              help="cuda (the driver API), cuda-checkpoint (NVIDIA's utility), criu-cuda-plugin, criu (a CPU probe), or a "
+                   "container engine: docker or podman (a CPU probe in a container).")
 @click.option("--budget", "budget_s", type=float, default=300.0, show_default=True, metavar="S",
               help="Seconds of directed search (a shrink in progress may run up to half as long again).")
 @click.option("--random-walk", "walk_s", type=float, default=0.0, metavar="S",

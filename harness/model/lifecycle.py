@@ -48,13 +48,31 @@ SOURCES = {
     "kill": "POSIX: SIGKILL ends the process in any state, and the driver frees its device memory",
     "work": "the probe's own work (a step on its buffers, an allocation, a free): only while RUNNING",
     "respawn": "the hunt's own step: a fresh probe (no tool involved)",
+    "docker-checkpoint": "docker checkpoint create: \"Create a checkpoint from a running container\"; "
+                         "--leave-running: \"Leave the container running after checkpoint\" (else it stops)",
+    "docker-restore": "docker start --checkpoint: \"Restore from this checkpoint\" into the stopped container (docker "
+                      "start: \"Start one or more stopped containers\"); a checkpoint stays until docker checkpoint rm, "
+                      "so it may be restored again",
+    "docker-restore-new": "docker start --checkpoint-dir: \"Use a custom checkpoint storage directory\": a new container "
+                          "started from another container's checkpoint",
+    "podman-checkpoint": "podman container checkpoint: checkpoints a running container and stops it; --leave-running: "
+                         "\"Leave the container running after checkpointing instead of stopping it\"; --export: \"Export "
+                         "the checkpoint to a tar.gz file\"",
+    "podman-restore": "podman container restore --import: \"Import a checkpoint tar.gz file, which was exported by "
+                      "Podman\"; a container may be \"restored multiple times from an exported checkpoint\" "
+                      "(--ignore-static-ip); a name in use is refused",
+    "podman-restore-new": "podman container restore --import --name: \"if a container is restored from a checkpoint "
+                          "tar.gz file it is possible to rename it with --name\"",
 }
 
 STATES = ("running", "locked", "checkpointed", "failed", "gone")
-TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin", "criu")
+ENGINE_TOOLS = ("docker", "podman")  # the container engines: their own commands, on a probe in a container
+TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin", "criu", *ENGINE_TOOLS)
 GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
 API = ("lock", "unlock", "checkpoint", "restore", "restore_filled")
-LIFECYCLE = (*API, "criu_dump", "criu_restore", "criu_restore_filled", "respawn")  # the steps that walk the states
+ENGINE = ("engine_checkpoint", "engine_restore", "engine_restore_new")
+LIFECYCLE = (*API, "criu_dump", "criu_restore", "criu_restore_filled", *ENGINE, "respawn")  # the steps that walk the states
+RESTORES = ("criu_restore", "criu_restore_filled", "engine_restore", "engine_restore_new")  # need an image
 PROBE_WORK = ("step", "alloc", "free")  # the probe's own work: only while RUNNING (it would block, not fail)
 INVARIANTS = ("documented_transition", "bounded_failure", "continues_identically", "bounded_time", "nothing_left")
 
@@ -77,6 +95,9 @@ class Step:
 def _alphabet(tool: str) -> tuple[Step, ...]:
     common = (Step("kill"), Step("signal"), Step("fork"), Step("fork", (("exec_", True),)),
               Step("step", (("k", 1),)), Step("step", (("k", 2),)), Step("alloc"), Step("free"), Step("respawn"))
+    if tool in ENGINE_TOOLS:
+        return (Step("engine_checkpoint"), Step("engine_checkpoint", (("leave_running", True),)), Step("engine_restore"),
+                Step("engine_restore_new"), *common)
     criu = (Step("criu_dump"), Step("criu_dump", (("leave_running", True),)), Step("criu_restore"))
     if tool == "criu":
         return criu + common
@@ -156,8 +177,10 @@ def _next_if_ok(tool: str, world: World, step: Step) -> str:
         return API_AFTER[a]
     if a == "criu_restore":
         return world.image or "running"
-    if a == "criu_dump" and not dict(step.args).get("leave_running"):
+    if a in ("criu_dump", "engine_checkpoint") and not dict(step.args).get("leave_running"):
         return "gone"
+    if a in ("engine_restore", "engine_restore_new"):
+        return world.image or "running"
     return world.state
 
 
@@ -165,6 +188,8 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
     s, a = world.state, step.action
     if a == "respawn":
         return _ok("running", SOURCES["respawn"])
+    if a in ENGINE:
+        return _expect_engine(tool, world, step)
     if s == "gone":
         if a == "criu_restore" and world.image is not None:
             return _ok(world.image, SOURCES["criu-restore"] if tool == "criu" or world.image != "running"
@@ -208,11 +233,28 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
     return _ok(API_AFTER[a], SOURCES[source_key])
 
 
+def _expect_engine(tool: str, world: World, step: Step) -> Expect:
+    """A container engine's documented answer to one of its own steps (:data:`ENGINE`)."""
+    s, a = world.state, step.action
+    if a == "engine_checkpoint":
+        if s == "gone":
+            return Expect(frozenset({"gone"}), "gone", "gone", SOURCES[f"{tool}-checkpoint"])
+        return _ok(s if dict(step.args).get("leave_running") else "gone", SOURCES[f"{tool}-checkpoint"])
+    source = SOURCES[f"{tool}-restore-new" if a == "engine_restore_new" else f"{tool}-restore"]
+    if s == "running":  # the container to restore into runs (or its name is in use): nothing to restore into
+        return _refused(s, source)
+    return _ok(world.image or "running", source)
+
+
 def advance(tool: str, world: World, step: Step, answer: str, state: str) -> World:
     """The world after ``step`` answered ``answer`` with the probe now in ``state`` (what was observed wins)."""
     if step.action == "respawn":
         return World()
-    if step.action == "criu_dump" and answer == "ok":
+    if step.action == "engine_restore_new" and answer == "ok":
+        # A migration: the copy under its new name is the probe now, and the checkpoint stays with the container it
+        # was taken of (restoring that one too would start a second probe on one command directory).
+        return World(state=state if state in STATES else world.state)
+    if step.action in ("criu_dump", "engine_checkpoint") and answer == "ok":
         return World(state=state, image=world.state)
     return replace(world, state=state if state in STATES else world.state)
 
@@ -235,23 +277,42 @@ def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> d
 
 def safe(tool: str, world: World) -> tuple[Step, ...]:
     """Every step the hunt may take in ``world``: all but the probe's own work outside RUNNING (it would wait,
-    not fail) and a CRIU restore with no image (there is nothing to ask the tool)."""
+    not fail), a restore with no image (there is nothing to ask the tool), and an engine's restore under a new
+    name while the probe runs (two probes would answer one command directory)."""
     return tuple(st for st in ALPHABETS[check_tool(tool)]
                  if not (st.action in PROBE_WORK and world.state != "running")
                  and not (st.action == "respawn" and world.state != "gone")
-                 and not (st.action.startswith("criu_restore") and world.image is None))
+                 and not (st.action in RESTORES and world.image is None)
+                 and not (st.action == "engine_restore_new" and world.state != "gone"))
 
 
 PUBLIC_REPORTS = {
+    "moby/moby#42900": "docker start --checkpoint refused: \"failed to upload checkpoint to containerd: ... already "
+                       "exists\" (the checkpoint's tarball still in containerd's content store)",
+    "containerd/containerd#10166": "containerd leaves each restore's unpacked checkpoint copy (ctrd-checkpoint*) in "
+                                   "its temporary directory",
+    "moby/moby#37344": "restoring a container from a custom --checkpoint-dir is broken: \"custom checkpointdir is not "
+                       "supported\"",
+    "checkpoint-restore/criu#293": "a comment there: \"It should probably also be an error to call docker start on a "
+                                   "container that is already running\"",
     "NVIDIA/cuda-checkpoint#44": "a restore after a failed (out-of-memory) restore stays CHECKPOINTED for good",
     "NVIDIA/cuda-checkpoint#53": "killing a restored process hung the host (driver 595)",
 }
 
 
-def public_report(action: str, invariant: str, sequence: list[str]) -> str:
-    """The public report a deviation matches (its number and words), or "not found in any public report"."""
+def public_report(action: str, invariant: str, sequence: list[str], detail: str = "") -> str:
+    """The public report a deviation matches (its number and words), or "not found in any public report"
+    (``detail``: the tool's words, where they name the report's symptom)."""
     before = sequence[:-1]
-    if action in API and any(s.startswith(("restore_filled", "criu_restore_filled")) for s in before):
+    if action.startswith("engine_restore") and "already exists" in detail:
+        key = "moby/moby#42900"
+    elif action == "engine_restore_new" and "custom checkpointdir is not supported" in detail:
+        key = "moby/moby#37344"
+    elif action == "engine_restore" and "restored nothing" in detail:
+        key = "checkpoint-restore/criu#293"
+    elif invariant == "nothing_left" and "ctrd-checkpoint" in detail:
+        key = "containerd/containerd#10166"
+    elif action in API and any(s.startswith(("restore_filled", "criu_restore_filled")) for s in before):
         key = "NVIDIA/cuda-checkpoint#44"
     elif action == "kill" and invariant == "bounded_time" and any("restore" in s for s in before):
         key = "NVIDIA/cuda-checkpoint#53"

@@ -10,8 +10,9 @@ one place that knows the order checkpoint → fault → restore. Backends live
 in ``backends``, one module each. ``adapters`` is the harness's side of the
 semantic adapters (the coordinator's two phases over the control file). ``lifecycle_kit`` drives one tool's
 lifecycle by hand with no cutbench in it (the hunt's hands and the body of
-every reproducer it writes); ``hunt`` opens its sessions, writes the
-reproducers and runs them on their own.
+every reproducer it writes), ``engine_kit`` a container engine's (docker,
+podman) on top of it; ``hunt`` opens its sessions, writes the reproducers
+and runs them on their own.
 
 ``get(name)`` returns a backend instance; availability is asked separately
 (``unavailable_reason()``) so a sweep can report or skip what this machine

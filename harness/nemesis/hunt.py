@@ -22,15 +22,25 @@ from typing import Any
 from cutbench.errors import Unavailable
 from cutbench.harness.environment.criu import locate
 from cutbench.harness.environment.criu.plugin import plugin_dir, plugin_unavailable_reason
-from cutbench.harness.model.lifecycle import GPU_TOOLS, Step, check_tool
-from cutbench.harness.nemesis import lifecycle_kit
+from cutbench.harness.model.lifecycle import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
+from cutbench.harness.nemesis import engine_kit, lifecycle_kit
 
 KIT = Path(lifecycle_kit.__file__)
+ENGINE_KIT = Path(engine_kit.__file__)
+KIT_IMPORT = "# kit-import"  # the engine kit's import of the lifecycle kit, dropped where the two texts are joined
 
 
 def unavailable_reason(tool: str) -> str | None:
     """Why ``tool``'s lifecycle cannot be driven on this machine, or None when it can."""
     check_tool(tool)
+    if tool in ENGINE_TOOLS:
+        from cutbench.harness import nemesis
+
+        reason = nemesis.get(tool).unavailable_reason()  # the engine answers and can checkpoint (with the fix)
+        if reason:
+            return f"{tool}: {reason}"
+        if tool == "docker" and shutil.which("docker") is None:
+            return "docker: the docker command is not on PATH (Debian's docker.io: `make containers`)"
     if tool in GPU_TOOLS:
         if shutil.which("nvidia-smi") is None:
             return f"{tool}: no NVIDIA GPU here (nvidia-smi is not on PATH)"
@@ -52,6 +62,13 @@ def unavailable_reason(tool: str) -> str | None:
 def environment(tool: str) -> dict[str, str]:
     """The variables a session (and a reproducer run here) reads: CRIU's command and the plugin's directory."""
     env = {"HUNT_CRIU": json.dumps(list(locate.require_criu().argv))}
+    if tool in ENGINE_TOOLS:
+        from cutbench.harness.environment import engines
+
+        env["HUNT_ENGINE_PATH"] = engines.criu_path_env()["PATH"]
+    if tool == "docker":
+        env["DOCKER_HOST"] = engines.docker_host()
+        env["HUNT_ENGINE_TMP"] = str(engines.docker_paths().tmp)
     if tool == "criu-cuda-plugin":
         d = plugin_dir()
         if d:
@@ -65,13 +82,19 @@ def sessions(tool: str, bound_s: float) -> Callable[[], lifecycle_kit.Session]:
     if reason:
         raise Unavailable(reason)
     env = environment(tool)
+    os.environ.update({k: v for k, v in env.items() if k in ("DOCKER_HOST", "HUNT_ENGINE_TMP", "HUNT_ENGINE_PATH")})
     criu = json.loads(env["HUNT_CRIU"])
-    return lambda: lifecycle_kit.Session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"))
+    session = lifecycle_kit.SESSIONS.get(tool, lifecycle_kit.Session)
+    return lambda: session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"))
 
 
 def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str) -> str:
     """A standalone script: the kit, then the sequence and the deviation it must show; ``header`` is its docstring."""
-    body = KIT.read_text()
+    body = KIT.read_text().split('"""', 2)[2].lstrip("\n")
+    if tool in ENGINE_TOOLS:  # the engine kit after the lifecycle kit, its import of it dropped
+        extra = ENGINE_KIT.read_text().split('"""', 2)[2]
+        body += "\n" + "\n".join(line for line in extra.splitlines()
+                                 if not line.endswith(KIT_IMPORT) and not line.startswith("from __future__")) + "\n"
     doc = '"""' + header.replace('"""', "'''") + '\n"""\n'
     steps = json.dumps([s.to_json() for s in sequence], indent=4)
     dev = json.dumps(deviation, indent=4)
@@ -80,7 +103,7 @@ def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], heade
             f"if __name__ == \"__main__\":\n    sys.exit(main(TOOL, SEQUENCE, DEVIATION))\n")
     # JSON's literals are Python's but for these three.
     tail = tail.replace(": true", ": True").replace(": false", ": False").replace(": null", ": None")
-    return doc + body.split('"""', 2)[2].lstrip("\n") + tail
+    return doc + body + tail
 
 
 def run_reproducer(path: Path, tool: str, repeat: int, timeout_s: float) -> list[dict[str, Any]]:

@@ -592,6 +592,10 @@ class Session:
         return left
 
 
+# The session class of each tool that needs its own (a container engine's: engine_kit); Session otherwise.
+SESSIONS: dict[str, type[Session]] = {}
+
+
 def gpu_leftovers(pids: set[int], settle_s: float = 10.0) -> list[str]:
     """The probe's pids that still hold GPU memory ``settle_s`` after they died (``nvidia-smi``)."""
     deadline = time.monotonic() + settle_s
@@ -626,7 +630,7 @@ def replay(tool: str, sequence: list[dict[str, Any]], bound_s: float = BOUND_S) 
     Each step is observed as :meth:`Session.observe` does; the last
     observation is the session's leftovers.
     """
-    session = Session(tool, bound_s)
+    session = SESSIONS.get(tool, Session)(tool, bound_s)
     seen = []
     try:
         for step in sequence:

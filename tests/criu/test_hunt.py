@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from cutbench.harness.runner.hunt import hunt
 
@@ -61,3 +64,29 @@ def test_a_broken_promise_is_found_shrunk_and_shown_by_its_reproducer_alone(criu
     assert not any(m.startswith("cutbench") for m in modules)
     assert os.access(tmp_path / f["reproducer"], os.X_OK)
     assert "criu-1" in (tmp_path / "FINDINGS.md").read_text()
+
+
+# Alone: the docker backend's trials write runc's one CRIU options file (/etc/criu/runc.conf) while they cut, and
+# every docker checkpoint on the host reads it; this probe's must not take another trial's options.
+@pytest.mark.alone
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_container_engine_s_lifecycle_is_hunted_and_each_deviation_shown_by_its_reproducer_alone(
+        criu, docker_engine, podman_engine, tmp_path, engine):
+    """The engines' own commands (checkpoint with and without --leave-running, restore, restore again, restore under
+    a new name) on a probe in a container; whatever deviates is shrunk and its reproducer run on its own."""
+    doc = hunt(engine, tmp_path, budget_s=300, sequences=6, seed=1, length=6, repeat=1, say=lambda _m: None)
+    tried = doc["search"]["transitions"]
+    assert doc["search"]["sequences"] == 6 and not doc["search"]["harness_errors"], doc["search"]
+    assert any(k.startswith("engine_checkpoint") and k.endswith("->ok") for k in tried), tried
+    assert any(k.startswith("engine_restore") for k in tried), tried
+    # A deviation its reproducer does not show on its own would be the harness's.
+    assert doc["harness_deviations"] == [], [f["standalone"] for f in doc["findings"]]
+    for f in doc["findings"]:
+        text = (tmp_path / f["reproducer"]).read_text()
+        modules = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+        modules |= {n.module or "" for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
+        assert not any(m.startswith("cutbench") for m in modules)
+    engine_cli = {"docker": ["docker"], "podman": ["podman"]}[engine]
+    left = subprocess.run([*engine_cli, "ps", "--all", "--quiet", "--filter", "label=cutbench.hunt"], capture_output=True,
+                          text=True, env={**os.environ, "DOCKER_HOST": docker_engine}).stdout.split()
+    assert left == []

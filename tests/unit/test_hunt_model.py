@@ -68,8 +68,8 @@ def test_a_stated_model_replaces_the_documented_promise():
 
 
 def test_unknown_tools_and_actions_are_named():
-    with pytest.raises(InvalidArgument, match="no lifecycle model for tool 'podman'.*criu"):
-        moves("podman", World())
+    with pytest.raises(InvalidArgument, match="no lifecycle model for tool 'lxc'.*podman"):
+        moves("lxc", World())
     with pytest.raises(InvalidArgument, match="unknown action 'teleport'"):
         expect("cuda", World(), Step("teleport"))
 
@@ -147,5 +147,50 @@ def test_the_cli_names_a_malformed_stated_model():
 
     p = cli("hunt", "--tool", "criu", "--model", "criu_restore=maybe", timeout=60)
     assert p.returncode == 254 and "ACTION@STATE=ok" in p.stderr
-    p = cli("hunt", "--tool", "podman", timeout=60)
-    assert p.returncode == 254 and "no lifecycle model for tool 'podman'" in p.stderr
+    p = cli("hunt", "--tool", "lxc", timeout=60)
+    assert p.returncode == 254 and "no lifecycle model for tool 'lxc'" in p.stderr
+
+
+ENGINE_CKPT, ENGINE_LEAVE = Step("engine_checkpoint"), Step("engine_checkpoint", (("leave_running", True),))
+ENGINE_RESTORE, ENGINE_NEW = Step("engine_restore"), Step("engine_restore_new")
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_container_engine_s_documented_lifecycle(engine):
+    running = World("running")
+    # A checkpoint stops the container, or leaves it running; either way its image holds a running probe.
+    assert expect(engine, running, ENGINE_CKPT).after_ok == "gone"
+    assert expect(engine, running, ENGINE_LEAVE).after_ok == "running"
+    stopped = advance(engine, running, ENGINE_CKPT, "ok", "gone")
+    assert stopped == World("gone", "running")
+    # Restored from its checkpoint, and again after a kill (one image twice); refused while the container runs.
+    assert expect(engine, stopped, ENGINE_RESTORE).answers == {"ok"} and engine in expect(engine, stopped, ENGINE_RESTORE).source
+    back = advance(engine, stopped, ENGINE_RESTORE, "ok", "running")
+    assert expect(engine, back, ENGINE_RESTORE).answers == {"refused"}
+    # Under a new name only once the probe is gone (two probes would answer one command directory): a migration,
+    # after which the checkpoint stays with the first container.
+    assert ENGINE_NEW not in safe(engine, back) and ENGINE_NEW in safe(engine, stopped)
+    assert advance(engine, stopped, ENGINE_NEW, "ok", "running") == World("running")
+    assert ENGINE_RESTORE not in safe(engine, World("running"))  # no checkpoint yet: nothing to ask
+
+
+def test_the_engines_deviations_name_their_public_reports():
+    assert public_report("close", "nothing_left", ["engine_checkpoint", "engine_restore", "close"],
+                         "1 unpacked checkpoint copies (ctrd-checkpoint*) left in /tmp").startswith("containerd/containerd#10166")
+    assert public_report("engine_restore_new", "documented_transition", ["engine_checkpoint", "engine_restore_new"],
+                         "refused: docker restore into a new container: Error response from daemon: custom checkpointdir "
+                         "is not supported").startswith("moby/moby#37344")
+    assert public_report("engine_restore", "documented_transition", ["engine_checkpoint", "engine_restore"],
+                         "failed to upload checkpoint to containerd: commit failed: content sha256:x: already exists"
+                         ).startswith("moby/moby#42900")
+    assert public_report("engine_restore", "documented_transition", ["engine_restore"], "refused: no") == \
+        "not found in any public report"
+
+
+def test_an_engine_s_reproducer_is_the_two_kits_with_no_cutbench_import():
+    text = hands.reproducer("podman", [ENGINE_CKPT, ENGINE_RESTORE], {"step": 1, "summary": "x"}, "podman-1: x")
+    tree = ast.parse(text)  # one file: the engine kit's __future__ import and its import of the kit are dropped
+    modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("cutbench") for m in modules) and "class EngineSession(Session)" in text
+    assert text.count("from __future__ import annotations") == 1
