@@ -36,12 +36,14 @@ class Deviation:
         """The deviation's kind, for telling one defect from another: invariant, step, state, answer and words.
 
         The tool's words lose their numbers (pids, sizes), so one defect seen
-        twice has one signature.
+        twice has one signature; what a session left behind is one defect
+        whatever state the probe ended in.
         """
         words = re.sub(r"\d+", "N", str(self.observed.get("detail", "")))[:80] if self.observed.get(
             "answer") == "refused" else ""
         after = self.observed.get("state", "")
-        return f"{self.invariant}:{self.step.action}@{self.before}->{self.observed.get('answer')}/{after}:{words}"
+        before = "" if self.invariant == "nothing_left" else self.before
+        return f"{self.invariant}:{self.step.action}@{before}->{self.observed.get('answer')}/{after}:{words}"
 
     @property
     def summary(self) -> str:

@@ -119,14 +119,18 @@ def test_the_markdown_counts_and_shouts_the_silently_wrong_cells():
 
 
 def test_the_hunts_deviations_become_one_row_per_deviation_per_tool_after_the_grid(tmp_path):
-    """The reference hunts (results/reference/findings): five deviations of three tools, the same deviation of the
-    utility found by two hunts counted once (the shorter sequence), each with its driver, promise and reproducer."""
+    """The reference hunts (results/reference/findings): five deviations of three GPU tools, the same deviation of
+    the utility found by two hunts counted once (the shorter sequence), each with its driver, promise and
+    reproducer; and docker's three (podman's hunt found none)."""
     from tests.conftest import REPO
 
     rows = deviation_rows([REPO / "results" / "reference" / "findings"])
     assert sorted((r["tool"], r["steps"]) for r in rows) == [("criu-cuda-plugin", 2), ("cuda", 4), ("cuda", 4),
-                                                              ("cuda-checkpoint", 4), ("cuda-checkpoint", 5)]
-    assert {r["driver"] for r in rows} == {"580.159.04"} and {r["shown"] for r in rows} == {"3 of 3"}
+                                                              ("cuda-checkpoint", 4), ("cuda-checkpoint", 5),
+                                                              ("docker", 3), ("docker", 3), ("docker", 3)]
+    gpu = [r for r in rows if r["tool"] != "docker"]
+    assert {r["driver"] for r in gpu} == {"580.159.04"} and {r["shown"] for r in rows} == {"3 of 3"}
+    assert sum("moby/moby#37344" in r["public_report"] or "containerd#10166" in r["public_report"] for r in rows) == 2
     assert all((REPO / "results" / "reference" / "findings" / r["reproducer"]).is_file() for r in rows)
     assert sum("cuda-checkpoint#44" in r["public_report"] for r in rows) == 2
     plugin = next(r for r in rows if r["tool"] == "criu-cuda-plugin")

@@ -1,0 +1,998 @@
+"""docker-3: engine_restore in running: documented refused (stays running); it answered ok and left it running
+
+Found by `cutbench hunt --tool docker`; shrunk to 3 steps: engine_checkpoint -> engine_restore -> engine_restore.
+Documented: docker start --checkpoint: "Restore from this checkpoint" into the stopped container (docker start: "Start one or more stopped containers"); a checkpoint stays until docker checkpoint rm, so it may be restored again
+
+Run: python docker-3.py [--repeat N]; exit 0 when the deviation shows, 1 when it does not, 2 when it cannot run here.
+CRIU: `criu` on PATH, or HUNT_CRIU='["/path/to/criu"]'; the plugin's directory in HUNT_CRIU_LIBDIR.
+The engine: `docker` on PATH answering at DOCKER_HOST (with experimental features: checkpoints); HUNT_ENGINE_TMP: its temporary directory, where containerd unpacks checkpoints.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROBE = r'''
+import json, os, sys, threading, time
+d, kind = sys.argv[1], sys.argv[2]
+gpu = kind == "gpu"
+if gpu:
+    import cupy as cp
+N0 = 1 << 24 if gpu else 1 << 14      # 64 MiB of float32 on the GPU
+N1 = 1 << 22 if gpu else 1 << 12      # what `alloc` adds: 16 MiB
+def new(n, v):
+    return cp.full(n, v, dtype=cp.float32) if gpu else [float(v)] * n
+bufs = [new(N0, 1.0)]
+if gpu:
+    cp.cuda.runtime.deviceSynchronize()
+threads = {}
+def span(b):
+    return (float(b.min()), float(b.max())) if gpu else (min(b), max(b))
+def ptr(b):
+    return int(b.data.ptr) if gpu else id(b)
+def thread_call(n):
+    # A CUDA call from a second thread: blocks while the process is LOCKED (documented), returns after unlock.
+    t0 = time.time()
+    x = cp.ones(1024, dtype=cp.float32); x += 1; v = float(x.sum())
+    threads[n] = {"value": v, "waited_s": round(time.time() - t0, 3)}
+def handle(c):
+    op = c["op"]
+    if op == "digest":
+        if gpu:
+            cp.cuda.runtime.deviceSynchronize()
+        return {"spans": [span(b) for b in bufs], "ptrs": [ptr(b) for b in bufs], "threads": threads, "pid": os.getpid()}
+    if op == "step":
+        for i, b in enumerate(bufs):
+            if gpu:
+                b += c["k"]
+            else:
+                bufs[i][:] = [x + c["k"] for x in b]
+        if gpu:
+            cp.cuda.runtime.deviceSynchronize()
+        return {}
+    if op == "alloc":
+        bufs.append(new(N1, c["value"]))
+        if gpu:
+            cp.cuda.runtime.deviceSynchronize()
+        return {}
+    if op == "free":
+        if len(bufs) > 1:
+            bufs.pop()
+            if gpu:
+                cp.get_default_memory_pool().free_all_blocks()
+        return {}
+    if op == "thread":
+        threading.Thread(target=thread_call, args=(c["n"],), daemon=True).start()
+        return {}
+    if op == "fork":
+        pid = os.fork()
+        if pid == 0:
+            if c.get("exec"):
+                os.execv("/bin/true", ["/bin/true"])
+            os._exit(0)
+        return {"status": os.waitpid(pid, 0)[1]}
+    return {"error": "unknown op " + op}
+open(os.path.join(d, "ready"), "w").write(str(os.getpid()))
+seq = 1
+while True:
+    p = os.path.join(d, "cmd.%d" % seq)
+    if not os.path.exists(p):
+        time.sleep(0.002)
+        continue
+    try:
+        c = json.load(open(p))
+        out = handle(c)
+    except Exception as e:
+        out = {"error": repr(e)}
+    tmp = os.path.join(d, "ack.%d.tmp" % seq)
+    json.dump(out, open(tmp, "w"))
+    os.rename(tmp, os.path.join(d, "ack.%d" % seq))
+    seq += 1
+'''
+
+# A second process that takes the GPU's free memory but FILL_LEFT_MIB (less than the probe needs back).
+FILLER = r'''
+import sys, time, cupy as cp
+left = int(sys.argv[1]) << 20
+free, _ = cp.cuda.runtime.memGetInfo()
+held = cp.cuda.runtime.malloc(max(free - left, 0))
+print("filled", free - left, flush=True)
+time.sleep(3600)
+'''
+FILL_LEFT_MIB = 32
+
+# The driver's checkpoint API in a process of its own, so that a call that never returns is bounded.
+AGENT = r'''
+import json, sys
+from cuda.bindings import driver as drv
+(err,) = drv.cuInit(0)
+for line in sys.stdin:
+    c = json.loads(line)
+    pid, op = c["pid"], c["op"]
+    if op == "state":
+        r = drv.cuCheckpointProcessGetState(pid)
+        out = r[1].name.removeprefix("CU_PROCESS_STATE_").lower() if int(r[0]) == 0 else r[0].name
+    else:
+        if op == "lock":
+            args = drv.CUcheckpointLockArgs(); args.timeoutMs = c["timeout_ms"]
+            r = drv.cuCheckpointProcessLock(pid, args)
+        elif op == "checkpoint":
+            r = drv.cuCheckpointProcessCheckpoint(pid, None)
+        elif op == "restore":
+            r = drv.cuCheckpointProcessRestore(pid, None)
+        else:
+            r = drv.cuCheckpointProcessUnlock(pid, None)
+        e = r[0] if isinstance(r, tuple) else r
+        out = "ok" if int(e) == 0 else e.name
+    print(json.dumps(out), flush=True)
+'''
+
+BOUND_S = 60.0  # no single step may take longer: past it the step is a hang
+
+
+class Hang(Exception):
+    """A call that did not return within its bound."""
+
+
+class Utility:
+    """NVIDIA's ``cuda-checkpoint``, one invocation per call."""
+
+    name = "cuda-checkpoint"
+
+    def __init__(self, bound_s: float = BOUND_S) -> None:
+        exe = shutil.which("cuda-checkpoint")
+        if exe is None:
+            raise RuntimeError("cuda-checkpoint is not on PATH")
+        self.exe: str = exe
+        self.bound_s = bound_s
+
+    def call(self, pid: int, op: str, timeout_ms: int = 0) -> str:
+        """"ok", or the utility's own words when it refuses; raises Hang past the bound."""
+        args = ["--get-state"] if op == "state" else ["--action", op]
+        if op == "lock" and timeout_ms:
+            args += ["--timeout", str(timeout_ms)]
+        try:
+            p = subprocess.run([self.exe, *args, "--pid", str(pid)], capture_output=True, text=True,
+                               timeout=self.bound_s)
+        except subprocess.TimeoutExpired as exc:
+            raise Hang(f"cuda-checkpoint {' '.join(args)} past {self.bound_s:.0f} s") from exc
+        out = " ".join((p.stdout + p.stderr).split())
+        if op == "state":
+            return out.lower() if p.returncode == 0 else out
+        return "ok" if p.returncode == 0 else (out or f"exit {p.returncode}")
+
+    def close(self) -> None:
+        pass
+
+
+class Driver:
+    """The CUDA driver's checkpoint API (``cuCheckpointProcess*``) through cuda-bindings, in an agent process."""
+
+    name = "cuda"
+
+    def __init__(self, bound_s: float = BOUND_S) -> None:
+        self.bound_s = bound_s
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _agent(self) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-c", AGENT], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+        return self.proc
+
+    def call(self, pid: int, op: str, timeout_ms: int = 0) -> str:
+        """"ok", or the CUresult's name when the driver refuses; raises Hang past the bound."""
+        import selectors
+
+        agent = self._agent()
+        assert agent.stdin is not None and agent.stdout is not None
+        agent.stdin.write(json.dumps({"pid": pid, "op": op, "timeout_ms": timeout_ms}) + "\n")
+        agent.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(agent.stdout, selectors.EVENT_READ)
+        ready = sel.select(self.bound_s)
+        sel.close()
+        line = agent.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            raise Hang(f"cuCheckpointProcess {op} past {self.bound_s:.0f} s")
+        return str(json.loads(line))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def criu_argv() -> list[str]:
+    """CRIU's command prefix: ``$HUNT_CRIU`` (a JSON list) or ``criu`` on PATH."""
+    return json.loads(os.environ["HUNT_CRIU"]) if os.environ.get("HUNT_CRIU") else ["criu"]
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (``PR_SET_CHILD_SUBREAPER``), so restored probes can be collected."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def alive(pid: int | None) -> bool:
+    """Whether ``pid`` runs (a zombie or a missing process does not)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def reap(pid: int, timeout: float = 10.0) -> None:
+    """Collect ``pid`` when it is ours (or was re-parented to us); wait until it is gone either way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+        except ChildProcessError:
+            if not alive(pid):
+                return
+        time.sleep(0.01)
+
+
+class Session:
+    """One probe under one tool; :meth:`do` runs an action and returns what was seen, :meth:`close` what was left.
+
+    ``tool``: ``cuda`` (the driver API), ``cuda-checkpoint`` (NVIDIA's
+    utility), ``criu-cuda-plugin`` (CRIU with ``--libdir`` at ``libdir``)
+    or ``criu`` (a CPU probe). ``criu``: CRIU's command prefix and ``libdir``
+    the plugin's directory (by default ``$HUNT_CRIU``, else ``criu`` on PATH,
+    and ``$HUNT_CRIU_LIBDIR``). The probe's GPU buffers, its pointers and its
+    second threads' results are checked after every step (:meth:`digest`).
+    """
+
+    GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
+
+    def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
+                 libdir: str | None = None) -> None:
+        self.tool = tool
+        self.criu = criu or criu_argv()
+        self.libdir = libdir or os.environ.get("HUNT_CRIU_LIBDIR")
+        self.kind = "gpu" if tool in self.GPU_TOOLS else "cpu"
+        self.bound_s = bound_s
+        self.api: Utility | Driver | None = (
+            Utility(bound_s) if tool == "cuda-checkpoint" else Driver(bound_s) if tool in ("cuda", "criu-cuda-plugin")
+            else None)
+        become_subreaper()  # a probe CRIU restored is re-parented to us, and we collect it
+        self.dir = Path(tempfile.mkdtemp(prefix="cutbench-hunt-"))
+        self.images = self.dir / "images"
+        self.seq = 0
+        self.pids: set[int] = set()
+        self.extra: list[subprocess.Popen[bytes]] = []
+        # What the probe must hold: one [elements, value] per buffer; the image's copy of it after a dump.
+        self.expected: list[list[float]] = [[0, 1.0]]
+        self.image: dict[str, Any] | None = None
+        self.threads = 0
+        self.ptrs: list[int] | None = None
+        self.pid: int | None = self._start()
+
+    # -- the probe -------------------------------------------------------
+    def _start(self) -> int:
+        log = open(self.dir / "probe.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-c", PROBE, str(self.dir), self.kind], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.bound_s
+        while not (self.dir / "ready").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"the probe did not start: {self.log_tail()}")
+            time.sleep(0.01)
+        self.pids.add(proc.pid)
+        return proc.pid
+
+    def log_tail(self, n: int = 5) -> str:
+        """The probe's last lines of output (its last words when it dies)."""
+        try:
+            lines = (self.dir / "probe.log").read_text(errors="replace").strip().splitlines()
+            return " | ".join(lines[-n:])
+        except OSError:
+            return ""
+
+    def command(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send the probe one command; its answer, ``{"hang": …}`` past the bound, ``{"gone": …}`` if it died."""
+        self.seq += 1
+        tmp = self.dir / f"cmd.{self.seq}.tmp"
+        tmp.write_text(json.dumps({"op": op, **args}))
+        tmp.rename(self.dir / f"cmd.{self.seq}")
+        ack = self.dir / f"ack.{self.seq}"
+        deadline = time.monotonic() + self.bound_s
+        while not ack.exists():
+            if not alive(self.pid):
+                return {"gone": self.log_tail()}
+            if time.monotonic() > deadline:
+                return {"hang": f"probe command {op} past {self.bound_s:.0f} s"}
+            time.sleep(0.002)
+        return dict(json.loads(ack.read_text()))
+
+    def state(self) -> str:
+        """The tool's word for the probe's state now: running, locked, checkpointed, failed, or gone."""
+        if not alive(self.pid):
+            return "gone"
+        if self.api is None:
+            return "running"
+        try:
+            s = self.api.call(self.pid or 0, "state")
+        except Hang:
+            return "hang"
+        for word in ("running", "locked", "checkpointed", "failed"):
+            if word in s.lower():
+                return word
+        return s
+
+    # -- the actions ---------------------------------------------------------
+    def do(self, action: str, **args: Any) -> dict[str, Any]:
+        """Run one action; returns ``{action, args, answer, detail, state, seconds}``."""
+        started = time.monotonic()
+        try:
+            detail = getattr(self, "_" + action)(**args)
+        except Hang as exc:
+            detail = f"hang: {exc}"
+        answer = classify(detail)
+        return {"action": action, "args": args, "answer": answer, "detail": detail, "state": self.state(),
+                "seconds": round(time.monotonic() - started, 3)}
+
+    def observe(self, action: str, **args: Any) -> dict[str, Any]:
+        """:meth:`do`, then, when the probe runs, its digest: ``continues`` (and ``continues_detail`` when not)."""
+        obs = self.do(action, **args)
+        if obs["state"] == "running" and obs["answer"] != "hang":
+            d = self.digest()
+            obs["continues"] = d["ok"]
+            obs["continues_detail"] = d["detail"]
+        return obs
+
+    def _api(self, op: str, **kw: Any) -> str:
+        if self.api is None:
+            return "harness: this tool has no such call"
+        if not alive(self.pid):
+            return "gone"
+        return self.api.call(self.pid or 0, op, **kw)
+
+    def _lock(self, timeout_ms: int = 5000) -> str:
+        return self._api("lock", timeout_ms=timeout_ms)
+
+    def _unlock(self) -> str:
+        return self._api("unlock")
+
+    def _checkpoint(self) -> str:
+        return self._api("checkpoint")
+
+    def _restore(self) -> str:
+        return self._api("restore")
+
+    def _fill(self) -> subprocess.Popen[bytes] | None:
+        """Start a process that takes the GPU's free memory but FILL_LEFT_MIB; None when it could not."""
+        filler = subprocess.Popen([sys.executable, "-c", FILLER, str(FILL_LEFT_MIB)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        self.extra.append(filler)
+        assert filler.stdout is not None
+        if filler.stdout.readline().startswith(b"filled"):
+            return filler
+        self._unfill(filler)
+        return None
+
+    def _unfill(self, filler: subprocess.Popen[bytes]) -> None:
+        filler.kill()
+        filler.wait()
+        time.sleep(0.5)  # its memory is released after its exit
+
+    def _restore_filled(self) -> str:
+        """A restore while another process holds all of the GPU's free memory but FILL_LEFT_MIB."""
+        filler = self._fill()
+        if filler is None:
+            return "harness: the filler did not fill the GPU"
+        try:
+            return self._api("restore")
+        finally:
+            self._unfill(filler)
+
+    def _criu_restore_filled(self) -> str:
+        """A CRIU restore (with the CUDA plugin) while another process holds the GPU's free memory."""
+        filler = self._fill()
+        if filler is None:
+            return "harness: the filler did not fill the GPU"
+        try:
+            return self._criu_restore()
+        finally:
+            self._unfill(filler)
+
+    def _respawn(self) -> str:
+        """A fresh probe in place of a gone one (the image, if any, is forgotten)."""
+        if alive(self.pid):
+            self._kill()
+        for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")) + [self.dir / "ready"]:
+            p.unlink(missing_ok=True)
+        self.seq, self.threads, self.ptrs, self.image = 0, 0, None, None
+        self.expected = [[0, 1.0]]
+        self.pid = self._start()
+        return "ok"
+
+    def _kill(self) -> str:
+        if not alive(self.pid):
+            return "gone"
+        os.kill(self.pid or 0, signal.SIGKILL)
+        reap(self.pid or 0)
+        return "ok"
+
+    def _signal(self) -> str:
+        """SIGSTOP, then SIGCONT a moment later."""
+        if not alive(self.pid):
+            return "gone"
+        os.kill(self.pid or 0, signal.SIGSTOP)
+        time.sleep(0.1)
+        os.kill(self.pid or 0, signal.SIGCONT)
+        return "ok"
+
+    def _probe(self, op: str, **kw: Any) -> str:
+        if not alive(self.pid):
+            return "gone"
+        out = self.command(op, **kw)
+        if "hang" in out:
+            raise Hang(out["hang"])
+        if "gone" in out:
+            return "gone: " + out["gone"]
+        return "ok" if "error" not in out else "refused: " + out["error"]
+
+    def _step(self, k: int = 1) -> str:
+        res = self._probe("step", k=k)
+        if res == "ok":
+            for b in self.expected:
+                b[1] += k
+        return res
+
+    def _alloc(self) -> str:
+        value = float(len(self.expected) + 1)
+        res = self._probe("alloc", value=value)
+        if res == "ok":
+            self.expected.append([1, value])
+            self.ptrs = None  # a new buffer: pointers are taken afresh
+        return res
+
+    def _free(self) -> str:
+        res = self._probe("free")
+        if res == "ok" and len(self.expected) > 1:
+            self.expected.pop()
+            self.ptrs = None
+        return res
+
+    def _thread_call(self) -> str:
+        """Start a second thread's CUDA call (it may block: the probe answers without waiting for it)."""
+        self.threads += 1
+        return self._probe("thread", n=self.threads)
+
+    def _fork(self, exec_: bool = False) -> str:
+        return self._probe("fork", exec=exec_)
+
+    def _criu(self, *args: str) -> str:
+        self.images.mkdir(exist_ok=True)
+        argv = [*self.criu, *args, "-D", str(self.images), "-v2", "--network-lock", "nftables",
+                *(["--libdir", self.libdir] if self.libdir and self.tool == "criu-cuda-plugin" else [])]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=self.bound_s)
+        except subprocess.TimeoutExpired as exc:
+            raise Hang(f"criu {args[0]} past {self.bound_s:.0f} s") from exc
+        if p.returncode == 0:
+            return "ok"
+        log = self.images / f"{args[0]}.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else p.stderr.splitlines()
+        errs = [ln.split(": ", 1)[-1].strip() for ln in lines if "Error" in ln]
+        return "refused: criu " + args[0] + ": " + " | ".join(errs[-2:] or [f"exit {p.returncode}"])
+
+    def _criu_dump(self, leave_running: bool = False) -> str:
+        if not alive(self.pid):
+            return "gone"
+        shutil.rmtree(self.images, ignore_errors=True)
+        res = self._criu("dump", "-t", str(self.pid), "-o", "dump.log", *(["--leave-running"] if leave_running else []))
+        if res == "ok":
+            # Every command sent so far was answered before the dump: the image's probe waits for the next one.
+            self.image = {"expected": [list(b) for b in self.expected], "ptrs": self.ptrs, "seq": self.seq,
+                          "threads": self.threads}
+            if not leave_running:
+                reap(self.pid or 0)
+        return res
+
+    def _criu_restore(self) -> str:
+        if self.image is None:
+            return "harness: no image to restore"
+        pidfile = self.dir / "restored.pid"
+        pidfile.unlink(missing_ok=True)
+        if not alive(self.pid):
+            # Commands the original answered after the dump are not the copy's: it must not find them when
+            # it wakes (while the original runs, the restore cannot take its pid and the files stay its own).
+            for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")):
+                parts = p.name.split(".")
+                if len(parts) == 2 and int(parts[1]) > self.image["seq"]:
+                    p.unlink(missing_ok=True)
+        res = self._criu("restore", "-d", "--pidfile", str(pidfile), "-o", "restore.log")
+        if res == "ok":
+            self.pid = int(pidfile.read_text())
+            self.pids.add(self.pid)
+            self.expected = [list(b) for b in self.image["expected"]]
+            self.ptrs, self.seq, self.threads = self.image["ptrs"], self.image["seq"], self.image["threads"]
+        return res
+
+    # -- what must hold -------------------------------------------------------
+    def digest(self) -> dict[str, Any]:
+        """Check the probe continues identically; returns ``{"ok": bool, "detail": str}``.
+
+        Asked only when the probe is running: its buffers hold what the commands
+        it answered put there, its buffers' addresses are the ones it had, and
+        every second-thread call it was given has returned with the right value.
+        """
+        out = self.command("digest")
+        if "hang" in out or "gone" in out:
+            return {"ok": False, "detail": f"digest: {out.get('hang') or 'the probe died: ' + out['gone']}"}
+        spans = out["spans"]
+        want = [(b[1], b[1]) for b in self.expected]
+        if [tuple(s) for s in spans] != want:
+            return {"ok": False, "detail": f"buffers hold {spans}, expected {want}"}
+        if self.ptrs is not None and out["ptrs"] != self.ptrs:
+            return {"ok": False, "detail": f"buffer addresses moved: {self.ptrs} -> {out['ptrs']}"}
+        self.ptrs = out["ptrs"]
+        deadline = time.monotonic() + self.bound_s
+        while len(out["threads"]) < self.threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out = self.command("digest")
+            if "threads" not in out:
+                return {"ok": False, "detail": f"digest: {out}"}
+        bad = {n: t for n, t in out["threads"].items() if t["value"] != 2048.0}
+        if len(out["threads"]) < self.threads or bad:
+            return {"ok": False, "detail": f"second-thread calls: {self.threads} started, returned {out['threads']}"}
+        return {"ok": True, "detail": ""}
+
+    def close(self) -> list[str]:
+        """Kill everything this session started; returns what was left behind (each as a sentence)."""
+        for p in self.extra:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for pid in self.pids:
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                reap(pid)
+        if self.api is not None:
+            self.api.close()
+        left = [f"process {pid} still runs after SIGKILL" for pid in self.pids if alive(pid)]
+        if self.kind == "gpu":
+            left += gpu_leftovers(self.pids)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir.exists():
+            left.append(f"{self.dir} could not be removed")
+        return left
+
+
+# The session class of each tool that needs its own (a container engine's: engine_kit); Session otherwise.
+SESSIONS: dict[str, type[Session]] = {}
+
+
+def gpu_leftovers(pids: set[int], settle_s: float = 10.0) -> list[str]:
+    """The probe's pids that still hold GPU memory ``settle_s`` after they died (``nvidia-smi``)."""
+    deadline = time.monotonic() + settle_s
+    held: set[int] = set()
+    while True:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        held = {int(w) for w in out.split() if w.isdigit()} & pids
+        if not held or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return [f"pid {p} still holds GPU memory {settle_s:.0f} s after it was killed" for p in sorted(held)]
+
+
+def classify(detail: str) -> str:
+    """``ok``, ``hang``, ``gone``, ``harness`` (the kit's own trouble) or ``refused``: the class of an answer."""
+    if detail == "ok" or detail.startswith("ok"):
+        return "ok"
+    for word in ("hang", "gone", "harness"):
+        if detail.startswith(word):
+            return word
+    return "refused"
+
+
+# -- a reproducer's main ----------------------------------------------------------
+def replay(tool: str, sequence: list[dict[str, Any]], bound_s: float = BOUND_S) -> list[dict[str, Any]]:
+    """Run ``sequence`` (``{"action", "args"}`` steps) on a fresh probe; returns each step's observation.
+
+    Each step is observed as :meth:`Session.observe` does; the last
+    observation is the session's leftovers.
+    """
+    session = SESSIONS.get(tool, Session)(tool, bound_s)
+    seen = []
+    try:
+        for step in sequence:
+            obs = session.observe(step["action"], **step.get("args", {}))
+            seen.append(obs)
+            print(f"  {step['action']} {step.get('args') or ''}: {obs['answer']} ({obs['detail'][:160]}) "
+                  f"-> {obs['state']}" + ("" if obs.get("continues", True) else
+                                          f"; does not continue: {obs['continues_detail']}"), flush=True)
+            if obs["answer"] == "hang":
+                break
+    finally:
+        left = session.close()
+    seen.append({"action": "close", "args": {}, "answer": "ok" if not left else "refused",
+                 "detail": "; ".join(left) or "ok", "state": "gone", "seconds": 0.0})
+    return seen
+
+
+def shows(observed: dict[str, Any], deviation: dict[str, Any]) -> bool:
+    """Whether an observation shows the recorded deviation (same answer class, state, continuation)."""
+    keys = ("answer", "state") if deviation.get("invariant") != "continues_identically" else ("continues",)
+    return all(observed.get(k) == deviation["observed"].get(k) for k in keys)
+
+
+def main(tool: str, sequence: list[dict[str, Any]], deviation: dict[str, Any]) -> int:
+    """A reproducer's command line: replay the sequence; exit 0 when the deviation shows, 1 when not, 2 when it cannot run."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=f"{tool}: {deviation.get('summary', '')}")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", help="write every run's observations here")
+    args = ap.parse_args()
+    runs = []
+    for i in range(args.repeat):
+        print(f"run {i + 1}: {tool}, {len(sequence)} steps", flush=True)
+        try:
+            seen = replay(tool, sequence)
+        except Exception as exc:  # noqa: BLE001 - reported: the reproducer could not run here
+            print(f"cannot run: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        at = deviation["step"]
+        shown = at < len(seen) and seen[at]["action"] == deviation["action"] and shows(seen[at], deviation)
+        print(f"run {i + 1}: the deviation {'SHOWS' if shown else 'does not show'}: {deviation.get('summary', '')}",
+              flush=True)
+        runs.append({"shown": shown, "observations": seen})
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=2))
+    return 0 if all(r["shown"] for r in runs) else 1
+
+
+
+
+import io
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tarfile
+import time
+import uuid
+from typing import Any
+
+
+ROOTFS_IMAGE = "cutbench-hunt-rootfs:1"  # empty mount points and merged-/usr links: the host's /usr is mounted
+PYTHON = "/usr/bin/python3"
+LABEL = "cutbench.hunt"  # every container a session makes carries its session's id under this label
+NPROC = 4096  # Podman's default process limit is more than some hosts grant (runc: "error setting rlimit")
+
+
+def rootfs_tar() -> bytes:
+    """The probe's image as a tar: mount points, and ``bin``, ``lib``… as links into the mounted ``/usr``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("usr", "tmp", "proc", "dev", "sys", "etc", "run", "var"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
+            tar.addfile(info)
+        for name, target in (("bin", "usr/bin"), ("sbin", "usr/sbin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+class EngineSession(Session):
+    """One probe in a container of ``tool`` (``docker`` or ``podman``); :meth:`do` and :meth:`close` as
+    :class:`Session`'s. The probe's host pid changes with each restore; its container is ``self.container``."""
+
+    def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
+                 libdir: str | None = None) -> None:
+        self.engine = tool
+        self.session_id = uuid.uuid4().hex[:12]
+        self.containers: list[str] = []  # every container this session made, for close()
+        self.container = ""  # the probe's container now
+        self.checkpoint: dict[str, str] | None = None  # the last checkpoint: container, id, name or archive
+        self.count = 0
+        tmp = os.environ.get("HUNT_ENGINE_TMP", "")
+        self.engine_tmp = tmp if tool == "docker" else ""
+        self.inventories: set[bytes] = set()  # each docker checkpoint's inventory.img: its unpacked copies' mark
+        self.root = ""  # the docker engine's data root (asked once)
+        super().__init__(tool, bound_s, criu, libdir)
+
+    # -- the engine's command line ---------------------------------------------------
+    def _run(self, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        # runc runs `criu` from PATH: HUNT_ENGINE_PATH puts the CRIU to use first (podman's runc is started here).
+        env = {**os.environ, "PATH": os.environ.get("HUNT_ENGINE_PATH") or os.environ.get("PATH", "")}
+        try:
+            return subprocess.run([self.engine, *args], input=stdin, capture_output=True, timeout=self.bound_s, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise Hang(f"{self.engine} {args[0]} past {self.bound_s:.0f} s") from exc
+
+    def _words(self, p: subprocess.CompletedProcess[bytes]) -> str:
+        text = (p.stderr or p.stdout).decode(errors="replace").strip().splitlines()
+        return text[-1] if text else f"exit {p.returncode}"
+
+    def _inspect(self, container: str) -> dict[str, Any]:
+        p = self._run("inspect", "--format", "{{json .State}}|{{.Id}}", container)
+        if p.returncode != 0:
+            return {}
+        state, _, cid = p.stdout.decode().strip().rpartition("|")
+        return {**json.loads(state), "Id": cid}
+
+    def _remove(self, name: str) -> subprocess.CompletedProcess[bytes]:
+        """``rm --force`` of container ``name`` (Podman's with no grace period: the probe, its container's init,
+        ignores SIGTERM, so a stop would wait out its 10 s before the SIGKILL)."""
+        return self._run("rm", "--force", *(["--time", "0"] if self.engine == "podman" else []), name)
+
+    def _running(self) -> bool:
+        return bool(self.container) and bool(self._inspect(self.container).get("Running"))
+
+    def _unpacked(self) -> list[str]:
+        """containerd's unpacked copies of this session's checkpoints in the docker engine's temporary directory
+        (none for podman). A copy is known by its ``inventory.img``, whose bytes are its checkpoint's own: another
+        user's restores on the same engine are never counted."""
+        if not self.engine_tmp or not os.path.isdir(self.engine_tmp):
+            return []
+        found = []
+        for name in os.listdir(self.engine_tmp):
+            try:
+                with open(os.path.join(self.engine_tmp, name, "inventory.img"), "rb") as f:
+                    if name.startswith("ctrd-checkpoint") and f.read() in self.inventories:
+                        found.append(name)
+            except OSError:
+                continue
+        return found
+
+    def _checkpoints_dir(self, container_id: str) -> str:
+        """Where the docker engine keeps a container's checkpoints."""
+        if not self.root:
+            self.root = self._run("info", "--format", "{{.DockerRootDir}}").stdout.decode().strip()
+        return os.path.join(self.root, "containers", container_id, "checkpoints")
+
+    def _ensure_image(self) -> None:
+        if self._run("image", "inspect", ROOTFS_IMAGE).returncode == 0:
+            return
+        p = self._run("import", "-", ROOTFS_IMAGE, stdin=rootfs_tar())
+        if p.returncode != 0:
+            raise RuntimeError(f"{self.engine} import of the probe's image failed: {self._words(p)}")
+
+    def _create_args(self, name: str) -> list[str]:
+        """The arguments after ``run``/``create``: the probe's container, named ``name``."""
+        args = ["--name", name, "--label", f"{LABEL}={self.session_id}", "--network", "none",
+                "-v", "/usr:/usr:ro", "-v", f"{self.dir}:{self.dir}"]
+        if self.engine == "podman":
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            args += ["--runtime", "runc", "--ulimit", f"nofile={soft}:{hard}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
+        return [*args, ROOTFS_IMAGE, PYTHON, "-c", PROBE, str(self.dir), self.kind]
+
+    def _adopt(self, name: str) -> int:
+        """The probe in container ``name`` is now the session's: its host pid (0 when it is not running)."""
+        self.container = name
+        pid = int(self._inspect(name).get("Pid") or 0)
+        if pid:
+            self.pids.add(pid)
+        return pid
+
+    # -- the probe -------------------------------------------------------------------
+    def _start(self) -> int:
+        self._ensure_image()
+        name = f"cutbench-hunt-{self.session_id}-{len(self.containers)}"
+        self.containers.append(name)
+        self.container = name
+        p = self._run("run", "--detach", *self._create_args(name))
+        deadline = time.monotonic() + self.bound_s
+        while p.returncode == 0 and not (self.dir / "ready").exists():
+            if not self._running() or time.monotonic() > deadline:
+                p = self._run("logs", name)
+                p.returncode = p.returncode or 1
+            time.sleep(0.01)
+        if p.returncode != 0:
+            why = self._words(p)
+            self._remove(name)  # the session is not made: nobody else would remove it
+            raise RuntimeError(f"the probe's container did not start: {why}")
+        return self._adopt(name)
+
+    def log_tail(self, n: int = 5) -> str:
+        """The probe's last lines of output, as its engine kept them."""
+        p = self._run("logs", self.container) if self.container else None
+        lines = (p.stdout + p.stderr).decode(errors="replace").strip().splitlines() if p is not None else []
+        return " | ".join(lines[-n:])
+
+    def state(self) -> str:
+        """``running`` while the probe's container runs and its probe lives, else ``gone``."""
+        return "running" if alive(self.pid) and self._running() else "gone"
+
+    # -- the actions -------------------------------------------------------------------
+    def _kill(self) -> str:
+        if not self._running():
+            return "gone"
+        p = self._run("kill", self.container)
+        deadline = time.monotonic() + self.bound_s
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "ok" if p.returncode == 0 else "refused: " + self._words(p)
+
+    def _engine_checkpoint(self, leave_running: bool = False) -> str:
+        if not self._running():
+            return "gone"
+        self.count += 1
+        leave = ["--leave-running"] if leave_running else []
+        if self.engine == "docker":
+            name = f"c{self.count}"
+            p = self._run("checkpoint", "create", *leave, self.container, name)
+            cp = {"container": self.container, "id": self._inspect(self.container).get("Id", ""), "name": name}
+        else:
+            self.images.mkdir(exist_ok=True)
+            archive = str(self.images / f"c{self.count}.tar")
+            p = self._run("container", "checkpoint", *leave, "--compress", "none", "--export", archive, self.container)
+            cp = {"container": self.container, "archive": archive}
+        if p.returncode != 0:
+            return f"refused: {self.engine} checkpoint: {self._words(p)}"
+        if self.engine == "docker":
+            try:
+                with open(os.path.join(self._checkpoints_dir(cp["id"]), cp["name"], "inventory.img"), "rb") as f:
+                    self.inventories.add(f.read())
+            except OSError:
+                pass  # an engine on another host: its unpacked copies are not counted here
+        self.checkpoint = cp
+        # Every command sent so far was answered before the checkpoint: the image's probe waits for the next one.
+        self.image = {"expected": [list(b) for b in self.expected], "ptrs": self.ptrs, "seq": self.seq,
+                      "threads": self.threads}
+        if not leave_running:
+            deadline = time.monotonic() + self.bound_s
+            while self._running() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return "ok"
+
+    def _forget_after_image(self) -> None:
+        """Commands the original answered after the checkpoint are not the copy's: it must not find them."""
+        assert self.image is not None
+        for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")):
+            parts = p.name.split(".")
+            if len(parts) == 2 and int(parts[1]) > self.image["seq"]:
+                p.unlink(missing_ok=True)
+
+    def _restored(self, name: str) -> str:
+        """After a restore the engine answered ok: the copy in ``name`` is the probe, as the image left it."""
+        assert self.image is not None
+        self.pid = self._adopt(name)
+        self.expected = [list(b) for b in self.image["expected"]]
+        self.ptrs, self.seq, self.threads = self.image["ptrs"], self.image["seq"], self.image["threads"]
+        return "ok" if self.pid else f"refused: {self.engine} reported the restore, but {name} is not running"
+
+    def _engine_restore(self) -> str:
+        """Restore the checkpointed container from its checkpoint (Podman: remove it, import the export again)."""
+        if self.checkpoint is None or self.image is None:
+            return "harness: no checkpoint to restore"
+        name = self.checkpoint["container"]
+        before = self._inspect(name)
+        running = bool(before.get("Running"))
+        if not running:
+            self._forget_after_image()
+        if self.engine == "docker":
+            p = self._run("start", "--checkpoint", self.checkpoint["name"], name)
+        else:
+            if not running:
+                self._remove(name)
+            p = self._run("container", "restore", "--import", self.checkpoint["archive"])
+        if p.returncode != 0:
+            return f"refused: {self.engine} restore: {self._words(p)}"
+        after = self._inspect(name)
+        if running and after.get("Running") and after.get("Pid") == before.get("Pid"):
+            # The engine said yes, and the container it was to restore into runs on as it was.
+            return (f"ok: {self.engine} answered 0 but restored nothing: the running container went on "
+                    f"(pid {after.get('Pid')} before and after)")
+        return self._restored(name)
+
+    def _engine_restore_new(self) -> str:
+        """Restore the checkpoint into a new container under a new name (the first one stays, stopped)."""
+        if self.checkpoint is None or self.image is None:
+            return "harness: no checkpoint to restore"
+        self._forget_after_image()
+        name = f"cutbench-hunt-{self.session_id}-{len(self.containers)}"
+        self.containers.append(name)
+        if self.engine == "docker":
+            made = self._run("create", *self._create_args(name))
+            if made.returncode != 0:
+                return f"harness: docker create: {self._words(made)}"
+            where = self._checkpoints_dir(self.checkpoint["id"])
+            p = self._run("start", "--checkpoint", self.checkpoint["name"], "--checkpoint-dir", where, name)
+        else:
+            p = self._run("container", "restore", "--import", self.checkpoint["archive"], "--name", name)
+        if p.returncode != 0:
+            return f"refused: {self.engine} restore into a new container: {self._words(p)}"
+        answer = self._restored(name)
+        self.checkpoint = self.image = None  # a migration: the checkpoint stays with the first container
+        return answer
+
+    # -- what is left ------------------------------------------------------------------
+    def close(self) -> list[str]:
+        """Remove every container of the session (and so its checkpoints), then what :meth:`Session.close`
+        removes; returns what was left behind: containers, and containerd's unpacked checkpoint copies."""
+        for name in self.containers:
+            # A container still stopping (a kill in flight) can outlast one rm --force: asked again while it is there.
+            for _ in range(3):
+                if self._remove(name).returncode == 0 and not self._inspect(name):
+                    break
+                time.sleep(0.5)
+        left = super().close()
+        p = self._run("ps", "--all", "--quiet", "--filter", f"label={LABEL}={self.session_id}")
+        still = p.stdout.decode().split()
+        if still:
+            left.append(f"{len(still)} container(s) of the session still there after {self.engine} rm --force")
+        unpacked = self._unpacked()
+        if unpacked:
+            left.append(f"{len(unpacked)} unpacked checkpoint copies (ctrd-checkpoint*) left in {self.engine_tmp} "
+                        "after the session's containers were removed")
+        for name in unpacked:  # said, then removed: they are this session's, and would fill the engine's disk
+            shutil.rmtree(os.path.join(self.engine_tmp, name), ignore_errors=True)
+        return left
+
+
+SESSIONS.update(docker=EngineSession, podman=EngineSession)
+
+
+# -- this reproducer ------------------------------------------------------------
+TOOL = 'docker'
+SEQUENCE = [
+    {
+        "action": "engine_checkpoint",
+        "args": {}
+    },
+    {
+        "action": "engine_restore",
+        "args": {}
+    },
+    {
+        "action": "engine_restore",
+        "args": {}
+    }
+]
+DEVIATION = {
+    "invariant": "documented_transition",
+    "action": "engine_restore",
+    "args": {},
+    "before": "running",
+    "promised": "refused (stays running)",
+    "source": "docker start --checkpoint: \"Restore from this checkpoint\" into the stopped container (docker start: \"Start one or more stopped containers\"); a checkpoint stays until docker checkpoint rm, so it may be restored again",
+    "observed": {
+        "answer": "ok",
+        "state": "running",
+        "detail": "ok: docker answered 0 but restored nothing: the running container went on (pid 17410 before and after)",
+        "continues": True,
+        "continues_detail": "",
+        "seconds": 0.085
+    },
+    "signature": "documented_transition:engine_restore@running->ok/running:",
+    "summary": "engine_restore in running: documented refused (stays running); it answered ok and left it running",
+    "step": 2
+}
+
+if __name__ == "__main__":
+    sys.exit(main(TOOL, SEQUENCE, DEVIATION))
