@@ -38,7 +38,9 @@ NPROC = 4096  # Podman's default process limit is more than some hosts grant (ru
 
 
 def rootfs_tar() -> bytes:
-    """The probe's image as a tar: mount points, and ``bin``, ``lib``… as links into the mounted ``/usr``."""
+    """The probe's image as a tar: mount points, and ``bin``, ``lib``… as links into the mounted ``/usr``. (The
+    container backends' image, ``containers.rootfs_tarball``, is the same idea written again here on purpose: a
+    reproducer is this file's text and imports nothing of cutbench.)"""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name in ("usr", "tmp", "proc", "dev", "sys", "etc", "run", "var"):
