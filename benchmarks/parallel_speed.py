@@ -55,12 +55,12 @@ def main() -> int:
             print(f"{executor} jobs {jobs}: {exc}", file=sys.stderr)
             return 1
         wall = time.monotonic() - t0
-        meta = run.meta
-        serial = serial or {"wall": wall, "verdicts": run.verdicts()}
+        meta, verdicts = run.meta, run.verdicts()
+        serial = serial or {"wall": wall, "verdicts": verdicts}
         rows.append({"executor": executor, "jobs": meta["jobs"], "trials": len(run), "wall_s": wall,
                      "startup_s": (meta.get("ray") or {}).get("startup_s", 0.0),
                      "trials_per_min": 60.0 * len(run) / wall, "speedup": serial["wall"] / wall,
-                     "same_verdicts": run.verdicts() == serial["verdicts"],
+                     "same_verdicts": verdicts == serial["verdicts"],
                      "unknown": run.counts["unknown"], "run": run.path.name})
     table = pd.DataFrame(rows)
     print(f"# Parallel trials: {scenario.name}, {len(os.sched_getaffinity(0))} CPUs\n")

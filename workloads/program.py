@@ -210,7 +210,7 @@ class Program:
             raise WorkloadError(f"workload.params.env = {params['env']!r}: an inline table of strings, e.g. "
                                 "env = { OMP_NUM_THREADS = \"1\" }")
         stream = params["stream"]
-        if stream not in (*PIPES, HTTP, SOCKET) and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+        if stream not in (*PIPES, HTTP, SOCKET) and not cls.stream_file(stream):
             raise WorkloadError(f"workload.params.stream = {stream!r}: allowed {', '.join(map(repr, PIPES))}, "
                                 "'file:PATH' (a file the program appends to, relative to its directory), 'socket' "
                                 "(it connects to cutbench on 127.0.0.1:{port}) or 'http' (a server cutbench's clients "
@@ -326,7 +326,7 @@ class Program:
             if not isinstance(entry, dict) or set(entry) - set(STREAM_KEYS) or not isinstance(entry.get("stream"), str):
                 raise WorkloadError(f"{where} = {entry!r}: {fix}")
             stream = entry["stream"]
-            if stream not in PIPES and not (stream.startswith(FILE_PREFIX) and stream[len(FILE_PREFIX):]):
+            if stream not in PIPES and not Program.stream_file(stream):
                 raise WorkloadError(f"{where}.stream = {stream!r}: {', '.join(map(repr, PIPES))} or 'file:PATH' (a "
                                     "socket or a server is the scenario's one stream)")
             if stream in out:

@@ -59,23 +59,22 @@ class EngineSession(Session):
     :class:`Session`'s. The probe's host pid changes with each restore; its container is ``self.container``."""
 
     def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
-                 libdir: str | None = None) -> None:
+                 libdir: str | None = None, env: dict[str, str] | None = None) -> None:
         self.engine = tool
         self.session_id = uuid.uuid4().hex[:12]
         self.containers: list[str] = []  # every container this session made, for close()
         self.container = ""  # the probe's container now
         self.checkpoint: dict[str, str] | None = None  # the last checkpoint: container, id, name or archive
         self.count = 0
-        tmp = os.environ.get("HUNT_ENGINE_TMP", "")
-        self.engine_tmp = tmp if tool == "docker" else ""
         self.inventories: set[bytes] = set()  # each docker checkpoint's inventory.img: its unpacked copies' mark
         self.root = ""  # the docker engine's data root (asked once)
-        super().__init__(tool, bound_s, criu, libdir)
+        super().__init__(tool, bound_s, criu, libdir, env)  # self.env: DOCKER_HOST, HUNT_ENGINE_* for the engine's CLI
+        self.engine_tmp = self.env.get("HUNT_ENGINE_TMP", "") if tool == "docker" else ""
 
     # -- the engine's command line ---------------------------------------------------
     def _run(self, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
         # runc runs `criu` from PATH: HUNT_ENGINE_PATH puts the CRIU to use first (podman's runc is started here).
-        env = {**os.environ, "PATH": os.environ.get("HUNT_ENGINE_PATH") or os.environ.get("PATH", "")}
+        env = {**self.env, "PATH": self.env.get("HUNT_ENGINE_PATH") or self.env.get("PATH", "")}
         try:
             return subprocess.run([self.engine, *args], input=stdin, capture_output=True, timeout=self.bound_s, env=env)
         except subprocess.TimeoutExpired as exc:
@@ -108,9 +107,11 @@ class EngineSession(Session):
             return []
         found = []
         for name in os.listdir(self.engine_tmp):
+            if not name.startswith("ctrd-checkpoint"):
+                continue
             try:
                 with open(os.path.join(self.engine_tmp, name, "inventory.img"), "rb") as f:
-                    if name.startswith("ctrd-checkpoint") and f.read() in self.inventories:
+                    if f.read() in self.inventories:
                         found.append(name)
             except OSError:
                 continue

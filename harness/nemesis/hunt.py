@@ -82,10 +82,20 @@ def sessions(tool: str, bound_s: float) -> Callable[[], lifecycle_kit.Session]:
     if reason:
         raise Unavailable(reason)
     env = environment(tool)
-    os.environ.update({k: v for k, v in env.items() if k in ("DOCKER_HOST", "HUNT_ENGINE_TMP", "HUNT_ENGINE_PATH")})
     criu = json.loads(env["HUNT_CRIU"])
     session = lifecycle_kit.SESSIONS.get(tool, lifecycle_kit.Session)
-    return lambda: session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"))
+    return lambda: session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"), env)
+
+
+def needs(tool: str) -> str:
+    """What a reproducer of ``tool`` needs on the machine it runs on, in words (its header's last lines)."""
+    text = "CRIU: `criu` on PATH, or HUNT_CRIU='[\"/path/to/criu\"]'; the plugin's directory in HUNT_CRIU_LIBDIR."
+    if tool == "docker":
+        text += ("\nThe engine: `docker` on PATH answering at DOCKER_HOST (with experimental features: checkpoints); "
+                 "HUNT_ENGINE_TMP: its temporary directory, where containerd unpacks checkpoints.")
+    elif tool == "podman":
+        text += "\nThe engine: `podman` on PATH, with runc."
+    return text
 
 
 def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str) -> str:

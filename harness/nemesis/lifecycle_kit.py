@@ -272,10 +272,12 @@ class Session:
     GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
 
     def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
-                 libdir: str | None = None) -> None:
+                 libdir: str | None = None, env: dict[str, str] | None = None) -> None:
         self.tool = tool
+        # The variables the session reads (HUNT_*, an engine's DOCKER_HOST): this process's, with ``env`` over them.
+        self.env = {**os.environ, **(env or {})}
         self.criu = criu or criu_argv()
-        self.libdir = libdir or os.environ.get("HUNT_CRIU_LIBDIR")
+        self.libdir = libdir or self.env.get("HUNT_CRIU_LIBDIR")
         self.kind = "gpu" if tool in self.GPU_TOOLS else "cpu"
         self.bound_s = bound_s
         self.api: Utility | Driver | None = (

@@ -312,8 +312,8 @@ class Observer(ServerClients):
         return self.read_bytes[self.stream]
 
     def silent(self) -> list[str]:
-        """The watched streams that showed no effect (by the first word of the effects' stream: a server's
-        requests are its one stream)."""
+        """The watched streams that showed no effect (a server's effects carry their request's id as their stream:
+        any of them counts for the server's one stream)."""
         with self.lock:
             shown = {s.stream for s in self.seen}
         if self.http is not None and shown:

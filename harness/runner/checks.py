@@ -32,12 +32,12 @@ def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]
     """
     reasons: dict[str, str | None] = {}
     faults: dict[str, frozenset[str] | None] = {}
+    image = scenario.params.get("image") if workload_api.optional(scenario.workload_class(), "program") else ""
     for name in scenario.backends:
         try:
             backend = checkpointers.get(name)
             _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
             reasons[name] = backend.unavailable_reason()
-            image = scenario.params.get("image") if workload_api.optional(scenario.workload_class(), "program") else ""
             has_image = optional(backend, "has_image")
             if image and reasons[name] is None and has_image is not None and not has_image(image):
                 raise InvalidArgument(f"workload.params.image = {image!r}: {name} holds no such image (no pull is "

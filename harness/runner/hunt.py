@@ -73,11 +73,7 @@ def _finding(out: Path, tool: str, ident: str, f: Found, walk: HuntLog | None, r
     text = [str(s) for s in f.sequence]
     header = (f"{ident}: {f.deviation.summary}\n\nFound by `cutbench hunt --tool {tool}`; shrunk to {len(text)} "
               f"steps: {' -> '.join(text)}.\nDocumented: {dev['source']}\n\nRun: python {ident}.py [--repeat N]; "
-              f"exit 0 when the deviation shows, 1 when it does not, 2 when it cannot run here.\n"
-              f"CRIU: `criu` on PATH, or HUNT_CRIU='[\"/path/to/criu\"]'; the plugin's directory in HUNT_CRIU_LIBDIR."
-              + ("\nThe engine: `docker` on PATH answering at DOCKER_HOST (with experimental features: checkpoints); "
-                 "HUNT_ENGINE_TMP: its temporary directory, where containerd unpacks checkpoints." if tool == "docker" else
-                 "\nThe engine: `podman` on PATH, with runc." if tool == "podman" else ""))
+              f"exit 0 when the deviation shows, 1 when it does not, 2 when it cannot run here.\n{hands.needs(tool)}")
     path = store.write_reproducer(out, ident, hands.reproducer(tool, sequence, dev, header))
     runs = hands.run_reproducer(path, tool, repeat, timeout_s=bound_s * (len(sequence) + 3)) if repeat else []
     say(f"{ident}: {f.deviation.summary}; shown on its own {sum(r['shown'] for r in runs)}/{len(runs)}")

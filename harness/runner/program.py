@@ -85,7 +85,7 @@ class ProgramRunner(TrialRunner):
         self.started_at: float | None = None  # monotonic time of the first start (cuts of phase "time" count from it)
         self.served = False  # a server whose clients all finished (it is then stopped: a server never exits)
         # A container engine's launch where the backend starts the program in a container (docker, podman);
-        # None: the observer starts it here, its pipes read (the control runs always are).
+        # None: the observer starts it here, its pipes read (the control runs are, but for a program in its own image).
         self.engine_launch: Callable[..., Child] | None = None
 
     def _hwm(self) -> int | None:
