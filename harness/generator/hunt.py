@@ -28,10 +28,10 @@ from typing import Any, Protocol
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import Flaky
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from cutbench.harness.checker.lifecycle import Deviation, judge, judge_close
-from cutbench.harness.model.lifecycle import World, Step, advance, expect, moves, safe
+from cutbench.harness.model.lifecycle import World, Step, advance, expect, moves, probes, safe
 
 
 class LifecycleSession(Protocol):
@@ -53,6 +53,7 @@ class Found:
     observations: list[dict[str, Any]]
     first_at: int  # sequences tried (this search's) when it was first seen
     first_s: float  # seconds into the search
+    probe: str = "buffers"  # the probe the sequence started
 
 
 @dataclass
@@ -71,22 +72,24 @@ class HuntLog:
     harness_errors: list[str] = field(default_factory=list)
     # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
     transitions: Counter[str] = field(default_factory=Counter)
+    probes: Counter[str] = field(default_factory=Counter)  # sequences started on each probe
 
     def exhausted(self) -> bool:
         """Whether the budget is spent: past the hard deadline, or as many sequences run as allowed."""
         return time.monotonic() > self.hard_deadline or (
             self.max_sequences is not None and self.sequences >= self.max_sequences)
 
-    def record(self, devs: list[Deviation], trace: list[tuple[Step, dict[str, Any]]]) -> list[Deviation]:
-        """Keep each deviation's shortest sequence; returns ``devs`` (a caller tells new from known)."""
+    def record(self, devs: list[Deviation], trace: list[tuple[Step, dict[str, Any]]],
+               probe: str = "buffers") -> list[Deviation]:
+        """Keep each deviation's shortest sequence (and its probe); returns ``devs`` (a caller tells new from known)."""
         for dev in devs:
             seq = [s for s, _ in trace]
             old = self.found.get(dev.signature)
             if old is None:
                 self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], self.sequences,
-                                                  round(time.monotonic() - self.started, 1))
+                                                  round(time.monotonic() - self.started, 1), probe)
             elif len(seq) < len(old.sequence):
-                self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], old.first_at, old.first_s)
+                self.found[dev.signature] = Found(dev, seq, [o for _, o in trace], old.first_at, old.first_s, probe)
         return devs
 
 
@@ -97,14 +100,16 @@ class _DeviationFound(AssertionError):
 class Walker:
     """One sequence on one probe: take steps, judge each, and stop quietly after a known deviation."""
 
-    def __init__(self, tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog) -> None:
-        self.tool, self.log = tool, log
+    def __init__(self, tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog,
+                 probe: str = "buffers") -> None:
+        self.tool, self.log, self.probe = tool, log, probe
         self.world = World()
         self.trace: list[tuple[Step, dict[str, Any]]] = []
         # Past the budget (a shrink running long) a sequence takes no step and starts no probe.
         self.spent = log.exhausted()
-        self.session = None if self.spent else open_session()
+        self.session = None if self.spent else open_session(probe)
         log.sequences += not self.spent
+        log.probes[probe] += not self.spent
 
     def take(self, step: Step) -> list[Deviation]:
         """Run ``step``, judge it, move the world on; returns the deviations it showed."""
@@ -122,7 +127,7 @@ class Walker:
         self.world = advance(self.tool, self.world, step, observed.get("answer", ""), observed.get("state", ""))
         if devs:
             self.spent = True  # the probe is off the documented path: its next steps say nothing new
-        return self.log.record(devs, self.trace)
+        return self.log.record(devs, self.trace, self.probe)
 
     def finish(self) -> list[Deviation]:
         """End the probe; the deviations its leftovers show."""
@@ -132,11 +137,14 @@ class Walker:
         devs = judge_close(self.world, left)
         if devs:
             self.trace.append((devs[0].step, devs[0].observed))
-        return self.log.record(devs, self.trace)
+        return self.log.record(devs, self.trace, self.probe)
 
 
-def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog) -> type[RuleBasedStateMachine]:
-    """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``."""
+def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog) -> type[RuleBasedStateMachine]:
+    """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``.
+
+    Each sequence first draws its probe (:func:`~cutbench.harness.model.lifecycle.probes`), so a deviation
+    shrinks towards the plain probe when that one shows it too."""
 
     # Deviations found in earlier rounds end a sequence quietly; one found in this round fails every
     # example that shows it, so that Hypothesis can shrink it.
@@ -150,13 +158,19 @@ def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
     class Lifecycle(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.walker = Walker(tool, open_session, log)
+            self.walker: Walker | None = None
+
+        @initialize(probe=st.sampled_from(probes(tool)))
+        def start(self, probe: str) -> None:
+            self.walker = Walker(tool, open_session, log, probe)
 
         def _take(self, step: Step) -> None:
+            assert self.walker is not None
             fail_on(self.walker.take(step))
 
         def _open(self, kind: str) -> tuple[Step, ...]:
-            return () if self.walker.spent else moves(tool, self.walker.world, log.overrides)[kind]
+            w = self.walker
+            return () if w is None or w.spent else moves(tool, w.world, log.overrides)[kind]
 
         @precondition(lambda self: bool(self._open("advance")))
         @rule(data=st.data())
@@ -168,19 +182,20 @@ def machine(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
         def detour(self, data: st.DataObject) -> None:
             self._take(data.draw(st.sampled_from(self._open("detour")), label="detour"))
 
-        @precondition(lambda self: self.walker.spent or not (self._open("advance") or self._open("detour")))
+        @precondition(lambda self: not (self._open("advance") or self._open("detour")))
         @rule()
         def idle(self) -> None:
             """Nothing: what is left of a sequence after a known deviation (a machine needs one open rule)."""
 
         def teardown(self) -> None:
-            fail_on(self.walker.finish())
+            if self.walker is not None:
+                fail_on(self.walker.finish())
 
     Lifecycle.__name__ = f"Lifecycle[{tool}]"
     return Lifecycle
 
 
-def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, budget_s: float,
+def search(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog, budget_s: float,
            examples_per_round: int = 10, max_sequences: int | None = None, seed: int | None = None) -> HuntLog:
     """Run the state machine in rounds until ``budget_s`` is spent; returns ``log`` with what was found.
 
@@ -224,13 +239,14 @@ def search(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog
     return log
 
 
-def random_walk(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, budget_s: float,
+def random_walk(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog, budget_s: float,
                 seed: int = 0) -> HuntLog:
-    """The baseline: sequences of ``log.length`` steps drawn uniformly from every safe step; returns ``log``."""
+    """The baseline: sequences of ``log.length`` steps drawn uniformly from every safe step, each on a probe drawn
+    uniformly; returns ``log``."""
     rng = random.Random(seed)
     deadline = log.started + budget_s
     while time.monotonic() < deadline:
-        walker = Walker(tool, open_session, log)
+        walker = Walker(tool, open_session, log, rng.choice(probes(tool)))
         try:
             for _ in range(log.length):
                 if walker.spent:
@@ -241,20 +257,20 @@ def random_walk(tool: str, open_session: Callable[[], LifecycleSession], log: Hu
     return log
 
 
-def tighten(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, found: Found) -> Found:
+def tighten(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog, found: Found) -> Found:
     """``found`` with every step removed that the deviation does not need; returns the shortest that still shows it.
 
     Hypothesis's shrink stops at the search's hard deadline; this pass
     finishes the job one step at a time: drop a step, replay the rest on a
     fresh probe, and keep the drop when the last step still shows the same
-    deviation. It replays at most one sequence per step of ``found``.
+    deviation. It replays at most one sequence per step of ``found``, on its probe.
     """
     steps = [s for s in found.sequence if s.action != "close"]
     closing = found.deviation.step.action == "close"
     i = 0
     while i < len(steps) - (0 if closing else 1):
         trial = steps[:i] + steps[i + 1:]
-        shown = _replay(tool, open_session, log, trial, found.deviation.signature, closing)
+        shown = _replay(tool, open_session, log, trial, found.deviation.signature, closing, found.probe)
         if shown is not None:
             steps, found = trial, replace(shown, first_at=found.first_at, first_s=found.first_s)
         else:
@@ -262,11 +278,12 @@ def tighten(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLo
     return found
 
 
-def _replay(tool: str, open_session: Callable[[], LifecycleSession], log: HuntLog, steps: list[Step],
-            signature: str, closing: bool) -> Found | None:
-    """Replay ``steps``; the deviation with ``signature`` as found when the sequence ends showing it, else None."""
+def _replay(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog, steps: list[Step],
+            signature: str, closing: bool, probe: str) -> Found | None:
+    """Replay ``steps`` on ``probe``; the deviation with ``signature`` as found when the sequence ends showing it,
+    else None."""
     scratch = HuntLog(tool, len(steps), log.overrides)
-    walker = Walker(tool, open_session, scratch)
+    walker = Walker(tool, open_session, scratch, probe)
     try:
         for n, step in enumerate(steps):
             if walker.spent:

@@ -47,6 +47,9 @@ SOURCES = {
     "fork": "POSIX: a fork (and an exec in the child) does not change the parent's state; the child makes no CUDA call",
     "kill": "POSIX: SIGKILL ends the process in any state, and the driver frees its device memory",
     "work": "the probe's own work (a step on its buffers, an allocation, a free): only while RUNNING",
+    "in-flight": "NVIDIA/cuda-checkpoint README: on a suspend \"already-submitted CUDA work, including stream "
+                 "callbacks, are completed\"; it \"waits for already-submitted CUDA work to finish before completing "
+                 "a checkpoint\" (a step left at its launch is found done once the process runs again)",
     "respawn": "the hunt's own step: a fresh probe (no tool involved)",
     "docker-checkpoint": "docker checkpoint create: \"Create a checkpoint from a running container\"; "
                          "--leave-running: \"Leave the container running after checkpoint\" (else it stops)",
@@ -93,8 +96,11 @@ class Step:
 
 
 def _alphabet(tool: str) -> tuple[Step, ...]:
+    # A step at its device_done phase (its work waited for) and one left at its launch (its work in flight when
+    # the next step comes: the support matrix's cut at op 2's launch is one choice among the others).
     common = (Step("kill"), Step("signal"), Step("fork"), Step("fork", (("exec_", True),)),
-              Step("step", (("k", 1),)), Step("step", (("k", 2),)), Step("alloc"), Step("free"), Step("respawn"))
+              Step("step", (("k", 1),)), Step("step", (("k", 2), ("phase", "launch"))), Step("alloc"), Step("free"),
+              Step("respawn"))
     if tool in ENGINE_TOOLS:
         return (Step("engine_checkpoint"), Step("engine_checkpoint", (("leave_running", True),)), Step("engine_restore"),
                 Step("engine_restore_new"), *common)
@@ -110,6 +116,16 @@ def _alphabet(tool: str) -> tuple[Step, ...]:
 
 
 ALPHABETS = {tool: _alphabet(tool) for tool in TOOLS}
+
+# The probes the search picks from, per tool (each sequence starts one; the lifecycle kit's PROBE says what each
+# holds): on a GPU, buffers on the default stream, on two streams joined by an event, and mirrored into pinned
+# host memory by an async copy.
+GPU_PROBES = ("buffers", "streams", "pinned")
+
+
+def probes(tool: str) -> tuple[str, ...]:
+    """The probe variants a sequence of ``tool`` may start (the first is the plain one a shrink ends at)."""
+    return GPU_PROBES if check_tool(tool) in GPU_TOOLS else ("buffers",)
 
 
 @dataclass(frozen=True)
@@ -206,7 +222,8 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
     if a == "thread_call":
         return _ok(s, SOURCES["locked-blocks"])
     if a in PROBE_WORK:
-        return _ok(s, SOURCES["work"]) if s == "running" else _refused(s, SOURCES["work"])
+        source = SOURCES["work"] + ("; " + SOURCES["in-flight"] if dict(step.args).get("phase") == "launch" else "")
+        return _ok(s, source) if s == "running" else _refused(s, source)
     if a in ("criu_restore", "criu_restore_filled"):
         # The PID is taken by the process that runs now.
         return _refused(s, SOURCES["criu-restore"])

@@ -59,7 +59,7 @@ class EngineSession(Session):
     :class:`Session`'s. The probe's host pid changes with each restore; its container is ``self.container``."""
 
     def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
-                 libdir: str | None = None, env: dict[str, str] | None = None) -> None:
+                 libdir: str | None = None, env: dict[str, str] | None = None, probe: str = "buffers") -> None:
         self.engine = tool
         self.session_id = uuid.uuid4().hex[:12]
         self.containers: list[str] = []  # every container this session made, for close()
@@ -68,7 +68,7 @@ class EngineSession(Session):
         self.count = 0
         self.inventories: set[bytes] = set()  # each docker checkpoint's inventory.img: its unpacked copies' mark
         self.root = ""  # the docker engine's data root (asked once)
-        super().__init__(tool, bound_s, criu, libdir, env)  # self.env: DOCKER_HOST, HUNT_ENGINE_* for the engine's CLI
+        super().__init__(tool, bound_s, criu, libdir, env, probe)  # self.env: DOCKER_HOST, HUNT_ENGINE_* for the engine's CLI
         self.engine_tmp = self.env.get("HUNT_ENGINE_TMP", "") if tool == "docker" else ""
 
     # -- the engine's command line ---------------------------------------------------
@@ -137,7 +137,7 @@ class EngineSession(Session):
         if self.engine == "podman":
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             args += ["--runtime", "runc", "--ulimit", f"nofile={soft}:{hard}", "--ulimit", f"nproc={NPROC}:{NPROC}"]
-        return [*args, ROOTFS_IMAGE, PYTHON, "-c", PROBE, str(self.dir), self.kind]
+        return [*args, ROOTFS_IMAGE, PYTHON, "-c", PROBE, str(self.dir), self.kind, self.probe]
 
     def _adopt(self, name: str) -> int:
         """The probe in container ``name`` is now the session's: its host pid (0 when it is not running)."""

@@ -76,15 +76,16 @@ def environment(tool: str) -> dict[str, str]:
     return env
 
 
-def sessions(tool: str, bound_s: float) -> Callable[[], lifecycle_kit.Session]:
-    """A factory of fresh probes under ``tool``; raises :class:`Unavailable` when the tool cannot run here."""
+def sessions(tool: str, bound_s: float) -> Callable[[str], lifecycle_kit.Session]:
+    """A factory of fresh probes (of the variant it is given) under ``tool``; raises :class:`Unavailable` when the
+    tool cannot run here."""
     reason = unavailable_reason(tool)
     if reason:
         raise Unavailable(reason)
     env = environment(tool)
     criu = json.loads(env["HUNT_CRIU"])
     session = lifecycle_kit.SESSIONS.get(tool, lifecycle_kit.Session)
-    return lambda: session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"), env)
+    return lambda probe: session(tool, bound_s, criu, env.get("HUNT_CRIU_LIBDIR"), env, probe)
 
 
 def needs(tool: str) -> str:
@@ -98,8 +99,9 @@ def needs(tool: str) -> str:
     return text
 
 
-def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str) -> str:
-    """A standalone script: the kit, then the sequence and the deviation it must show; ``header`` is its docstring."""
+def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str, probe: str = "buffers") -> str:
+    """A standalone script: the kit, then the probe, the sequence and the deviation it must show; ``header`` is its
+    docstring."""
     body = KIT.read_text().split('"""', 2)[2].lstrip("\n")
     if tool in ENGINE_TOOLS:  # the engine kit after the lifecycle kit, its import of it dropped
         extra = ENGINE_KIT.read_text().split('"""', 2)[2]
@@ -109,8 +111,8 @@ def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], heade
     steps = json.dumps([s.to_json() for s in sequence], indent=4)
     dev = json.dumps(deviation, indent=4)
     tail = (f"\n\n# -- this reproducer ------------------------------------------------------------\n"
-            f"TOOL = {tool!r}\nSEQUENCE = {steps}\nDEVIATION = {dev}\n\n"
-            f"if __name__ == \"__main__\":\n    sys.exit(main(TOOL, SEQUENCE, DEVIATION))\n")
+            f"TOOL = {tool!r}\nPROBE_VARIANT = {probe!r}\nSEQUENCE = {steps}\nDEVIATION = {dev}\n\n"
+            f"if __name__ == \"__main__\":\n    sys.exit(main(TOOL, SEQUENCE, DEVIATION, PROBE_VARIANT))\n")
     # JSON's literals are Python's but for these three.
     tail = tail.replace(": true", ": True").replace(": false", ": False").replace(": null", ": None")
     return doc + body + tail

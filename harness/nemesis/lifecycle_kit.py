@@ -31,17 +31,41 @@ from typing import Any
 PROBE = r'''
 import json, os, sys, threading, time
 d, kind = sys.argv[1], sys.argv[2]
+variant = sys.argv[3] if len(sys.argv) > 3 else "buffers"
 gpu = kind == "gpu"
+SPIN_NS = 500_000_000                 # a step left at its launch: GPU work (or a CPU thread) busy this long
 if gpu:
     import cupy as cp
+    # One thread spinning on the GPU's global timer: work still in flight when the next step comes.
+    spin = cp.RawKernel(
+        'extern "C" __global__ void spin(unsigned long long ns) { unsigned long long t0, t;'
+        ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));'
+        ' do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }', "spin")
+    spin.compile()
 N0 = 1 << 24 if gpu else 1 << 14      # 64 MiB of float32 on the GPU
 N1 = 1 << 22 if gpu else 1 << 12      # what `alloc` adds: 16 MiB
 def new(n, v):
     return cp.full(n, v, dtype=cp.float32) if gpu else [float(v)] * n
 bufs = [new(N0, 1.0)]
+# The probe's variants: "buffers" (the default stream), "streams" (two non-blocking streams, the second waiting on
+# the first through an event), "pinned" (buffer 0 mirrored into page-locked host memory by an async copy).
+streams, mirror = [], None
 if gpu:
+    streams = ([cp.cuda.Stream(non_blocking=True) for _ in range(2)] if variant == "streams"
+               else [cp.cuda.get_current_stream()])
+    if variant == "pinned":
+        import numpy as np
+        mirror = np.frombuffer(cp.cuda.alloc_pinned_memory(N0 * 4), np.float32, N0)
+        mirror[:] = 1.0
     cp.cuda.runtime.deviceSynchronize()
 threads = {}
+worker = [None]  # the CPU probe's step left at its launch: a thread still at work
+def settle():
+    if gpu:
+        cp.cuda.runtime.deviceSynchronize()
+    elif worker[0] is not None:
+        worker[0].join()
+        worker[0] = None
 def span(b):
     return (float(b.min()), float(b.max())) if gpu else (min(b), max(b))
 def ptr(b):
@@ -51,27 +75,52 @@ def thread_call(n):
     t0 = time.time()
     x = cp.ones(1024, dtype=cp.float32); x += 1; v = float(x.sum())
     threads[n] = {"value": v, "waited_s": round(time.time() - t0, 3)}
+def gpu_step(k, launch):
+    # The op's GPU work: a spin first when it is left at its launch, every buffer's add behind it.
+    if launch:
+        spin((1,), (1,), (cp.uint64(SPIN_NS),), stream=streams[0])
+    if len(streams) > 1:
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(streams[0])
+        streams[1].wait_event(ev)
+    for i, b in enumerate(bufs):
+        with streams[i % len(streams)]:
+            b += k
+    if mirror is not None:
+        cp.cuda.runtime.memcpyAsync(mirror.ctypes.data, bufs[0].data.ptr, mirror.nbytes, 2, streams[0].ptr)
+    if not launch:
+        cp.cuda.runtime.deviceSynchronize()
+def cpu_step(k, launch):
+    def work():
+        if launch:
+            time.sleep(SPIN_NS / 1e9)
+        for i, b in enumerate(bufs):
+            bufs[i][:] = [x + k for x in b]
+    if launch:
+        worker[0] = threading.Thread(target=work, daemon=True)
+        worker[0].start()
+    else:
+        work()
 def handle(c):
     op = c["op"]
     if op == "digest":
-        if gpu:
-            cp.cuda.runtime.deviceSynchronize()
-        return {"spans": [span(b) for b in bufs], "ptrs": [ptr(b) for b in bufs], "threads": threads, "pid": os.getpid()}
+        settle()
+        out = {"spans": [span(b) for b in bufs], "ptrs": [ptr(b) for b in bufs], "threads": threads, "pid": os.getpid()}
+        if mirror is not None:
+            out["mirror"] = (float(mirror.min()), float(mirror.max()))
+        return out
     if op == "step":
-        for i, b in enumerate(bufs):
-            if gpu:
-                b += c["k"]
-            else:
-                bufs[i][:] = [x + c["k"] for x in b]
-        if gpu:
-            cp.cuda.runtime.deviceSynchronize()
+        if not gpu:
+            settle()  # a CPU step waits for the one still at work; the GPU's are ordered by their streams
+        (gpu_step if gpu else cpu_step)(c["k"], c.get("phase") == "launch")
         return {}
     if op == "alloc":
+        settle()
         bufs.append(new(N1, c["value"]))
-        if gpu:
-            cp.cuda.runtime.deviceSynchronize()
+        settle()
         return {}
     if op == "free":
+        settle()
         if len(bufs) > 1:
             bufs.pop()
             if gpu:
@@ -105,6 +154,9 @@ while True:
     os.rename(tmp, os.path.join(d, "ack.%d" % seq))
     seq += 1
 '''
+
+# The probe's variants, per kind (its own text says what each holds).
+PROBES = {"gpu": ("buffers", "streams", "pinned"), "cpu": ("buffers",)}
 
 # A second process that takes the GPU's free memory but FILL_LEFT_MIB (less than the probe needs back).
 FILLER = r'''
@@ -265,20 +317,25 @@ class Session:
     utility), ``criu-cuda-plugin`` (CRIU with ``--libdir`` at ``libdir``)
     or ``criu`` (a CPU probe). ``criu``: CRIU's command prefix and ``libdir``
     the plugin's directory (by default ``$HUNT_CRIU``, else ``criu`` on PATH,
-    and ``$HUNT_CRIU_LIBDIR``). The probe's GPU buffers, its pointers and its
-    second threads' results are checked after every step (:meth:`digest`).
+    and ``$HUNT_CRIU_LIBDIR``). ``probe``: the probe's variant (:data:`PROBES`).
+    The probe's GPU buffers, its pointers and its second threads' results are
+    checked after every step (:meth:`digest`), but for a step left at its
+    launch: its work is still in flight when the next step comes.
     """
 
     GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
 
     def __init__(self, tool: str, bound_s: float = BOUND_S, criu: list[str] | None = None,
-                 libdir: str | None = None, env: dict[str, str] | None = None) -> None:
+                 libdir: str | None = None, env: dict[str, str] | None = None, probe: str = "buffers") -> None:
         self.tool = tool
         # The variables the session reads (HUNT_*, an engine's DOCKER_HOST): this process's, with ``env`` over them.
         self.env = {**os.environ, **(env or {})}
         self.criu = criu or criu_argv()
         self.libdir = libdir or self.env.get("HUNT_CRIU_LIBDIR")
         self.kind = "gpu" if tool in self.GPU_TOOLS else "cpu"
+        if probe not in PROBES[self.kind]:
+            raise RuntimeError(f"no {self.kind} probe {probe!r}; the probes are {', '.join(PROBES[self.kind])}")
+        self.probe = probe
         self.bound_s = bound_s
         self.api: Utility | Driver | None = (
             Utility(bound_s) if tool == "cuda-checkpoint" else Driver(bound_s) if tool in ("cuda", "criu-cuda-plugin")
@@ -299,7 +356,8 @@ class Session:
     # -- the probe -------------------------------------------------------
     def _start(self) -> int:
         log = open(self.dir / "probe.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-c", PROBE, str(self.dir), self.kind], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-c", PROBE, str(self.dir), self.kind, self.probe],
+                                stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.bound_s
@@ -363,9 +421,12 @@ class Session:
                 "seconds": round(time.monotonic() - started, 3)}
 
     def observe(self, action: str, **args: Any) -> dict[str, Any]:
-        """:meth:`do`, then, when the probe runs, its digest: ``continues`` (and ``continues_detail`` when not)."""
+        """:meth:`do`, then, when the probe runs, its digest: ``continues`` (and ``continues_detail`` when not).
+
+        A step left at its launch is not digested: the digest would wait for its work, and the next step is
+        to find it in flight."""
         obs = self.do(action, **args)
-        if obs["state"] == "running" and obs["answer"] != "hang":
+        if obs["state"] == "running" and obs["answer"] != "hang" and args.get("phase") != "launch":
             d = self.digest()
             obs["continues"] = d["ok"]
             obs["continues_detail"] = d["detail"]
@@ -463,8 +524,9 @@ class Session:
             return "gone: " + out["gone"]
         return "ok" if "error" not in out else "refused: " + out["error"]
 
-    def _step(self, k: int = 1) -> str:
-        res = self._probe("step", k=k)
+    def _step(self, k: int = 1, phase: str = "device_done") -> str:
+        """Work on every buffer; ``phase="launch"``: left with its GPU work (a CPU probe's thread) in flight."""
+        res = self._probe("step", k=k, phase=phase)
         if res == "ok":
             for b in self.expected:
                 b[1] += k
@@ -556,6 +618,8 @@ class Session:
         want = [(b[1], b[1]) for b in self.expected]
         if [tuple(s) for s in spans] != want:
             return {"ok": False, "detail": f"buffers hold {spans}, expected {want}"}
+        if "mirror" in out and tuple(out["mirror"]) != want[0]:
+            return {"ok": False, "detail": f"the pinned host mirror of buffer 0 holds {out['mirror']}, expected {want[0]}"}
         if self.ptrs is not None and out["ptrs"] != self.ptrs:
             return {"ok": False, "detail": f"buffer addresses moved: {self.ptrs} -> {out['ptrs']}"}
         self.ptrs = out["ptrs"]
@@ -626,13 +690,14 @@ def classify(detail: str) -> str:
 
 
 # -- a reproducer's main ----------------------------------------------------------
-def replay(tool: str, sequence: list[dict[str, Any]], bound_s: float = BOUND_S) -> list[dict[str, Any]]:
-    """Run ``sequence`` (``{"action", "args"}`` steps) on a fresh probe; returns each step's observation.
+def replay(tool: str, sequence: list[dict[str, Any]], bound_s: float = BOUND_S,
+           probe: str = "buffers") -> list[dict[str, Any]]:
+    """Run ``sequence`` (``{"action", "args"}`` steps) on a fresh ``probe``; returns each step's observation.
 
     Each step is observed as :meth:`Session.observe` does; the last
     observation is the session's leftovers.
     """
-    session = SESSIONS.get(tool, Session)(tool, bound_s)
+    session = SESSIONS.get(tool, Session)(tool, bound_s, probe=probe)
     seen = []
     try:
         for step in sequence:
@@ -656,7 +721,7 @@ def shows(observed: dict[str, Any], deviation: dict[str, Any]) -> bool:
     return all(observed.get(k) == deviation["observed"].get(k) for k in keys)
 
 
-def main(tool: str, sequence: list[dict[str, Any]], deviation: dict[str, Any]) -> int:
+def main(tool: str, sequence: list[dict[str, Any]], deviation: dict[str, Any], probe: str = "buffers") -> int:
     """A reproducer's command line: replay the sequence; exit 0 when the deviation shows, 1 when not, 2 when it cannot run."""
     import argparse
 
@@ -666,9 +731,9 @@ def main(tool: str, sequence: list[dict[str, Any]], deviation: dict[str, Any]) -
     args = ap.parse_args()
     runs = []
     for i in range(args.repeat):
-        print(f"run {i + 1}: {tool}, {len(sequence)} steps", flush=True)
+        print(f"run {i + 1}: {tool}, the {probe} probe, {len(sequence)} steps", flush=True)
         try:
-            seen = replay(tool, sequence)
+            seen = replay(tool, sequence, probe=probe)
         except Exception as exc:  # noqa: BLE001 - reported: the reproducer could not run here
             print(f"cannot run: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 2

@@ -72,13 +72,15 @@ def _finding(out: Path, tool: str, ident: str, f: Found, walk: HuntLog | None, r
     sequence = [s for s in f.sequence if s.action != "close"]
     text = [str(s) for s in f.sequence]
     header = (f"{ident}: {f.deviation.summary}\n\nFound by `cutbench hunt --tool {tool}`; shrunk to {len(text)} "
-              f"steps: {' -> '.join(text)}.\nDocumented: {dev['source']}\n\nRun: python {ident}.py [--repeat N]; "
+              f"steps on the {f.probe} probe: {' -> '.join(text)}.\nDocumented: {dev['source']}\n\n"
+              f"Run: python {ident}.py [--repeat N]; "
               f"exit 0 when the deviation shows, 1 when it does not, 2 when it cannot run here.\n{hands.needs(tool)}")
-    path = store.write_reproducer(out, ident, hands.reproducer(tool, sequence, dev, header))
+    path = store.write_reproducer(out, ident, hands.reproducer(tool, sequence, dev, header, f.probe))
     runs = hands.run_reproducer(path, tool, repeat, timeout_s=bound_s * (len(sequence) + 3)) if repeat else []
     say(f"{ident}: {f.deviation.summary}; shown on its own {sum(r['shown'] for r in runs)}/{len(runs)}")
     walk_at = walk.found[f.deviation.signature].first_at if walk and f.deviation.signature in walk.found else None
-    return {"id": ident, "deviation": dev, "sequence": [s.to_json() for s in f.sequence], "sequence_text": text,
+    return {"id": ident, "deviation": dev, "probe": f.probe, "sequence": [s.to_json() for s in f.sequence],
+            "sequence_text": text,
             "observations": f.observations, "first_at": {"search": f.first_at, "search_s": f.first_s, "walk": walk_at},
             "reproducer": str(path.relative_to(out)), "standalone": runs,
             "public_report": public_report(f.deviation.step.action, f.deviation.invariant, text,
@@ -88,6 +90,7 @@ def _finding(out: Path, tool: str, ident: str, f: Found, walk: HuntLog | None, r
 def _counts(log: HuntLog) -> dict[str, Any]:
     return {"sequences": log.sequences, "steps": log.steps, "seconds": round(time.monotonic() - log.started, 1),
             "signatures": {sig: f.first_at for sig, f in log.found.items()}, "harness_errors": log.harness_errors,
+            "probes": dict(sorted(log.probes.items())),
             "transitions": dict(sorted(log.transitions.items()))}
 
 

@@ -82,7 +82,7 @@ def deviation_rows(roots: list[Path]) -> list[dict[str, Any]]:
                 if seen.get("continues_detail"):
                     happened += f"; {seen['continues_detail']}"
                 row = {"tool": doc["tool"], "id": f["id"], "driver": driver or "",
-                       "sequence": " → ".join(f["sequence_text"]), "steps": len(f["sequence_text"]),
+                       "sequence": _on_probe(f) + " → ".join(f["sequence_text"]), "steps": len(f["sequence_text"]),
                        "invariant": d["invariant"], "promised": f"{d['action']} in {d['before']}: {d['promised']}",
                        "observed": f"{happened} (left it {seen['state']})", "source": d.get("source", ""),
                        "public_report": f.get("public_report") or "not found in any public report",
@@ -94,6 +94,13 @@ def deviation_rows(roots: list[Path]) -> list[dict[str, Any]]:
     return sorted(best.values(), key=lambda r: (r["tool"], r["steps"], r["id"]))
 
 
+def _on_probe(f: dict[str, Any]) -> str:
+    """"(streams probe) " before a sequence that started on a probe other than the plain one (hunts before the
+    probe was a choice ran the plain one)."""
+    probe = f.get("probe", "buffers")
+    return "" if probe == "buffers" else f"({probe} probe) "
+
+
 def render(doc: dict[str, Any]) -> str:
     """``FINDINGS.md``: the environment, the search's counts, then one section per deviation."""
     env = doc.get("environment", {})
@@ -103,7 +110,8 @@ def render(doc: dict[str, Any]) -> str:
              f"CRIU {env.get('criu_version', '?')}, kernel {env.get('kernel', '?')}",
              f"- command: `{doc.get('command', '')}`",
              f"- directed search (Hypothesis state machine): {s['sequences']} sequences, {s['steps']} steps, "
-             f"{s['seconds']:.0f} s; deviations: {len(doc['findings'])}"]
+             f"{s['seconds']:.0f} s; deviations: {len(doc['findings'])}"
+             + (f"; probes: {', '.join(f'{k} {v}' for k, v in s['probes'].items())}" if s.get("probes") else "")]
     if w:
         lines.append(f"- random walk of the same steps: {w['sequences']} sequences, {w['steps']} steps, "
                      f"{w['seconds']:.0f} s; deviations: {len(w['signatures'])}")
@@ -117,7 +125,8 @@ def render(doc: dict[str, Any]) -> str:
         runs = f.get("standalone", [])
         shown = sum(r["shown"] for r in runs)
         lines += [f"## {f['id']}: {d['invariant']}", "",
-                  f"- **sequence** ({len(f['sequence'])} steps): " + " → ".join(f["sequence_text"]),
+                  f"- **sequence** ({len(f['sequence'])} steps, the {f.get('probe', 'buffers')} probe): "
+                  + " → ".join(f["sequence_text"]),
                   f"- **documented**: {d['promised']} ({d['source']})",
                   f"- **happened**: {d['summary']}",
                   f"- **the tool's words**: {str(d['observed'].get('detail') or '')[:300]}",

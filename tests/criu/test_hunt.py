@@ -93,3 +93,20 @@ def test_a_container_engine_s_lifecycle_is_hunted_and_each_deviation_shown_by_it
     left = subprocess.run([*engine_cli, "ps", "--all", "--quiet", "--filter", "label=cutbench.hunt"], capture_output=True,
                           text=True, env={**os.environ, "DOCKER_HOST": docker_engine}).stdout.split()
     assert left == []
+
+
+def test_a_step_left_at_its_launch_is_dumped_in_flight_and_finishes_in_the_restored_probe(criu, monkeypatch):
+    """The CPU probe's step at its launch is a thread still at work (half a second) when CRIU dumps it; the restored
+    probe finishes it, and the digest after the restore finds its work done, once."""
+    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.nemesis.lifecycle_kit import replay
+
+    for k, v in hands.environment("criu").items():
+        monkeypatch.setenv(k, v)
+    launch = {"action": "step", "args": {"k": 2, "phase": "launch"}}
+    seen = replay("criu", [launch, {"action": "criu_dump"}, {"action": "criu_restore"}, launch,
+                           {"action": "criu_dump", "args": {"leave_running": True}}, {"action": "kill"},
+                           {"action": "criu_restore"}, {"action": "step", "args": {"k": 1}}], bound_s=60)
+    assert [o["answer"] for o in seen] == ["ok"] * 9, seen
+    # Digested after each restore and the last step (a launch is not: its work is still in flight).
+    assert [o.get("continues") for o in seen[:-1]] == [None, None, True, None, True, None, True, True], seen

@@ -23,3 +23,26 @@ def test_the_hunt_blames_no_deviation_on_the_harness(tool, tmp_path):
     assert any(k.startswith("checkpoint@locked->ok") for k in tried), tried
     # The documented round trip held whenever it was walked: an unlock after a restore answered ok.
     assert "unlock@locked->refused" not in tried, tried
+
+
+@pytest.mark.parametrize("probe", ["buffers", "streams", "pinned"])
+@pytest.mark.parametrize("tool", ["cuda", "cuda-checkpoint"])
+def test_each_probe_left_at_its_launch_comes_back_with_its_work_done(tool, probe, monkeypatch):
+    """Half a second of GPU work in flight at the lock, on each probe: the documented round trip (and a CRIU dump
+    and restore of the CHECKPOINTED process in the middle) answers ok at every step, and the digest after the
+    unlock finds the work done once, the buffers where they were and the pinned mirror up to date."""
+    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.nemesis.lifecycle_kit import replay
+
+    reason = unavailable_reason(tool)
+    if reason:
+        pytest.skip(reason)
+    for k, v in hands.environment(tool).items():
+        monkeypatch.setenv(k, v)
+    launch = {"action": "step", "args": {"k": 2, "phase": "launch"}}
+    steps = [launch, {"action": "lock", "args": {"timeout_ms": 5000}}, {"action": "checkpoint"},
+             {"action": "criu_dump"}, {"action": "criu_restore"}, {"action": "restore"}, {"action": "unlock"},
+             {"action": "step", "args": {"k": 1}}, launch, {"action": "kill"}]
+    seen = replay(tool, steps, bound_s=60, probe=probe)
+    assert [o["answer"] for o in seen] == ["ok"] * len(seen), seen
+    assert seen[6]["continues"] and seen[7]["continues"], seen

@@ -194,3 +194,34 @@ def test_an_engine_s_reproducer_is_the_two_kits_with_no_cutbench_import():
     modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(m.startswith("cutbench") for m in modules) and "class EngineSession(Session)" in text
     assert text.count("from __future__ import annotations") == 1
+
+
+def test_the_search_picks_the_probe_and_where_among_its_phases_a_step_falls():
+    """A GPU tool's sequences start one of three probes (the kit's and the model's lists are one list); every tool
+    may leave a step at its launch, its work still in flight when the next step comes, under the README's promise
+    that a suspend completes already-submitted work."""
+    from cutbench.harness.model.lifecycle import ALPHABETS, GPU_PROBES, probes
+    from cutbench.harness.nemesis.lifecycle_kit import PROBES
+
+    assert probes("cuda") == probes("criu-cuda-plugin") == GPU_PROBES == PROBES["gpu"]
+    assert probes("criu") == probes("docker") == PROBES["cpu"] == ("buffers",)
+    launch = Step("step", (("k", 2), ("phase", "launch")))
+    assert all(launch in ALPHABETS[tool] for tool in ALPHABETS)
+    e = expect("cuda", World(), launch)
+    assert e.answers == {"ok"} and e.after_ok == "running" and "already-submitted CUDA work" in e.source
+    assert launch not in safe("cuda", World("locked"))  # the probe's own work, only while RUNNING
+
+
+def test_a_reproducer_starts_the_probe_its_sequence_was_found_on(tmp_path):
+    ckpt = World("checkpointed")
+    dev = judge(ckpt, RESTORE, expect("cuda", ckpt, RESTORE), obs("refused", "checkpointed"))[0].to_json()
+    dev["step"] = 2
+    text = hands.reproducer("cuda", [LOCK, CKPT, RESTORE], dev, "cuda-9", probe="streams")
+    assert "PROBE_VARIANT = 'streams'" in text and "main(TOOL, SEQUENCE, DEVIATION, PROBE_VARIANT)" in text
+    row = {"id": "cuda-9", "deviation": dev, "probe": "streams", "sequence": [], "sequence_text": ["lock"],
+           "first_at": {"search": 1}, "reproducer": "repro/cuda-9.py", "standalone": [], "public_report": "x"}
+    doc = {"tool": "cuda", "environment": {}, "search": {"sequences": 3, "steps": 9, "seconds": 1.0,
+                                                           "probes": {"buffers": 1, "streams": 2}},
+           "walk": None, "findings": [row]}
+    text = findings.render(doc)
+    assert "the streams probe" in text and "probes: buffers 1, streams 2" in text
