@@ -140,11 +140,15 @@ class Walker:
         return self.log.record(devs, self.trace, self.probe)
 
 
-def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog) -> type[RuleBasedStateMachine]:
+def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog,
+            first_probe: int = 0) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``.
 
-    Each sequence first draws its probe (:func:`~cutbench.harness.model.lifecycle.probes`), so a deviation
-    shrinks towards the plain probe when that one shows it too."""
+    Each sequence first draws its probe (:func:`~cutbench.harness.model.lifecycle.probes`, starting at index
+    ``first_probe``): Hypothesis draws the first choice most often early in a run and shrinks towards it, so
+    the search turns the list a step each round and no probe is only met by chance."""
+    choices = probes(tool)
+    choices = choices[first_probe % len(choices):] + choices[:first_probe % len(choices)]
 
     # Deviations found in earlier rounds end a sequence quietly; one found in this round fails every
     # example that shows it, so that Hypothesis can shrink it.
@@ -160,7 +164,7 @@ def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: Hun
             super().__init__()
             self.walker: Walker | None = None
 
-        @initialize(probe=st.sampled_from(probes(tool)))
+        @initialize(probe=st.sampled_from(choices))
         def start(self, probe: str) -> None:
             self.walker = Walker(tool, open_session, log, probe)
 
@@ -218,7 +222,7 @@ def search(tool: str, open_session: Callable[[str], LifecycleSession], log: Hunt
     rounds = 0
     log.max_sequences = max_sequences
     while time.monotonic() < deadline and not log.exhausted():
-        cls = machine(tool, open_session, log)
+        cls = machine(tool, open_session, log, first_probe=rounds)
         if seed is not None:
             cls._hypothesis_internal_use_seed = seed + rounds  # type: ignore[attr-defined]  # what @seed sets
         rounds += 1
