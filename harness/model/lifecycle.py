@@ -283,8 +283,9 @@ def valid(tool: str, world: World, overrides: dict[str, str] | None = None) -> t
 
 def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> dict[str, tuple[Step, ...]]:
     """The steps open in ``world``, in two kinds: ``advance`` (a lifecycle step documented to succeed, or a
-    step of the probe's left at its launch, so that the next one falls while its work is in flight) and ``detour`` (everything else the hunt may take: steps that keep the state, and misuse the
-    documentation refuses). The directed search draws from both kinds equally, so it walks the
+    step of the probe's left at its launch, so that the next one falls while its work is in flight) and
+    ``detour`` (everything else the hunt may take: steps that keep the state, and misuse the documentation
+    refuses). The directed search draws from both kinds equally, so it walks the
     lifecycle deep while still trying every refusal on the way.
     """
     ok = valid(tool, world, overrides)

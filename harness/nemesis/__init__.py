@@ -14,25 +14,74 @@ every reproducer it writes), ``engine_kit`` a container engine's (docker,
 podman) on top of it; ``hunt`` opens its sessions, writes the reproducers
 and runs them on their own.
 
-``get(name)`` returns a backend instance; availability is asked separately
-(``unavailable_reason()``) so a sweep can report or skip what this machine
-cannot run.
+A run resolves its backends once, in a :class:`Backends` it hands down (the
+checks, the session's per-thread instances, the pid-namespace check, the
+record in ``run.toml`` that the store and reports read); ``get(name)`` is a
+one-off instance. Availability is asked separately (``unavailable_reason()``)
+so a sweep can report or skip what this machine cannot run.
 """
 
 from __future__ import annotations
 
-from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext
+import threading
+from typing import Any
+
+from cutbench.errors import CutbenchError
+from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext, optional
 from cutbench.registry import CHECKPOINTERS
 
 
-def get(name: str) -> Checkpointer:
-    """A fresh instance of backend ``name``.
+class Backends:
+    """The backend classes of one run (or one command), each resolved from the registry once, on first ask.
 
-    Raises :class:`~cutbench.errors.InvalidArgument` for a name nothing
-    registers and :class:`~cutbench.errors.Unavailable` for a registered
-    backend whose module cannot be imported here.
+    Every method raises :class:`~cutbench.errors.InvalidArgument` for a name
+    nothing registers and :class:`~cutbench.errors.Unavailable` for a backend
+    whose module cannot be imported here (asked again, it raises again).
     """
-    return CHECKPOINTERS.load(name)()
+
+    def __init__(self) -> None:
+        self._classes: dict[str, Any] = {}
+        self._lock = threading.Lock()  # a run's worker threads ask at once
+
+    def cls(self, name: str) -> Any:
+        """The class registered as ``name``."""
+        with self._lock:
+            if name not in self._classes:
+                self._classes[name] = CHECKPOINTERS.load(name)  # the one lookup by name
+            return self._classes[name]
+
+    def new(self, name: str) -> Checkpointer:
+        """A fresh instance of backend ``name``."""
+        return self.cls(name)()  # type: ignore[no-any-return]
+
+    def capabilities(self, name: str) -> Capabilities:
+        """What backend ``name`` declares it can do (:class:`Capabilities`)."""
+        return self.cls(name).capabilities  # type: ignore[no-any-return]
+
+    def declares(self, name: str, attr: str) -> Any:
+        """Backend ``name``'s optional member ``attr`` (:data:`~cutbench.harness.nemesis.base.OPTIONAL`), or its default."""
+        return optional(self.cls(name), attr)
+
+    def record(self, names: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        """What ``run.toml`` keeps of each backend in ``names`` that loads here: the capabilities the store and
+        the reports read back (stages, the state domains it covers, what it needs of a workload's code)."""
+        out = {}
+        for name in names:
+            try:
+                caps = self.capabilities(name)
+            except (CutbenchError, AttributeError):  # one that cannot load here is skipped as an arm: no record
+                continue
+            out[name] = {"stages": list(caps.stages), "covers": sorted(caps.covers),
+                         "workload_changes": caps.workload_changes, "drives_cuda": caps.drives_cuda}
+        return out
 
 
-__all__ = ["CHECKPOINTERS", "Capabilities", "Checkpointer", "CutContext", "get"]
+def get(name: str) -> Checkpointer:
+    """A fresh instance of backend ``name`` (a command that needs one backend once; a run keeps a :class:`Backends`).
+
+    Raises as :class:`Backends` does.
+    """
+    return Backends().new(name)
+
+
+__all__ = ["CHECKPOINTERS", "Backends", "Capabilities", "Checkpointer", "CutContext", "get"]

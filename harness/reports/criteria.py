@@ -3,8 +3,9 @@
 A pure renderer over stored runs (trials and timeline tables, the run's
 metadata): :func:`criteria` returns one row per backend and criterion with
 its value, unit, interval, how it was measured and the command that made the
-data. Nothing is typed in: transparency and the domains come from the
-backends' declared capabilities, everything else from trials.
+data. Nothing is typed in: transparency, the domains and the stages come
+from the backends' declared capabilities as each run stored them
+(``run.toml``'s ``backends``), everything else from trials.
 
 Clock (every time here): monotonic; a stage starts when its call is issued
 and stops when it returns. A **restore** is the sum of a backend's restore
@@ -26,7 +27,7 @@ import pandas as pd
 
 from cutbench.harness.model.certificate import CERTIFY_OFF
 from cutbench.harness.checker.stats import wilson_interval
-from cutbench.registry import backend_capabilities
+from cutbench.harness.nemesis import Backends
 
 CRITERIA: tuple[str, ...] = ("consistency", "transparency", "coverage", "speed", "correctness", "overhead")
 # ``value`` is the measured number (None where there is no data); ``text`` a value that is not a number
@@ -56,13 +57,26 @@ class StoredRun:
     effects: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def stage_roles(backend: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(checkpoint stages, restore stages)`` of ``backend``, from its declared ``stages``.
+def declared(runs: list[StoredRun], names: list[str]) -> dict[str, dict[str, Any]]:
+    """What each backend in ``names`` declared (``stages``, ``covers``, ``workload_changes``), as the runs stored it
+    in ``run.toml``'s ``backends``; one the runs hold no record of (a run stored before that record, or a backend
+    none of them ran) is asked of the registry, once."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        out.update({k: v for k, v in (run.meta.get("backends") or {}).items() if k not in out})
+    missing = [n for n in names if n not in out]
+    if missing:
+        out.update(Backends().record(missing))
+    return out
+
+
+def stage_roles(stages: list[str] | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(checkpoint stages, restore stages)`` of a backend's declared ``stages``.
 
     A stage named ``…restore``, ``…unlock`` (or the restart's spawn and
     catch-up) brings the workload back; the others take the checkpoint.
     """
-    stages = [s for s in backend_capabilities(backend).stages if s not in _NOT_CAPTURE]
+    stages = [s for s in stages if s not in _NOT_CAPTURE]
     restore = tuple(s for s in stages if _RESTORE_STAGE.search(s))
     return tuple(s for s in stages if s not in restore), restore
 
@@ -95,12 +109,14 @@ def criteria(runs: list[StoredRun]) -> pd.DataFrame:
     native = trials[trials["n_cuts"] == 0]
     cut = trials[trials["n_cuts"] > 0]
     stage_time = _stage_sums(timeline)
-    for backend in sorted(cut["backend"].unique()):
+    names = sorted(cut["backend"].unique())
+    decl = declared(runs, [*names, "restart"])
+    for backend in names:
         mine = cut[cut["backend"] == backend]
         rows += _consistency(backend, mine)
-        rows += _transparency(backend, mine)
-        rows += _coverage(backend, mine)
-        rows += _speed(backend, mine, cut, stage_time)
+        rows += _transparency(backend, mine, decl[backend])
+        rows += _coverage(backend, mine, decl[backend])
+        rows += _speed(backend, mine, cut, stage_time, decl)
         rows += _correctness(backend, mine)
         rows += _overhead(backend, mine, native, timeline, effects)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
@@ -186,15 +202,15 @@ def _consistency(backend: str, t: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def _transparency(backend: str, t: pd.DataFrame) -> list[dict[str, Any]]:
-    needs = backend_capabilities(backend).workload_changes
+def _transparency(backend: str, t: pd.DataFrame, caps: dict[str, Any]) -> list[dict[str, Any]]:
+    needs = caps["workload_changes"]
     return [_row(backend, "transparency", "changes to the application", needs or "none", "",
                  "declared by the backend (Capabilities.workload_changes); the workloads it ran here are the same "
                  "code for every backend", _commands(t))]
 
 
-def _coverage(backend: str, t: pd.DataFrame) -> list[dict[str, Any]]:
-    covers = ", ".join(sorted(backend_capabilities(backend).covers)) or "none"
+def _coverage(backend: str, t: pd.DataFrame, caps: dict[str, Any]) -> list[dict[str, Any]]:
+    covers = ", ".join(sorted(caps["covers"])) or "none"
     rows = [_row(backend, "coverage", "state domains held", covers, "",
                  "declared by the backend (Capabilities.covers); a workload using another domain is an unsafe acceptance",
                  _commands(t))]
@@ -251,8 +267,9 @@ def _median_ci(values: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
     return float(np.median(values)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
 
 
-def _speed(backend: str, mine: pd.DataFrame, every: pd.DataFrame, stage_time: pd.DataFrame) -> list[dict[str, Any]]:
-    capture, restore = stage_roles(backend)
+def _speed(backend: str, mine: pd.DataFrame, every: pd.DataFrame, stage_time: pd.DataFrame,
+           decl: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    capture, restore = stage_roles(decl[backend]["stages"])
     rows = []
     ck = _per_cut(mine, stage_time, capture)
     if len(ck):
@@ -272,7 +289,8 @@ def _speed(backend: str, mine: pd.DataFrame, every: pd.DataFrame, stage_time: pd
     rows += _restore_vs_bytes(backend, restored, rs)
     # Against a cold start only what came back after a crash: a resume in place never crashed.
     crashed = restored[restored["restores"] > 0]
-    rows += _restore_vs_cold_start(backend, crashed, rs.merge(crashed[["_run", "trial_id"]]), every, stage_time)
+    rows += _restore_vs_cold_start(backend, crashed, rs.merge(crashed[["_run", "trial_id"]]), every, stage_time,
+                                   decl["restart"]["stages"])
     return rows
 
 
@@ -301,12 +319,12 @@ def _restore_vs_bytes(backend: str, restored: pd.DataFrame, rs: pd.DataFrame) ->
 
 
 def _restore_vs_cold_start(backend: str, restored: pd.DataFrame, rs: pd.DataFrame, every: pd.DataFrame,
-                           stage_time: pd.DataFrame) -> list[dict[str, Any]]:
+                           stage_time: pd.DataFrame, restart_stages: list[str]) -> list[dict[str, Any]]:
     """Restore against the native cold start (``restart``) of the same workload variant and cut point."""
     if backend == "restart":
         return []
     cold_trials = every[(every["backend"] == "restart") & (every["restores"] > 0)]
-    cold = _per_cut(cold_trials, stage_time, stage_roles("restart")[1], every=True)
+    cold = _per_cut(cold_trials, stage_time, stage_roles(restart_stages)[1], every=True)
     if cold.empty:
         return [_row(backend, "speed", "restore / native cold start", None, "ratio",
                      "no `restart` trials in these runs: add backend `restart` to measure the cold start", "")]

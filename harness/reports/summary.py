@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.registry import CHECKPOINTERS, backend_capabilities
+from cutbench.harness.nemesis import CHECKPOINTERS, Backends
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
@@ -326,7 +326,8 @@ def render_coverage() -> str:
     """
     rows = ["| backend | " + " | ".join(f"`{d}`" for d in DOMAINS) + " |",
             "|---|" + "|".join(":-:" for _ in DOMAINS) + "|"]
+    backends = Backends()
     for name in CHECKPOINTERS.names():
-        covers = backend_capabilities(name).covers
+        covers = backends.capabilities(name).covers
         rows.append(f"| `{name}` | " + " | ".join("✓" if d in covers else "–" for d in DOMAINS) + " |")
     return "\n".join(rows)

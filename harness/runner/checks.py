@@ -15,27 +15,29 @@ from typing import Any
 
 from cutbench import storage
 from cutbench.errors import InvalidArgument, Unavailable, WorkloadError
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.model.scenario import Arm, Scenario
 from cutbench.harness.nemesis.base import optional
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
 
-def check_backends(scenario: Scenario) -> tuple[list[Arm], list[dict[str, str]]]:
-    """Split the scenario's arms into runnable ones and skipped ones (with the reason).
+def check_backends(scenario: Scenario, backends: Backends | None = None) -> tuple[list[Arm], list[dict[str, str]]]:
+    """Split the scenario's arms into runnable ones and skipped ones (with the reason); ``backends``: the run's
+    (a fresh :class:`Backends` when it has none).
 
     Raises :class:`Unavailable` when a backend cannot run and the scenario does
     not allow skipping (``pipeline.skip_unavailable``); :class:`InvalidArgument`, on any machine, for a
     program that cannot run under a backend as its scenario says (:func:`_check_program_under`), and for a
     program's own image that an engine here does not hold.
     """
+    backends = backends or Backends()
     reasons: dict[str, str | None] = {}
     faults: dict[str, frozenset[str] | None] = {}
     image = scenario.params.get("image") if workload_api.optional(scenario.workload_class(), "program") else ""
     for name in scenario.backends:
         try:
-            backend = checkpointers.get(name)
+            backend = backends.new(name)
             _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
             reasons[name] = backend.unavailable_reason()
             has_image = optional(backend, "has_image")

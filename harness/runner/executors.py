@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cutbench.errors import Unavailable
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.environment import record as environment
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult, TrialSpec
-from cutbench.harness.nemesis.base import optional
 from cutbench.harness.runner.adaptive import Driver
 from cutbench.harness.runner.session import Session
 from cutbench.harness.runner.workers import Workers
@@ -258,7 +257,7 @@ class RayExecutor:
 
 
 def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: dict[str, Any], *,
-                    workdir: str | Path | None = None) -> Executor:
+                    workdir: str | Path | None = None, backends: Backends | None = None) -> Executor:
     """Return the executor for ``work`` (the planned specs, or a driver) under ``scenario``'s ``run`` table.
 
     ``env`` is the run's environment record (its GPUs, for ``run.jobs =
@@ -273,7 +272,7 @@ def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: d
     jobs = max(1, min(resolve_jobs(scenario, env), len(work)))
     if jobs == 1:
         return SerialExecutor(work)
-    check_pid_namespaces(work)
+    check_pid_namespaces(work, backends or Backends())
     return ThreadExecutor(work, jobs)
 
 
@@ -290,11 +289,11 @@ def resolve_jobs(scenario: Scenario, env: dict[str, Any] | None = None) -> int:
     return len(os.sched_getaffinity(0)) or 1
 
 
-def check_pid_namespaces(specs: Iterable[TrialSpec]) -> None:
+def check_pid_namespaces(specs: Iterable[TrialSpec], backends: Backends) -> None:
     """Return None, or raise :class:`Unavailable` when a parallel run needs PID namespaces (an arm's
     backend declares ``pid_namespace``) and this process cannot make one."""
     names = sorted({s.backend for s in specs})
-    if not any(optional(checkpointers.CHECKPOINTERS.load(n), "pid_namespace") for n in names):
+    if not any(backends.declares(n, "pid_namespace") for n in names):
         return
     error = pid_namespace_error()
     if error:

@@ -43,6 +43,7 @@ from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_executor
 from cutbench.harness.runner.shared import ReceiverWatch
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session
@@ -106,8 +107,10 @@ def run_scenario(
     """
     if scenario.plan_source == "hypothesis":
         return run_hypothesis(scenario, results_root, progress=progress, workdir=workdir)
-    specs, skipped = variant_specs([(v.variant, v) for v in scenario.variants] or [("", scenario)])
-    return execute(scenario, specs, results_root, skipped=skipped, progress=progress, workdir=workdir)
+    backends = Backends()  # resolved once for the run: its checks, its session's instances, its record
+    specs, skipped = variant_specs([(v.variant, v) for v in scenario.variants] or [("", scenario)], backends)
+    return execute(scenario, specs, results_root, skipped=skipped, progress=progress, workdir=workdir,
+                   backends=backends)
 
 
 def run_hypothesis(
@@ -124,11 +127,12 @@ def run_hypothesis(
     """
     if scenario.profile not in PROFILES:
         raise InvalidArgument(f"plan.profile = {scenario.profile!r}: allowed {', '.join(PROFILES)}")
-    arms, skipped = check_backends(scenario)
+    backends = Backends()
+    arms, skipped = check_backends(scenario, backends)
     sarms = search_arms(scenario, arms)
     outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
                       progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials,
-                      extra_meta={"arms_planned": [s.arm.label() for s in sarms]})
+                      extra_meta={"arms_planned": [s.arm.label() for s in sarms]}, backends=backends)
     search = outcome.run.meta().get("search")
     if search:
         summary = outcome.run.path / "summary.md"
@@ -137,13 +141,15 @@ def run_hypothesis(
     return outcome
 
 
-def variant_specs(points: list[tuple[str, Scenario]]) -> tuple[list[TrialSpec], list[dict[str, str]]]:
+def variant_specs(points: list[tuple[str, Scenario]],
+                  backends: Backends | None = None) -> tuple[list[TrialSpec], list[dict[str, str]]]:
     """The trial specs of several resolved scenarios run as one run, each labelled
-    with its variant name, and the arms skipped here (labelled likewise)."""
+    with its variant name, and the arms skipped here (labelled likewise); ``backends``: the run's."""
     specs: list[TrialSpec] = []
     skipped: list[dict[str, str]] = []
+    backends = backends or Backends()
     for variant, scenario in points:
-        arms, skipped_here = check_backends(scenario)
+        arms, skipped_here = check_backends(scenario, backends)
         skipped += [{**s, "arm": f"{variant} {s['arm']}".strip()} for s in skipped_here]
         specs += [replace(s, variant=variant) for s in build_specs(scenario, arms, start_index=len(specs))]
     return specs, skipped
@@ -162,6 +168,7 @@ def execute(
     planned: int | None = None,
     mark_latest: bool = True,
     resume: "Resumed | None" = None,
+    backends: Backends | None = None,
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
@@ -175,7 +182,9 @@ def execute(
     axes there). ``resume`` continues a stored run instead of making a new
     one: its finished trials are kept, ``specs`` are the ones still to run,
     and the tables are written over all of them (see :func:`resume_run`).
+    ``backends``: the run's, as its checks resolved them (a fresh set when none is handed).
     """
+    backends = backends or Backends()
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(scenario.workload_class()))])
     check_programs([(s.workload_class(), s.params) for s in specs] if isinstance(specs, list) else
@@ -187,14 +196,14 @@ def execute(
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
     # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
     swept = leftovers.sweep()
-    executor = choose_executor(scenario, specs, env, workdir=workdir)
+    executor = choose_executor(scenario, specs, env, workdir=workdir, backends=backends)
     try:
         run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run
     except BaseException:
         executor.close()
         raise
     meta = RunMeta.start(run, scenario, env, executor, skipped=skipped or [], planned=planned, swept=swept,
-                         extra=extra_meta or {}, resume=resume)
+                         extra=extra_meta or {}, resume=resume, backends=backends.record(scenario.backends))
     run.write_meta(meta.render())
     log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
                    meta.n_trials_planned or 0)
@@ -207,7 +216,7 @@ def execute(
         listen, token = executor.receiver_exposure()
         images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
         with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=executor.pid_namespaces,
-                     listen=listen, token=token) as session, \
+                     listen=listen, token=token, backends=backends) as session, \
                 leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
                                 receiver_pid=session.receiver.pid if session.receiver is not None else None):
             watch = session.watch

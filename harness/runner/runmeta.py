@@ -40,6 +40,8 @@ class RunMeta:
     swept: list[str] = field(default_factory=list)  # what the sweep removed of killed runs before this one
     executor: dict[str, Any] = field(default_factory=dict)  # what ran the trials (Ray: ``executor``, ``ray``)
     extra: dict[str, Any] = field(default_factory=dict)  # the caller's keys (a sweep's axes) and a driver's
+    # What each backend of the run declared (Backends.record): the store and the reports read it from here.
+    backends: dict[str, Any] = field(default_factory=dict)
     status: str = "running"
     finished: float | None = None
     duration_s: float | None = None
@@ -51,7 +53,7 @@ class RunMeta:
     @classmethod
     def start(cls, run: RunDir, scenario: Scenario, env: dict[str, Any], executor: Executor, *,
               skipped: list[dict[str, str]], planned: int | None, swept: list[str], extra: dict[str, Any],
-              resume: "Resumed | None") -> "RunMeta":
+              resume: "Resumed | None", backends: dict[str, Any] | None = None) -> "RunMeta":
         """Return the record of a run about to start (or to resume), status ``running``."""
         if executor.specs is not None:  # the whole plan: a resumed run's kept trials and those still to run
             every = [*(r.spec for r in resume.done), *executor.specs] if resume is not None else executor.specs
@@ -63,7 +65,7 @@ class RunMeta:
                    cutbench_version=environment.cutbench_version(), code_digest=environment.code_digest(),
                    scenario=scenario.to_dict(), environment=env, skipped_arms=skipped, n_trials_planned=planned,
                    arms_planned=arms_planned, jobs=executor.jobs, swept=swept, executor=executor.describe(),
-                   extra=dict(extra))
+                   extra=dict(extra), backends=dict(backends or {}))
         if resume is not None:
             meta.started = float(resume.meta["started"])
             meta.resumed = resume.meta
@@ -90,7 +92,8 @@ class RunMeta:
                    "cutbench_version": self.cutbench_version, "code_digest": self.code_digest,
                    "scenario": self.scenario, "environment": self.environment, "skipped_arms": self.skipped_arms,
                    "n_trials_planned": self.n_trials_planned, "arms_planned": self.arms_planned, "jobs": self.jobs,
-                   **({"swept": self.swept} if self.swept else {}), **self.executor, **self.extra}
+                   **({"swept": self.swept} if self.swept else {}), **({"backends": self.backends} if self.backends
+                                                                        else {}), **self.executor, **self.extra}
         else:
             out = {k: v for k, v in self.resumed.items() if k not in STALE_ON_RESUME}
             out.update(status=self.status, skipped_arms=self.skipped_arms, n_trials_planned=self.n_trials_planned,

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.runner.shared import (RECEIVER_RERUNS, ImageDiscards, ReceiverWatch, References,
                                             SupportLookup, ThreadResources)
 from cutbench.procs import become_subreaper
@@ -56,7 +57,8 @@ class Session:
     workdir_tag = ""  # in the work directory's name, after the run id
 
     def __init__(self, run_id: str, store: str = "sqlite", workdir: str | Path | None = None, *,
-                 pid_namespace: bool = False, listen: str = "127.0.0.1:0", token: str | None = None):
+                 pid_namespace: bool = False, listen: str = "127.0.0.1:0", token: str | None = None,
+                 backends: Backends | None = None):
         self.run_id = run_id
         # Where the receiver listens and the secret its clients present: loopback and none, unless trials run
         # on other machines (a Ray cluster), which reach it on a routable address that needs the token.
@@ -69,7 +71,8 @@ class Session:
         self.receiver: Any = None
         self.watch: ReceiverWatch | None = None
         self.images = ImageDiscards()
-        self.threads = ThreadResources()
+        self.backends = backends or Backends()  # the run's backends, resolved once (a fresh set when none is handed)
+        self.threads = ThreadResources(self.backends)
         self.references = References()
         self.support = SupportLookup()
 

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import HarnessFault, ReceiverLost, Unavailable
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
 from cutbench.harness.nemesis.base import remove_tree
 from cutbench.workloads import api as workload_api
@@ -91,7 +91,8 @@ class ThreadResources:
     :meth:`share` (a test's configured stand-in).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backends: Backends) -> None:
+        self.backends = backends  # the run's, resolved once: each thread's instances are made from it
         self._shared: dict[str, Any] = {}  # instances put here by name serve every thread as they are
         self._local = threading.local()
         self._clients: list[Any] = []  # every thread's client, closed by close()
@@ -116,7 +117,7 @@ class ThreadResources:
             self._local.backends = {}
         backends = self._local.backends
         if name not in backends:
-            backends[name] = checkpointers.get(name)
+            backends[name] = self.backends.new(name)
         return backends[name]
 
     def share(self, name: str, instance: Any) -> None:

@@ -39,12 +39,10 @@ from typing import Any
 
 from cutbench.errors import EXIT_INTERRUPTED, CutbenchError, InvalidArgument, Unavailable
 from cutbench.files import atomic_write
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.model.trial import TrialResult, TrialSpec
-from cutbench.harness.nemesis.base import optional
 from cutbench.harness.runner.session import Session
 from cutbench.procs import become_subreaper, kill_namespace_inits, pid_namespace_error
-from cutbench.registry import backend_capabilities
 from cutbench.workloads import api as workload_api
 
 PR_SET_PDEATHSIG = 1
@@ -72,8 +70,8 @@ class WorkerSession(Session):
     """
 
     def __init__(self, run_id: str, receiver: str, store: str = "sqlite", workdir: str | Path | None = None, *,
-                 pid_namespace: bool = False, token: str | None = None):
-        super().__init__(run_id, store, workdir, pid_namespace=pid_namespace, token=token)
+                 pid_namespace: bool = False, token: str | None = None, backends: Backends | None = None):
+        super().__init__(run_id, store, workdir, pid_namespace=pid_namespace, token=token, backends=backends)
         self._receiver_address = receiver
 
     workdir_tag = "worker-"
@@ -92,24 +90,26 @@ class WorkerSession(Session):
         return self.control_client.export(trial=receiver_trial)
 
 
-def needs_root(backend: str) -> bool:
+def needs_root(backend: str, backends: Backends | None = None) -> bool:
     """Whether ``backend``'s stages need root: it drives CRIU or the CUDA driver's checkpoint calls."""
-    caps = backend_capabilities(backend)
+    caps = (backends or Backends()).capabilities(backend)
     return caps.drives_cuda or "criu_dump" in caps.stages
 
 
-def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None) -> None:
+def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None,
+               backends: Backends | None = None) -> None:
     """Raise :class:`Unavailable` when this host cannot run ``spec``'s trial (root, the backend, a PID namespace)."""
+    backends = backends or Backends()
     host = socket.gethostname()
     euid = os.geteuid() if euid is None else euid
-    if euid != 0 and needs_root(spec.backend):
+    if euid != 0 and needs_root(spec.backend, backends):
         raise Unavailable(f"trial worker on {host} runs as uid {euid}, and backend {spec.backend!r} needs root "
                           "(CRIU and the CUDA checkpoint calls do): start the Ray node as root "
                           "(sudo ray start ...), or run with --executor threads as root")
-    reason = checkpointers.get(spec.backend).unavailable_reason()
+    reason = backends.new(spec.backend).unavailable_reason()
     if reason:
         raise Unavailable(f"backend {spec.backend!r} cannot run on {host} (a Ray worker node): {reason}")
-    if pid_namespace and optional(checkpointers.CHECKPOINTERS.load(spec.backend), "pid_namespace"):
+    if pid_namespace and backends.declares(spec.backend, "pid_namespace"):
         error = pid_namespace_error()
         if error:
             raise Unavailable(f"trial worker on {host}: trials that run at once each need a PID namespace of their "
@@ -131,12 +131,14 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
     ``check_only``, only check that this host can run it (None, or :class:`Unavailable` saying why not)."""
     spec = TrialSpec.from_dict(request["spec"])
     become_subreaper()  # first: the namespace probe's init, like every workload, is re-parented to us
+    backends = Backends()  # this process's trial: its backend resolved once, for the check and the session
     if request.get("check_only"):
-        check_host(spec, pid_namespace=bool(request["pid_namespace"]))
+        check_host(spec, pid_namespace=bool(request["pid_namespace"]), backends=backends)
         return None
     try:
         with WorkerSession(request["run_id"], request["receiver"], request["store"], request["workdir"],
-                           pid_namespace=bool(request["pid_namespace"]), token=request["token"]) as session:
+                           pid_namespace=bool(request["pid_namespace"]), token=request["token"],
+                           backends=backends) as session:
             # The driver recorded the ground truth of a recorded-reference workload; the verdict is judged here.
             for key, data in (request.get("references") or {}).items():
                 session.references.recordings[key] = workload_api.RecordedReference.from_dict(data)

@@ -22,6 +22,9 @@ def test_run_json_names_the_report(mixed_run: Path):
     # The figures a CI job wants: the rate with its interval, overall and per arm.
     assert 0 < out["invalid_rate"] <= 1 and 0 <= out["rate_low"] <= out["invalid_rate"] <= out["rate_high"] <= 1
     assert {a["arm"] for a in out["arms"]} == set(trials["arm"]) and all("invalid_rate" in a for a in out["arms"])
+    # What each backend declared is kept with the run (the reports read it from there, not from the registry).
+    declared = RunDir.open(mixed_run).meta()["backends"]
+    assert set(declared) == set(trials["backend"]) and "criu_dump" in declared["criu"]["stages"]
 
 
 @pytest.mark.criu

@@ -117,3 +117,18 @@ def test_overhead_is_steady_state_from_the_receiver_when_effects_are_stored():
                                                             meta["scenario"]["variants"][1]]}}
     row = crit.criteria([crit.StoredRun(trials, timeline, other, effects)])
     assert row[row["criterion"] == "overhead"]["value"].isna().all()
+
+
+def test_the_declarations_are_read_from_what_the_run_stored_before_the_registry():
+    """A run's ``run.toml`` keeps what each of its backends declared; the criteria read that, and ask the
+    registry only for a backend no run recorded (runs stored before the record)."""
+    [run] = stored(TOOLS / "cuda+criu")
+    mine = {"stages": ["criu_dump", "criu_restore"], "covers": ["cpu"], "workload_changes": "a flag",
+            "drives_cuda": False}
+    recorded = crit.StoredRun(run.trials, run.timeline, {**run.meta, "backends": {"cuda+criu": mine}})
+    decl = crit.declared([recorded], ["cuda+criu", "restart"])
+    assert decl["cuda+criu"] == mine
+    assert "restart_spawn" in decl["restart"]["stages"]  # no run recorded it: the registry's declaration
+    get = crit.criteria([recorded]).set_index(["backend", "quantity"])
+    assert get.loc[("cuda+criu", "changes to the application"), "text"] == "a flag"
+    assert get.loc[("cuda+criu", "state domains held"), "text"] == "cpu"
