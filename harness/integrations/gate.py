@@ -266,21 +266,19 @@ def trial_scenario(scenario: str | Path | None, overrides: list[str] | None = No
     return parse_scenario(data)
 
 
-def run_trial(results_root: str | Path, plan: Any = "3/publish", *, scenario: str | Path | None = None,
-              overrides: list[str] | None = None, arm: str | None = None, **keywords: Any) -> TrialOutcome:
-    """Run one trial and store it as a run of one trial; return its :class:`TrialOutcome`.
+def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish", *,
+              arm: str | None = None) -> TrialOutcome:
+    """Run one trial of ``scen`` and store it as a run of one trial; return its :class:`TrialOutcome`.
 
-    The trial is drawn from :func:`trial_scenario` (``scenario``, ``overrides`` and ``keywords``:
-    ``workload``, ``params``, ``fault``, … as :data:`TRIAL_KEYWORDS` lists). When the result still has several
-    arms (variants included), ``arm`` names one by its gate label (``variant:criu/idempotent/kill``).
-    Arguments are validated as a scenario file's would be (InvalidArgument names the bad one); an
+    ``scen`` is the scenario the trial is drawn from (built by :func:`trial_scenario` from a file, overrides
+    and the ``cutbench_trial`` keywords, validated there once). When it has several arms (variants included),
+    ``arm`` names one by its gate label (``variant:criu/idempotent/kill``); InvalidArgument otherwise. An
     unavailable backend raises :class:`Unavailable`.
     """
     from cutbench.harness.model.trial import spec_for
     from cutbench.harness.runner.run import execute
     from cutbench.harness.runner.checks import check_backends
 
-    scen = trial_scenario(scenario, overrides, **keywords)
     points = gate_points(scen)
     if arm is not None:
         sub, chosen = point_by_label(scen, arm)

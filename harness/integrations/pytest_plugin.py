@@ -318,8 +318,8 @@ def cutbench_trial(request: pytest.FixtureRequest) -> Any:
         if backends and "backend" not in kwargs:
             overrides = [*overrides, gate.backends_override(backends)]
         try:
-            result = gate.run_trial(_results_root(request.config), plan, scenario=source, overrides=overrides,
-                                    arm=arm, **kwargs)
+            result = gate.run_trial(_results_root(request.config), gate.trial_scenario(source, overrides, **kwargs),
+                                    plan, arm=arm)
         except Unavailable as exc:
             _cannot_run(request.config, f"cutbench: {exc}")
         request.node.user_properties.extend([

@@ -173,5 +173,6 @@ def test_the_marker_and_the_trial_fixture_gate_the_buggy_variant_and_fail(criu, 
     monkeypatch.syspath_prepend(str(pytester.path / "mywl"))
     from cutbench.harness.integrations import gate
 
-    assert gate.run_trial(tmp_path / "twin", "2/outbox", scenario=pytester.path / "gate.toml").outcome == "valid"
+    twin = gate.trial_scenario(pytester.path / "gate.toml")
+    assert gate.run_trial(tmp_path / "twin", twin, "2/outbox").outcome == "valid"
 

@@ -17,8 +17,9 @@ from cutbench.harness.reports.explain import sender_of
 def test_a_resend_by_the_restored_process_is_credited_to_it(criu, tmp_path: Path):
     # Cut after op 2 is sent, before its ack: the original gets the ack and runs on, then crashes; the restored
     # copy still owes op 2 and sends it again on a new connection, as attempt 2 of an epoch-0 op.
-    result = gate.run_trial(tmp_path, "2/publish", workload="counter", array="numpy", params={"ops": 4, "op_interval_ms": 20.0},
-                            receiver_mode="at_least_once", fault="leave_running", crash_after_ms=100)
+    scen = gate.trial_scenario(None, workload="counter", array="numpy", params={"ops": 4, "op_interval_ms": 20.0},
+                               receiver_mode="at_least_once", fault="leave_running", crash_after_ms=100)
+    result = gate.run_trial(tmp_path, scen, "2/publish")
     run = cutbench.open_run(result.run_dir)
     fx = run.effects_of(result.trial_id)
     op2 = fx[fx["op_id"] == 2]
