@@ -83,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
-from cutbench.harness.environment.cpu_account import stat_fields  # noqa: E402
+from cutbench.harness.nemesis.cpu_account import stat_fields  # noqa: E402
 from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
 from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES  # noqa: E402
 from cutbench.harness.reports.plots import HARNESS_STAGES  # noqa: E402

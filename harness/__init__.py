@@ -12,14 +12,17 @@ never one below it; ``tests/unit/test_layout.py`` enforces the order
    pure: they return plans and never write.
 4. ``store``: the run directory (the only writer of results), table layouts
    and re-analysis of a stored run.
-5. ``environment``: what this machine has: probes, CRIU provisioning, doctor.
-6. ``nemesis``: the checkpointer protocol, the backend registry, the cut
-   pipeline and every backend.
-7. ``observer``: what the outside world sees of a program that knows nothing
+5. ``provision``: the tools cutbench drives, found, installed and started:
+   CRIU and its CUDA plugin, the container engines.
+6. ``environment``: the facts of this machine (GPU probes, the environment
+   record, doctor) and what runs leave on it.
+7. ``nemesis``: the checkpointer protocol, the backend registry, the cut
+   pipeline, every backend, and what their processes spend (``cpu_account``).
+8. ``observer``: what the outside world sees of a program that knows nothing
    of cutbench (its pipes, a file, a socket, a server's clients).
-8. ``reports``: summary, HTML report, plots, comparisons of two runs.
-9. ``runner``: trial and run execution, adaptive drivers, replay.
-10. ``integrations``: the command line, the pytest plugin and the CI gate.
+9. ``reports``: summary, HTML report, plots, comparisons of two runs.
+10. ``runner``: trial and run execution, adaptive drivers, replay.
+11. ``integrations``: the command line, the pytest plugin and the CI gate.
 """
 
 if __name__ != "cutbench.harness":  # e.g. ``import harness`` with a checkout's root on sys.path

@@ -232,7 +232,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def criu():
     """The CRIU install the tests use; raises (fails the test) when CRIU is unusable."""
-    from cutbench.harness.environment.criu import locate
+    from cutbench.harness.provision.criu import locate
 
     return locate.require_criu()
 

@@ -144,7 +144,7 @@ def witnesses(names: list[str]) -> list[Any]:
 
 def criu_argv() -> list[str]:
     """CRIU as cutbench finds it."""
-    from cutbench.harness.environment.criu import locate
+    from cutbench.harness.provision.criu import locate
 
     return list(locate.require_criu().argv)
 

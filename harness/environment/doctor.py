@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cutbench
-from cutbench.harness.environment.criu import locate, plugin
+from cutbench.harness.provision.criu import locate, plugin
 from cutbench.harness.environment import gpu_probe
 from cutbench.harness.model import schema
 

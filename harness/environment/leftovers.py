@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cutbench.files import atomic_write
-from cutbench.harness.environment import engines
+from cutbench.harness.provision import engines
 from cutbench.procs import identity, identity_alive, processes_in
 
 RUNS_ENV = "CUTBENCH_RUNS_DIR"

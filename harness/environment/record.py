@@ -56,7 +56,7 @@ def collect() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        from cutbench.harness.environment.criu import locate
+        from cutbench.harness.provision.criu import locate
 
         install = locate.require_criu()  # cached: the run already found it
         env["criu"] = {"version": install.version, "source": install.source, "argv": " ".join(install.argv)}

@@ -344,8 +344,8 @@ def criu_install(prefix: str | None, download_only: str | None, from_dir: str | 
     """Use a working CRIU >= 4.2 on PATH, or fetch Debian's package into a local prefix."""
     import os
 
-    from cutbench.harness.environment.criu.install import install
-    from cutbench.harness.environment.criu.plugin import PLUGIN, PLUGIN_ENV, installed_plugin_dir
+    from cutbench.harness.provision.criu.install import install
+    from cutbench.harness.provision.criu.plugin import PLUGIN, PLUGIN_ENV, installed_plugin_dir
 
     prefix_path = Path(prefix) if prefix else None
     result = install(prefix_path, download_only=Path(download_only) if download_only else None,
@@ -389,7 +389,7 @@ def engine() -> None:
 @click.argument("name", type=click.Choice(["docker"]))
 def engine_start(name: str) -> None:
     """Start the project's own dockerd (experimental on, the project's CRIU on its PATH) unless it answers."""
-    from cutbench.harness.environment import engines
+    from cutbench.harness.provision import engines
 
     started = engines.start_docker()
     say(("started: " if started else "already running: ") + engines.engine_status(name))
@@ -399,7 +399,7 @@ def engine_start(name: str) -> None:
 @click.argument("name", type=click.Choice(["docker"]))
 def engine_stop(name: str) -> None:
     """Stop the project's own dockerd and remove the trial containers it still holds."""
-    from cutbench.harness.environment import engines
+    from cutbench.harness.provision import engines
 
     say("stopped" if engines.stop_docker() else f"no dockerd of the project was running ({engines.docker_paths().root})")
 
@@ -407,7 +407,8 @@ def engine_stop(name: str) -> None:
 @engine.command("status")
 def engine_status() -> None:
     """One line per engine (where it is, whether it can checkpoint), then one per trial container left in either."""
-    from cutbench.harness.environment import engines, leftovers
+    from cutbench.harness.environment import leftovers
+    from cutbench.harness.provision import engines
 
     for name in engines.ENGINES:
         say(engines.engine_status(name))

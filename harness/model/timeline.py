@@ -6,7 +6,7 @@ Each stage is tagged with the receiver's high-water mark (largest arrival
 sequence number) before and after, so effects can be placed on the timeline.
 
 With a CPU sampler (:class:`CpuSampler`; the runner's is
-``cutbench.harness.environment.cpu_account.StageSampler``) each stage also
+``cutbench.harness.nemesis.cpu_account.StageSampler``) each stage also
 gets the CPU-seconds, page faults and bytes written of the trial's processes
 between its start and its end (:data:`CPU_COLUMNS`, docs/cpu-accounting.md).
 The samples are taken outside the timed span, so ``duration_s`` does not

@@ -12,7 +12,9 @@ semantic adapters (the coordinator's two phases over the control file). ``lifecy
 lifecycle by hand with no cutbench in it (the hunt's hands and the body of
 every reproducer it writes), ``engine_kit`` a container engine's (docker,
 podman) on top of it; ``hunt`` opens its sessions, writes the reproducers
-and runs them on their own.
+and runs them on their own. ``cpu_account`` measures what a trial's processes
+(the workload's, the tool's helpers) spend in each stage: CPU seconds, faults,
+bytes written.
 
 A run resolves its backends once, in a :class:`Backends` it hands down (the
 checks, the session's per-thread instances, the pid-namespace check, the

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import Unavailable
-from cutbench.harness.environment.criu import locate
-from cutbench.harness.environment.criu.plugin import plugin_dir, plugin_unavailable_reason
+from cutbench.harness.provision.criu import locate
+from cutbench.harness.provision.criu.plugin import plugin_dir, plugin_unavailable_reason
 from cutbench.harness.model.lifecycle import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
 from cutbench.harness.nemesis import engine_kit, lifecycle_kit
 
@@ -63,7 +63,7 @@ def environment(tool: str) -> dict[str, str]:
     """The variables a session (and a reproducer run here) reads: CRIU's command and the plugin's directory."""
     env = {"HUNT_CRIU": json.dumps(list(locate.require_criu().argv))}
     if tool in ENGINE_TOOLS:
-        from cutbench.harness.environment import engines
+        from cutbench.harness.provision import engines
 
         env["HUNT_ENGINE_PATH"] = engines.criu_path_env()["PATH"]
     if tool == "docker":

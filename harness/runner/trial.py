@@ -22,8 +22,8 @@ import pandas as pd
 
 from cutbench.errors import HarnessFault
 from cutbench.harness.checker import oracle
-from cutbench.harness.environment.cpu_account import StageSampler
-from cutbench.harness.environment.engines import RUN_LABEL
+from cutbench.harness.nemesis.cpu_account import StageSampler
+from cutbench.harness.provision.engines import RUN_LABEL
 from cutbench.harness.model.plan import position
 from cutbench.harness.model.timeline import Timeline
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec

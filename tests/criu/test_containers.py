@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cutbench.harness.environment import engines
+from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends import docker as docker_backend
 from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS, _lock_options
 from tests.conftest import FULL_SUITE, REPO

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.environment.criu import install, locate, unpack
+from cutbench.harness.provision.criu import install, locate, unpack
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 

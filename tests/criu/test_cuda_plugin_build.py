@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from cutbench.errors import Unavailable
-from cutbench.harness.environment.criu import apt, install, locate, plugin_build
-from cutbench.harness.environment.criu import plugin as criu_plugin
+from cutbench.harness.provision.criu import apt, install, locate, plugin_build
+from cutbench.harness.provision.criu import plugin as criu_plugin
 from tests.fixtures.run_fixtures import cli
 
 CACHE = locate.default_prefix() / "test-cuda-plugin"

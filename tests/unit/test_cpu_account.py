@@ -1,4 +1,4 @@
-"""CPU accounting per stage on real processes (``harness/environment/cpu_account.py``): a busy child's CPU is
+"""CPU accounting per stage on real processes (``harness/nemesis/cpu_account.py``): a busy child's CPU is
 its own, a vanished one keeps its last figures, CUDA-named threads are apart, measured children and helper
 threads are credited to the stage, and old runs read with the columns as NaN."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.environment import cpu_account
-from cutbench.harness.environment.cpu_account import ProcessReader, StageSampler, helper_thread, run_measured
+from cutbench.harness.nemesis import cpu_account
+from cutbench.harness.nemesis.cpu_account import ProcessReader, StageSampler, helper_thread, run_measured
 from cutbench.harness.model.timeline import CPU_COLUMNS, Timeline
 from cutbench.harness.store.rundir import RunDir
 from cutbench.procs import spawn

@@ -1,4 +1,4 @@
-"""CRIU provisioning (harness/environment/criu/) without CRIU: apt config parsing, discovery and the CUDA plugin's argument checks (the
+"""CRIU provisioning (harness/provision/criu/) without CRIU: apt config parsing, discovery and the CUDA plugin's argument checks (the
 download, the real dump and restore are in tests/criu/test_criu_tool.py, the plugin's real build in
 tests/criu/test_cuda_plugin_build.py).
 
@@ -15,7 +15,7 @@ import tarfile
 import pytest
 
 from cutbench.harness import nemesis as checkpointers
-from cutbench.harness.environment.criu import apt, fetch, install, locate, plugin, plugin_build
+from cutbench.harness.provision.criu import apt, fetch, install, locate, plugin, plugin_build
 from tests.conftest import REPO
 from tests.fixtures.criu_debs import fake_criu_deb
 from cutbench.errors import InvalidArgument, Unavailable
@@ -130,8 +130,8 @@ def test_no_debian_mirror_says_how_to_fix(tmp_path):
 
 def test_invocation_loads_no_provisioning_module():
     """What a run uses (locate, plugin) imports neither apt, download, unpack nor build code."""
-    code = ("import sys\nfrom cutbench.harness.environment.criu import locate, plugin\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cutbench.harness.environment.criu.'))))")
+    code = ("import sys\nfrom cutbench.harness.provision.criu import locate, plugin\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('cutbench.harness.provision.criu.'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     loaded = {m.rpartition(".")[2] for m in proc.stdout.split()}

@@ -10,7 +10,7 @@ import pytest
 
 from cutbench.harness import nemesis as checkpointers
 from cutbench.harness.environment import gpu_mem
-from cutbench.harness.environment.criu import plugin
+from cutbench.harness.provision.criu import plugin
 from cutbench.harness.nemesis.backends.cuda import CudaStages
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs
 from cutbench.errors import CudaCallError

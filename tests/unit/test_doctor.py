@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from cutbench.harness.environment.criu import locate, plugin
+from cutbench.harness.provision.criu import locate, plugin
 from cutbench.harness.environment import doctor
 from cutbench.harness.environment import gpu_probe
 from tests.conftest import REPO

@@ -6,8 +6,8 @@ import is still a dependency. The rule, lowest first:
     ground floor (cutbench.errors, procs, files, validate, registry)
       → receivers (ground floor only)
       → workloads (ground floor and cutbench.receivers.client only)
-      → harness rooms: model → checker → generator → store → environment
-        → nemesis → observer → reports → runner → integrations
+      → harness rooms: model → checker → generator → store → provision
+        → environment → nemesis → observer → reports → runner → integrations
 
 A room may import the ground floor, workloads, receivers, itself and the rooms
 before it. The doors rank with what they open: ``cutbench.__main__`` (the
@@ -40,7 +40,8 @@ import pytest
 
 from tests.conftest import REPO
 
-ROOMS = ("model", "checker", "generator", "store", "environment", "nemesis", "observer", "reports", "runner", "integrations")
+ROOMS = ("model", "checker", "generator", "store", "provision", "environment", "nemesis", "observer", "reports", "runner",
+         "integrations")
 PACKAGES = ("harness", "workloads", "receivers")
 
 

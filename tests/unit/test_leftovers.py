@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.environment import engines, leftovers
+from cutbench.harness.environment import leftovers
+from cutbench.harness.provision import engines
 from cutbench.procs import identity, identity_alive, package_env
 
 

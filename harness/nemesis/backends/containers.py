@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import cutbench
 from cutbench.errors import StageFailed, StageRefused, Unavailable
-from cutbench.harness.environment.engines import HARNESS_LABEL, TRIAL_LABEL
+from cutbench.harness.provision.engines import HARNESS_LABEL, TRIAL_LABEL
 from cutbench.harness.nemesis.backends.criu import NETWORK_LOCK
 from cutbench.procs import Child, identity, is_zombie_or_gone, package_env
 

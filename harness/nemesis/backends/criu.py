@@ -33,7 +33,7 @@ NETWORK_LOCK = "nftables"
 
 
 def _criu_argv() -> tuple[str, ...]:
-    from cutbench.harness.environment.criu import locate
+    from cutbench.harness.provision.criu import locate
 
     return locate.require_criu().argv
 
@@ -55,7 +55,7 @@ def run_criu(args: list[str], *, timeout: float, pass_fds: tuple[int, ...] = ())
     CRIU's CPU-seconds, faults and bytes written (its helpers' included) are
     credited to the calling trial's stage as role ``criu`` (``cpu_account.run_measured``).
     """
-    from cutbench.harness.environment.cpu_account import run_measured
+    from cutbench.harness.nemesis.cpu_account import run_measured
 
     argv = list(_criu_argv()) + args
     try:

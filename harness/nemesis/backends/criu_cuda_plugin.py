@@ -14,7 +14,7 @@ Available when the plugin is found and ``cuda-checkpoint`` is on PATH.
 from __future__ import annotations
 
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
-from cutbench.harness.environment.criu.plugin import plugin_dir, plugin_unavailable_reason
+from cutbench.harness.provision.criu.plugin import plugin_dir, plugin_unavailable_reason
 from cutbench.harness.nemesis.base import Capabilities
 
 class CriuCudaPluginCheckpointer(CriuCheckpointer):

@@ -43,7 +43,7 @@ from typing import Any
 
 from cutbench.errors import CudaCallError, HarnessFault, RemapRefused, StageFailed, StageRefused, hung_reason
 from cutbench.harness.environment import gpu_mem
-from cutbench.harness.environment.cpu_account import helper_thread
+from cutbench.harness.nemesis.cpu_account import helper_thread
 from cutbench.harness.model.plan import SAME_GPU
 from cutbench.harness.nemesis.backends.cuda_discovery import CudaProcs, bindings_unavailable_reason, find_cuda_processes
 from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver, DriverApi

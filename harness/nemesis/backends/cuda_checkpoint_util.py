@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 
 from cutbench.errors import hung_reason
-from cutbench.harness.environment.cpu_account import run_measured
+from cutbench.harness.nemesis.cpu_account import run_measured
 from cutbench.harness.nemesis.backends.cuda import CudaCheckpointer
 from cutbench.harness.nemesis.backends.cuda_criu import CudaCriuCheckpointer
 from cutbench.harness.nemesis.backends.cuda_driver import RESULTS, STATES, DriverApi, call_error

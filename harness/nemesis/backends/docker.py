@@ -19,7 +19,7 @@ each stage and removed after the cut. The backend refuses to run when that
 file exists and was not written by it (it would overwrite someone's
 settings), and one Docker trial runs at a time on an engine for the same reason.
 
-The engine is found at :func:`cutbench.harness.environment.engines.docker_host`;
+The engine is found at :func:`cutbench.harness.provision.engines.docker_host`;
 ``cutbench engine start docker`` starts the project's own. A restore that the
 engine reports while the workload in fact started anew is caught by the
 oracle (``restarted``), not taken on the engine's word.
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
-from cutbench.harness.environment import engines
+from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
                                                           container_of, container_setup, criu_options,
                                                           gone_after_restore, rootfs_tarball, trial_labels)
@@ -267,7 +267,7 @@ def _unpacked_copies(checkpoint: Path) -> list[Path]:
     """The ``ctrd-checkpoint*`` directories into which containerd unpacked ``checkpoint`` for a restore.
 
     containerd never removes them (containerd/containerd#10166): about 19 MB a restore, in the engine's
-    ``TMPDIR`` (the project's engine: :attr:`~cutbench.harness.environment.engines.DockerPaths.tmp`; another
+    ``TMPDIR`` (the project's engine: :attr:`~cutbench.harness.provision.engines.DockerPaths.tmp`; another
     engine: usually ``/tmp``). A copy is known by its ``inventory.img``, whose bytes (the dump's uptime among
     them) are the checkpoint's own, so no other restore's directory is ever taken.
     """

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import StageFailed, StageRefused, Unavailable
-from cutbench.harness.environment import engines
+from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of,
                                                           container_setup, criu_options, gone_after_restore,
                                                           rootfs_tarball, trial_labels)

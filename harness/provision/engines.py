@@ -192,7 +192,7 @@ def criu_path_env() -> dict[str, str]:
     install``) has a wrapper in ``PREFIX/bin``. Raises
     :class:`~cutbench.errors.Unavailable` (with the fix) without a CRIU >= 4.2.
     """
-    from cutbench.harness.environment.criu import locate
+    from cutbench.harness.provision.criu import locate
 
     install = locate.require_criu()
     if install.source == "bundled" and install.prefix is not None:

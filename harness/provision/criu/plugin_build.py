@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 from cutbench.errors import Unavailable
-from cutbench.harness.environment.criu.fetch import BUILD_DEBS_DIR, DEFAULT_SUITE, PACKAGE, apt_session, download_plugin_source
-from cutbench.harness.environment.criu.locate import CriuInstall, prefix_or_default, require_criu
-from cutbench.harness.environment.criu.plugin import PLUGIN, PLUGIN_RECORD, installed_plugin_dir, plugin_record
-from cutbench.harness.environment.criu.prefix import provision, swap_in, write_record
-from cutbench.harness.environment.criu.tools import run, tail
-from cutbench.harness.environment.criu.unpack import extract_tar, unpack_deb
+from cutbench.harness.provision.criu.fetch import BUILD_DEBS_DIR, DEFAULT_SUITE, PACKAGE, apt_session, download_plugin_source
+from cutbench.harness.provision.criu.locate import CriuInstall, prefix_or_default, require_criu
+from cutbench.harness.provision.criu.plugin import PLUGIN, PLUGIN_RECORD, installed_plugin_dir, plugin_record
+from cutbench.harness.provision.criu.prefix import provision, swap_in, write_record
+from cutbench.harness.provision.criu.tools import run, tail
+from cutbench.harness.provision.criu.unpack import extract_tar, unpack_deb
 
 # The compiler must suit this machine's libc, so it comes from the host, not the suite.
 TOOLCHAIN = ("gcc", "make", "libc6-dev")

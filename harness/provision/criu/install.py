@@ -15,9 +15,9 @@ import urllib.parse
 from pathlib import Path
 
 from cutbench.errors import InvalidArgument, Unavailable
-from cutbench.harness.environment.criu.apt import mirror_and_keyring, upstream_version
-from cutbench.harness.environment.criu.fetch import DEFAULT_SUITE, PACKAGE, download_debs
-from cutbench.harness.environment.criu.locate import (
+from cutbench.harness.provision.criu.apt import mirror_and_keyring, upstream_version
+from cutbench.harness.provision.criu.fetch import DEFAULT_SUITE, PACKAGE, download_debs
+from cutbench.harness.provision.criu.locate import (
     CriuInstall,
     bundled,
     bundled_argv,
@@ -27,10 +27,10 @@ from cutbench.harness.environment.criu.locate import (
     prefix_or_default,
     version_of,
 )
-from cutbench.harness.environment.criu.plugin_build import install_cuda_plugin, plugin_source_in
-from cutbench.harness.environment.criu.prefix import provision, swap_in, write_record
-from cutbench.harness.environment.criu.tools import tail
-from cutbench.harness.environment.criu.unpack import unpack_deb
+from cutbench.harness.provision.criu.plugin_build import install_cuda_plugin, plugin_source_in
+from cutbench.harness.provision.criu.prefix import provision, swap_in, write_record
+from cutbench.harness.provision.criu.tools import tail
+from cutbench.harness.provision.criu.unpack import unpack_deb
 
 
 def install(

@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 from cutbench.errors import Unavailable
-from cutbench.harness.environment.criu.tools import run, tail
+from cutbench.harness.provision.criu.tools import run, tail
 
 
 def extract_tar(tar: tarfile.TarFile, dest: Path) -> None:

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cutbench.errors import InvalidArgument, Unavailable
-from cutbench.harness.environment.criu.apt import mirror_and_keyring, resolve_packages, upstream_version
-from cutbench.harness.environment.criu.tools import run, tail
+from cutbench.harness.provision.criu.apt import mirror_and_keyring, resolve_packages, upstream_version
+from cutbench.harness.provision.criu.tools import run, tail
 
 PACKAGE = "criu"
 DEFAULT_SUITE = "unstable"

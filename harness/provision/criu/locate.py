@@ -20,7 +20,7 @@ from pathlib import Path
 
 import cutbench
 from cutbench.errors import Unavailable
-from cutbench.harness.environment.criu.tools import run, tail
+from cutbench.harness.provision.criu.tools import run, tail
 
 MIN_VERSION = (4, 2)
 

@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from cutbench.harness.environment.criu.locate import prefix_or_default
+from cutbench.harness.provision.criu.locate import prefix_or_default
 
 PLUGIN_ENV = "CUTBENCH_CRIU_PLUGIN_DIR"
 PLUGIN = "cuda_plugin.so"

@@ -43,5 +43,5 @@ for error messages).
 The direction of imports: invocation (``locate``, ``plugin``) imports only
 itself and ``tools``, never provisioning, so a trial loads no apt or build
 code (``tests/unit/test_criu_tool.py`` checks it); ``install`` sits on top. This ``__init__`` imports nothing: name the module
-you need (``from cutbench.harness.environment.criu import locate``).
+you need (``from cutbench.harness.provision.criu import locate``).
 """

@@ -1,0 +1,7 @@
+"""Provisioning: the tools cutbench drives, found, checked, installed and started.
+
+``criu`` (a package) finds, checks and installs CRIU and builds its CUDA plugin (its ``__init__`` maps the
+modules); ``engines`` finds the container engines and starts and stops the project's own ``dockerd``. Nothing
+here judges or runs a trial: the environment's facts (:mod:`cutbench.harness.environment`) and the nemesis's
+backends ask it which tool to run and how.
+"""
