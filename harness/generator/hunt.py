@@ -73,6 +73,7 @@ class HuntLog:
     # How often each step was taken in each state, and what it answered: "lock(timeout_ms=1)@running->ok".
     transitions: Counter[str] = field(default_factory=Counter)
     probes: Counter[str] = field(default_factory=Counter)  # sequences started on each probe
+    gpus: int = 1  # the GPUs here: a step that needs two is taken only where there are two
 
     def exhausted(self) -> bool:
         """Whether the budget is spent: past the hard deadline, or as many sequences run as allowed."""
@@ -174,7 +175,7 @@ def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: Hun
 
         def _open(self, kind: str) -> tuple[Step, ...]:
             w = self.walker
-            return () if w is None or w.spent else moves(tool, w.world, log.overrides)[kind]
+            return () if w is None or w.spent else moves(tool, w.world, log.overrides, log.gpus)[kind]
 
         @precondition(lambda self: bool(self._open("advance")))
         @rule(data=st.data())
@@ -255,7 +256,7 @@ def random_walk(tool: str, open_session: Callable[[str], LifecycleSession], log:
             for _ in range(log.length):
                 if walker.spent:
                     break
-                walker.take(rng.choice(safe(tool, walker.world)))
+                walker.take(rng.choice(safe(tool, walker.world, log.gpus)))
         finally:
             walker.finish()
     return log
@@ -286,7 +287,7 @@ def _replay(tool: str, open_session: Callable[[str], LifecycleSession], log: Hun
             signature: str, closing: bool, probe: str) -> Found | None:
     """Replay ``steps`` on ``probe``; the deviation with ``signature`` as found when the sequence ends showing it,
     else None."""
-    scratch = HuntLog(tool, len(steps), log.overrides)
+    scratch = HuntLog(tool, len(steps), log.overrides, gpus=log.gpus)
     walker = Walker(tool, open_session, scratch, probe)
     try:
         for n, step in enumerate(steps):

@@ -41,6 +41,9 @@ SOURCES = {
                     "process holds the PID; one image may be restored again once it is free",
     "criu-plugin": "CRIU's CUDA plugin (plugins/cuda): criu dump of a RUNNING CUDA process locks and checkpoints "
                    "it; criu restore brings the GPU state back and unlocks it (RUNNING)",
+    "restore-other-gpu": "CUDA driver API, cuCheckpointProcessRestore: \"GPU UUID pairs can be specified in args to "
+                         "remap the process old GPUs onto new GPUs. The GPU to restore onto needs to have enough memory "
+                         "and be of the same chip type as the old GPU.\" (then LOCKED, as any restore)",
     "restore-filled": "CUDA driver API: a restore that cannot get device memory fails (CUDA_ERROR_OUT_OF_MEMORY) and "
                       "the process stays CHECKPOINTED, to be restored once memory is free",
     "signal": "POSIX: SIGSTOP then SIGCONT leaves a process as it was",
@@ -72,7 +75,8 @@ STATES = ("running", "locked", "checkpointed", "failed", "gone")
 ENGINE_TOOLS = ("docker", "podman")  # the container engines: their own commands, on a probe in a container
 TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin", "criu", *ENGINE_TOOLS)
 GPU_TOOLS = ("cuda", "cuda-checkpoint", "criu-cuda-plugin")
-API = ("lock", "unlock", "checkpoint", "restore", "restore_filled")
+API = ("lock", "unlock", "checkpoint", "restore", "restore_filled", "restore_other_gpu")
+TWO_GPUS = ("restore_other_gpu",)  # steps only a machine with two GPUs (of one chip type) can take
 ENGINE = ("engine_checkpoint", "engine_restore", "engine_restore_new")
 LIFECYCLE = (*API, "criu_dump", "criu_restore", "criu_restore_filled", *ENGINE, "respawn")  # the steps that walk the states
 RESTORES = ("criu_restore", "criu_restore_filled", "engine_restore", "engine_restore_new")  # need an image
@@ -110,8 +114,10 @@ def _alphabet(tool: str) -> tuple[Step, ...]:
     gpu = (Step("thread_call"),)
     if tool == "criu-cuda-plugin":
         return criu + (Step("criu_restore_filled"),) + gpu + common
+    # The driver API's restore onto another GPU (its GPU UUID pairs) is the cuda tool's; the utility's is not modelled.
+    other: tuple[Step, ...] = (Step("restore_other_gpu"),) if tool == "cuda" else ()
     api = (Step("lock", (("timeout_ms", 5000),)), Step("lock", (("timeout_ms", 1),)), Step("unlock"),
-           Step("checkpoint"), Step("restore"), Step("restore_filled"))
+           Step("checkpoint"), Step("restore"), Step("restore_filled"), *other)
     return api + criu + gpu + common
 
 
@@ -157,9 +163,9 @@ class Expect:
 
 # The driver API's four calls (the utility's actions are the same calls): the state each needs, the state it leaves.
 API_VALID_IN = {"lock": "running", "unlock": "locked", "checkpoint": "locked", "restore": "checkpointed",
-                "restore_filled": "checkpointed"}
+                "restore_filled": "checkpointed", "restore_other_gpu": "checkpointed"}
 API_AFTER = {"lock": "locked", "unlock": "running", "checkpoint": "checkpointed", "restore": "locked",
-             "restore_filled": "locked"}
+             "restore_filled": "locked", "restore_other_gpu": "locked"}
 
 
 def _ok(after: str, source: str) -> Expect:
@@ -234,7 +240,7 @@ def _expect(tool: str, world: World, step: Step) -> Expect:
                 SOURCES["criu-plugin"] if tool == "criu-cuda-plugin" else SOURCES["criu-gpu"])
             return _ok(s if leave else "gone", source)
         return _refused(s, SOURCES["criu-gpu"])
-    source_key = "restore" if a == "restore_filled" else a
+    source_key = {"restore_filled": "restore", "restore_other_gpu": "restore-other-gpu"}.get(a, a)
     if a not in API_VALID_IN:
         raise InvalidArgument(f"hunt: unknown action {a!r}; the actions are "
                               f"{sorted({x.action for x in ALPHABETS[check_tool(tool)]})}")
@@ -276,30 +282,33 @@ def advance(tool: str, world: World, step: Step, answer: str, state: str) -> Wor
     return replace(world, state=state if state in STATES else world.state)
 
 
-def valid(tool: str, world: World, overrides: dict[str, str] | None = None) -> tuple[Step, ...]:
+def valid(tool: str, world: World, overrides: dict[str, str] | None = None, gpus: int = 1) -> tuple[Step, ...]:
     """The steps of ``tool``'s alphabet the documentation answers with ``ok`` in ``world`` (the directed search's moves)."""
-    return tuple(step for step in safe(tool, world) if "ok" in expect(tool, world, step, overrides).answers)
+    return tuple(step for step in safe(tool, world, gpus) if "ok" in expect(tool, world, step, overrides).answers)
 
 
-def moves(tool: str, world: World, overrides: dict[str, str] | None = None) -> dict[str, tuple[Step, ...]]:
+def moves(tool: str, world: World, overrides: dict[str, str] | None = None,
+          gpus: int = 1) -> dict[str, tuple[Step, ...]]:
     """The steps open in ``world``, in two kinds: ``advance`` (a lifecycle step documented to succeed, or a
     step of the probe's left at its launch, so that the next one falls while its work is in flight) and
     ``detour`` (everything else the hunt may take: steps that keep the state, and misuse the documentation
     refuses). The directed search draws from both kinds equally, so it walks the
     lifecycle deep while still trying every refusal on the way.
     """
-    ok = valid(tool, world, overrides)
+    ok = valid(tool, world, overrides, gpus)
     # A step left at its launch advances too: it places the next lifecycle step among the probe's phases.
     advance = tuple(st for st in ok if st.action in LIFECYCLE or dict(st.args).get("phase") == "launch")
-    return {"advance": advance, "detour": tuple(st for st in safe(tool, world) if st not in advance)}
+    return {"advance": advance, "detour": tuple(st for st in safe(tool, world, gpus) if st not in advance)}
 
 
-def safe(tool: str, world: World) -> tuple[Step, ...]:
-    """Every step the hunt may take in ``world``: all but the probe's own work outside RUNNING (it would wait,
-    not fail), a restore with no image (there is nothing to ask the tool), and an engine's restore under a new
-    name while the probe runs (two probes would answer one command directory)."""
+def safe(tool: str, world: World, gpus: int = 1) -> tuple[Step, ...]:
+    """Every step the hunt may take in ``world`` on a machine of ``gpus`` GPUs: all but the probe's own work
+    outside RUNNING (it would wait, not fail), a restore with no image (there is nothing to ask the tool), an
+    engine's restore under a new name while the probe runs (two probes would answer one command directory), and
+    a step that needs two GPUs on a machine with one."""
     return tuple(st for st in ALPHABETS[check_tool(tool)]
-                 if not (st.action in PROBE_WORK and world.state != "running")
+                 if not (st.action in TWO_GPUS and gpus < 2)
+                 and not (st.action in PROBE_WORK and world.state != "running")
                  and not (st.action == "respawn" and world.state != "gone")
                  and not (st.action in RESTORES and world.image is None)
                  and not (st.action == "engine_restore_new" and world.state != "gone"))

@@ -188,6 +188,12 @@ for line in sys.stdin:
             r = drv.cuCheckpointProcessCheckpoint(pid, None)
         elif op == "restore":
             r = drv.cuCheckpointProcessRestore(pid, None)
+        elif op == "restore_other":
+            # Onto device 1 (the probe ran on device 0): the driver's GPU UUID pair, old to new.
+            uuids = [drv.cuDeviceGetUuid(drv.cuDeviceGet(i)[1])[1] for i in range(drv.cuDeviceGetCount()[1])]
+            pair = drv.CUcheckpointGpuPair(); pair.oldUuid = uuids[0]; pair.newUuid = uuids[1]
+            args = drv.CUcheckpointRestoreArgs(); args.gpuPairs = [pair]; args.gpuPairsCount = 1
+            r = drv.cuCheckpointProcessRestore(pid, args)
         else:
             r = drv.cuCheckpointProcessUnlock(pid, None)
         e = r[0] if isinstance(r, tuple) else r
@@ -450,6 +456,12 @@ class Session:
 
     def _restore(self) -> str:
         return self._api("restore")
+
+    def _restore_other_gpu(self) -> str:
+        """A restore onto another GPU than the one checkpointed (device 1; the driver API only)."""
+        if not isinstance(self.api, Driver):
+            return "harness: only the driver API's restore takes GPU pairs here"
+        return self._api("restore_other")
 
     def _fill(self) -> subprocess.Popen[bytes] | None:
         """Start a process that takes the GPU's free memory but FILL_LEFT_MIB; None when it could not."""

@@ -42,19 +42,21 @@ def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.
     out = Path(out)
     open_session = hands.sessions(tool, bound_s)
     say(f"hunting {tool}: {budget_s:.0f} s of sequences of up to {length} steps")
-    log = search(tool, open_session, HuntLog(tool, length, dict(overrides or {})), budget_s,
+    env = record.collect()
+    gpus = len((env.get("gpu") or {}).get("gpus") or ())
+    log = search(tool, open_session, HuntLog(tool, length, dict(overrides or {}), gpus=gpus), budget_s,
                  max_sequences=sequences, seed=seed)
     say(f"directed search: {log.sequences} sequences, {len(log.found)} deviations")
     walk = None
     if walk_s > 0:
-        walk = random_walk(tool, open_session, HuntLog(tool, length, dict(overrides or {})), walk_s, seed=seed or 0)
+        walk = random_walk(tool, open_session, HuntLog(tool, length, dict(overrides or {}), gpus=gpus), walk_s,
+                           seed=seed or 0)
         say(f"random walk: {walk.sequences} sequences, {len(walk.found)} deviations")
     found = [tighten(tool, open_session, log, f) for f in sorted(log.found.values(), key=lambda f: f.first_at)]
     rows = []
     for n, f in enumerate(found, 1):
         ident = f"{tool}-{n}"
         rows.append(_finding(out, tool, ident, f, walk, repeat, bound_s, say))
-    env = record.collect()
     doc = {"tool": tool, "command": command, "environment": _environment(env), "environment_full": env,
            "budget_s": budget_s, "sequences": sequences, "seed": seed, "length": length, "bound_s": bound_s, "overrides": overrides or {},
            "search": _counts(log), "walk": _counts(walk) if walk else None, "findings": rows,

@@ -46,3 +46,30 @@ def test_each_probe_left_at_its_launch_comes_back_with_its_work_done(tool, probe
     seen = replay(tool, steps, bound_s=60, probe=probe)
     assert [o["answer"] for o in seen] == ["ok"] * len(seen), seen
     assert seen[6]["continues"] and seen[7]["continues"], seen
+
+
+def test_a_probe_restored_onto_another_gpu_continues(monkeypatch):
+    """lock → checkpoint → restore onto device 1 (the driver's GPU UUID pair) → unlock → step: every step ok and
+    the probe's buffers as they were. Needs two GPUs of one chip type."""
+    import shutil
+    import subprocess
+
+    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.nemesis.lifecycle_kit import replay
+
+    reason = unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    smi = shutil.which("nvidia-smi")
+    names = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=60).stdout.split("\n") if smi else []
+    names = [n for n in names if n.strip()]
+    if len(names) < 2 or len(set(names)) > 1:
+        pytest.skip(f"needs two GPUs of one chip type (a restore onto another GPU); this machine has {len(names)}")
+    for k, v in hands.environment("cuda").items():
+        monkeypatch.setenv(k, v)
+    steps = [{"action": "lock", "args": {"timeout_ms": 5000}}, {"action": "checkpoint"},
+             {"action": "restore_other_gpu"}, {"action": "unlock"}, {"action": "step", "args": {"k": 1}}]
+    seen = replay("cuda", steps, bound_s=60)
+    assert [o["answer"] for o in seen] == ["ok"] * len(seen), seen
+    assert seen[3]["continues"] and seen[4]["continues"], seen

@@ -225,3 +225,16 @@ def test_a_reproducer_starts_the_probe_its_sequence_was_found_on(tmp_path):
            "walk": None, "findings": [row]}
     text = findings.render(doc)
     assert "the streams probe" in text and "probes: buffers 1, streams 2" in text
+
+
+def test_a_restore_onto_another_gpu_is_taken_only_where_there_are_two():
+    """The driver API's restore with a GPU UUID pair is a lifecycle step of the ``cuda`` tool, documented to leave
+    the process LOCKED; a machine with one GPU never draws it."""
+    other = Step("restore_other_gpu")
+    ckpt = World("checkpointed")
+    e = expect("cuda", ckpt, other)
+    assert e.answers == {"ok"} and e.after_ok == "locked" and "remap the process old GPUs" in e.source
+    assert expect("cuda", World("locked"), other).answers == {"refused"}
+    assert other not in safe("cuda", ckpt) and other not in safe("cuda", ckpt, gpus=1)
+    assert other in moves("cuda", ckpt, gpus=2)["advance"]
+    assert other not in safe("cuda-checkpoint", ckpt, gpus=2)  # the utility's restore takes no GPU pairs here
