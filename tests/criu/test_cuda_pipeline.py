@@ -146,14 +146,15 @@ def test_in_place_cuda_backend_supports_only_suspend_resume(criu, tmp_path):
     data["pipeline"]["faults"] = ["kill", "none"]
     backend = CudaCheckpointer(driver=SimDriver())
     s = parse_scenario(data)
-    from cutbench.harness import nemesis as checkpointers
+    from cutbench.harness.nemesis import Backends
 
-    original = checkpointers.get
-    try:  # check_backends asks the registry; give it the simulated backend
-        checkpointers.get = lambda name: backend
-        runnable, skipped = check_backends(s)
-    finally:
-        checkpointers.get = original
+    class Simulated(Backends):
+        """The run's backends, with the simulated driver's in place of the registry's."""
+
+        def new(self, name):
+            return backend
+
+    runnable, skipped = check_backends(s, Simulated())
     assert [a.fault for a in runnable] == ["none"]
     assert "does not support fault 'kill'" in skipped[0]["reason"]
     data["pipeline"]["faults"] = ["none"]
