@@ -82,7 +82,13 @@ def backend_capabilities(name: str) -> Any:
     Raises :class:`InvalidArgument` for an unknown name or a backend that
     declares none, :class:`Unavailable` when its module cannot be imported.
     """
-    caps = getattr(CHECKPOINTERS.load(name), "capabilities", None)
+    return declared_capabilities(CHECKPOINTERS.load(name), name)
+
+
+def declared_capabilities(cls: Any, name: str) -> Any:
+    """The ``capabilities`` the backend class ``cls`` (registered as ``name``) declares; :class:`InvalidArgument`
+    when it declares none."""
+    caps = getattr(cls, "capabilities", None)
     if caps is None:
         raise InvalidArgument(f"backend {name!r} declares no capabilities (a Capabilities instance on the class)")
     return caps

@@ -80,6 +80,12 @@ def collect() -> dict[str, Any]:
     return env
 
 
+def gpu_count(env: dict[str, Any]) -> int:
+    """The GPUs of an environment record (:func:`collect`): nvidia-smi's list, else what CuPy saw; 0 for none."""
+    gpu = env.get("gpu") or {}
+    return len(gpu.get("gpus") or ()) or int((gpu.get("cupy") or {}).get("device_count") or 0)
+
+
 def fingerprint(env: dict[str, Any]) -> dict[str, Any]:
     """What makes two machines the same for cutbench's verdicts: GPU model, driver, CUDA, kernel and CRIU.
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from cutbench.errors import CutbenchError
 from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext, optional
-from cutbench.registry import CHECKPOINTERS
+from cutbench.registry import CHECKPOINTERS, declared_capabilities
 
 
 class Backends:
@@ -58,7 +58,7 @@ class Backends:
 
     def capabilities(self, name: str) -> Capabilities:
         """What backend ``name`` declares it can do (:class:`Capabilities`)."""
-        return self.cls(name).capabilities  # type: ignore[no-any-return]
+        return declared_capabilities(self.cls(name), name)  # type: ignore[no-any-return]
 
     def declares(self, name: str, attr: str) -> Any:
         """Backend ``name``'s optional member ``attr`` (:data:`~cutbench.harness.nemesis.base.OPTIONAL`), or its default."""
@@ -71,7 +71,7 @@ class Backends:
         for name in names:
             try:
                 caps = self.capabilities(name)
-            except (CutbenchError, AttributeError):  # one that cannot load here is skipped as an arm: no record
+            except CutbenchError:  # one that cannot load here is skipped as an arm: no record
                 continue
             out[name] = {"stages": list(caps.stages), "covers": sorted(caps.covers),
                          "workload_changes": caps.workload_changes, "drives_cuda": caps.drives_cuda}

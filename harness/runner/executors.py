@@ -282,8 +282,7 @@ def resolve_jobs(scenario: Scenario, env: dict[str, Any] | None = None) -> int:
     may use elsewhere. ``env`` is the run's environment record (its GPU list)."""
     if scenario.jobs != "auto":
         return int(scenario.jobs)
-    gpu = (env if env is not None else environment.collect()).get("gpu") or {}
-    gpus = len(gpu.get("gpus") or ()) or int((gpu.get("cupy") or {}).get("device_count") or 0)
+    gpus = environment.gpu_count(env if env is not None else environment.collect())
     if gpus:
         return gpus * scenario.trials_per_gpu
     return len(os.sched_getaffinity(0)) or 1

@@ -43,7 +43,7 @@ def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.
     open_session = hands.sessions(tool, bound_s)
     say(f"hunting {tool}: {budget_s:.0f} s of sequences of up to {length} steps")
     env = record.collect()
-    gpus = len((env.get("gpu") or {}).get("gpus") or ())
+    gpus = record.gpu_count(env)
     log = search(tool, open_session, HuntLog(tool, length, dict(overrides or {}), gpus=gpus), budget_s,
                  max_sequences=sequences, seed=seed)
     say(f"directed search: {log.sequences} sequences, {len(log.found)} deviations")
