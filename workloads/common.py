@@ -19,7 +19,6 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 from cutbench.workloads.adapters import ConsumerOffset, RequestLog
-from cutbench.workloads.api import optional
 from cutbench.workloads.xp import backend_name, is_device, synchronize, to_host, word, word_dtype
 from cutbench import validate
 from cutbench.files import atomic_open, read_number, write_number
@@ -287,6 +286,10 @@ class BaseWorkload:
     def features_for(cls, params: dict[str, Any], array: str) -> frozenset[str]:
         """The CUDA features it uses on array backend ``array``: its ``features`` on a GPU backend, none on
         NumPy (a program that runs on the host touches no CUDA feature the certificate should ask about)."""
+        # Imported here: every data-loader worker process imports this module, and api (the registry, entry
+        # points) would cost each of them tens of milliseconds at start.
+        from cutbench.workloads.api import optional
+
         return frozenset() if array == "numpy" else frozenset(optional(cls, "features"))
 
     @classmethod

@@ -54,7 +54,7 @@ class Ring:
         self.left: socket.socket | None = None
         self.right: socket.socket | None = None
         self.right_ready = False  # the right neighbour told us what it has (EXPECT)
-        self.left_fin = self.right_fin = False  # the neighbour finished: do not reconnect
+        self.right_fin = False  # the right neighbour finished: do not reconnect
         self.left_buf, self.right_buf = bytearray(), bytearray()
         self.consumed = -1  # highest tag consumed from the left
         self.inbox: dict[int, bytes] = {}
@@ -170,8 +170,8 @@ class Ring:
             return
         for kind, tag, payload in frames:
             if kind == FIN:
-                self.left_fin = True
-            elif kind == DATA and tag > self.consumed and tag not in self.inbox:
+                continue  # the left neighbour finished: nothing more comes from it
+            if kind == DATA and tag > self.consumed and tag not in self.inbox:
                 self.inbox[tag] = payload
             elif kind == DATA:
                 self.dropped += 1

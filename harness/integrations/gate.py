@@ -17,7 +17,7 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.model import schema
-from cutbench.harness.model.scenario import Arm, Scenario, apply_override, load_scenario, parse_scenario, toml_value
+from cutbench.harness.model.scenario import Arm, Scenario, load_scenario, toml_value
 from cutbench.harness.reports.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
 MAX_LISTED = 10  # failing trials named in a message and in the JUnit properties
@@ -155,11 +155,13 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
     does not support the arm's fault.
     """
     from cutbench.harness.generator.scheduler import build_specs
+    from cutbench.harness.nemesis import Backends
     from cutbench.harness.runner.run import execute
     from cutbench.harness.runner.checks import check_backends
 
     narrowed = restrict(scenario, arm)
-    arms, skipped = check_backends(replace(narrowed, skip_unavailable=False))
+    backends = Backends()
+    arms, skipped = check_backends(replace(narrowed, skip_unavailable=False), backends)
     if not arms:
         raise Unavailable(skipped[0]["reason"] if skipped else f"arm {arm.label()} cannot run here")
     if scenario.plan_source == "hypothesis":
@@ -168,7 +170,7 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
         return run_scenario(narrowed, results_root)
     slug = "-".join(x for x in (scenario.variant, arm.label()) if x).replace("/", "_").replace("+", "_")
     specs = [replace(s, variant=scenario.variant) for s in build_specs(narrowed, arms)]
-    return execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}")
+    return execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}", backends=backends)
 
 
 @dataclass
@@ -260,10 +262,7 @@ def trial_scenario(scenario: str | Path | None, overrides: list[str] | None = No
     if keywords.get("workload") is None:
         raise InvalidArgument("cutbench_trial: no workload named: pass workload='NAME' (or 'module:Class'), "
                               "or mark the test @pytest.mark.cutbench(scenario='…') to take it from a scenario")
-    data: dict[str, Any] = {"name": "trial"}
-    for item in extra:
-        apply_override(data, item)
-    return parse_scenario(data)
+    return load_scenario({"name": "trial"}, extra)
 
 
 def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish", *,
@@ -277,6 +276,7 @@ def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish",
     """
     from cutbench.harness.model.trial import spec_for
     from cutbench.harness.runner.run import execute
+    from cutbench.harness.nemesis import Backends
     from cutbench.harness.runner.checks import check_backends
 
     points = gate_points(scen)
@@ -288,12 +288,14 @@ def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish",
         raise InvalidArgument(f"scenario {scen.name!r} has {len(points)} arms ({', '.join(p[0] for p in points)}): "
                               "pass arm='LABEL', or narrow it with fault=, receiver_mode=, backend=, …")
     narrowed = sub.narrowed(chosen)
-    arms, skipped = check_backends(narrowed)
+    backends = Backends()
+    arms, skipped = check_backends(narrowed, backends)
     if not arms:
         raise Unavailable(skipped[0]["reason"] if skipped else f"backend {chosen.backend!r} cannot run here")
     cut_plan = parse_plan(plan, arms[0])
     spec = replace(spec_for(narrowed, arms[0], cut_plan, 1), variant=sub.variant)
-    outcome = execute(narrowed, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}")
+    outcome = execute(narrowed, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}",
+                      backends=backends)
     records = outcome.run.trial_records()
     if not records:
         raise KeyboardInterrupt  # the only way execute returns without the trial: interrupted

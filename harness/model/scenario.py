@@ -236,6 +236,9 @@ def load_scenario(path: "str | Path | Mapping[str, Any]", overrides: list[str] |
     parsed TOML, built in code), override and validate that. Returns the :class:`Scenario`; raises
     :class:`InvalidArgument` naming the first bad field."""
     if isinstance(path, Mapping):
+        if "include" in path:  # a file's includes are relative to the file: a mapping has none to be read from
+            raise InvalidArgument("include: a scenario given as a mapping cannot include files; load the file that "
+                                  "includes them (load_scenario(PATH)), or merge them into the mapping")
         data = copy.deepcopy(dict(path))
         source = ""
     else:

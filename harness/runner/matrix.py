@@ -21,6 +21,7 @@ import pandas as pd
 from cutbench.errors import InvalidArgument
 from cutbench.harness.checker import matrix as cells
 from cutbench.harness.generator import matrix as plan
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import matrix as render
 from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
@@ -78,9 +79,10 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     grid["tools_unavailable"] = absent
     grid["cuda_checkpoint_version"] = utility_version()
     scen = plan.scenario(grid, jobs=jobs)
-    specs, skipped = variant_specs([(v.variant, v) for v in scen.variants])
+    backends = Backends()
+    specs, skipped = variant_specs([(v.variant, v) for v in scen.variants], backends)
     outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
-                      extra_meta={"matrix": grid})
+                      extra_meta={"matrix": grid}, backends=backends)
     return outcome, store_matrix(outcome.run, deviations=deviations)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ def replay(trial_file: str | Path, results_root: str | Path, *, workdir: str | P
     """
     stored = read_trial_file(trial_file)
     spec = TrialSpec.from_dict(stored["spec"])
+    # A parameter the workload gained since the trial was stored runs at its default, as a missing run field does.
+    spec = replace(spec, params={**spec.workload_class().defaults, **spec.params})
     scen = Scenario(name=f"replay-{spec.trial_id}", workload=spec.workload, array=spec.array, params=spec.params,
                     store="sqlite", backends=(spec.backend,), modes=(spec.receiver_mode,), source_path=str(trial_file))
     outcome = execute(scen, [spec], results_root, workdir=workdir, name=f"replay-{spec.trial_id}", mark_latest=False)

@@ -17,6 +17,7 @@ from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.runner.executors import ProgressFn
 from cutbench.harness.runner.run import RunOutcome, execute, variant_specs
 from cutbench.harness.runner.runmeta import Resumed
@@ -105,7 +106,8 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
     if jobs is not None:  # how many at once does not change a trial (a parallel run stores what a serial one does)
         stored = replace(stored, jobs=jobs)
     run.references()  # a damaged recorded reference is named now, before anything runs or is rewritten
-    specs, skipped = variant_specs([(v.variant, v) for v in stored.variants] or [("", stored)])
+    backends = Backends()
+    specs, skipped = variant_specs([(v.variant, v) for v in stored.variants] or [("", stored)], backends)
     judged_here = {s["arm"] for s in meta.get("skipped_arms", []) if "cannot be judged here" not in s.get("reason", "")}
     if {s["arm"] for s in skipped} != judged_here:
         raise InvalidArgument(f"{run.path}: cannot resume: the arms this machine skips now "
@@ -126,4 +128,4 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
     kept = {r.spec.trial_id for r in done}
     todo = [s for s in specs if s.trial_id not in kept]
     return execute(stored, todo, run.path.parent, skipped=skipped, progress=progress, workdir=workdir,
-                   resume=Resumed(run, meta, done))
+                   resume=Resumed(run, meta, done), backends=backends)

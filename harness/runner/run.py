@@ -203,7 +203,10 @@ def execute(
         executor.close()
         raise
     meta = RunMeta.start(run, scenario, env, executor, skipped=skipped or [], planned=planned, swept=swept,
-                         extra=extra_meta or {}, resume=resume, backends=backends.record(scenario.backends))
+                         extra=extra_meta or {}, resume=resume,
+                         # Every backend the trials use (a sweep's or a variant's too); a driver's are the scenario's.
+                         backends=backends.record(sorted({s.backend for s in specs}) if isinstance(specs, list)
+                                                  else scenario.backends))
     run.write_meta(meta.render())
     log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
                    meta.n_trials_planned or 0)
@@ -372,9 +375,10 @@ def run_sweep(path: str | Path, axes: list[Axis], results_root: str | Path, *, o
     """
     points = expand(path, axes, overrides)
     labelled = [(",".join(x for x in (sub.variant, p.variant) if x), sub) for p in points for sub in (p.scenario.variants or (p.scenario,))]
-    specs, skipped = variant_specs(labelled)
+    backends = Backends()
+    specs, skipped = variant_specs(labelled, backends)
     base = points[0].scenario
     meta = {"sweep": {"axes": {a.key: list(a.values) for a in axes},
                       "variants": [{"variant": p.variant, "overrides": list(p.overrides)} for p in points]}}
     return execute(base, specs, results_root, skipped=skipped, progress=progress, workdir=workdir,
-                   name=f"sweep-{base.name}", extra_meta=meta)
+                   name=f"sweep-{base.name}", extra_meta=meta, backends=backends)

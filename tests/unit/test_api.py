@@ -116,6 +116,8 @@ def test_a_scenario_built_in_code_is_checked_as_its_file_would_be():
     data["plan"]["cut_mode"] = "sideways"
     with pytest.raises(InvalidArgument, match="plan.cut_mode"):
         load_scenario(data)
+    with pytest.raises(InvalidArgument, match="include: a scenario given as a mapping cannot include"):
+        load_scenario({"include": "quick.toml", "name": "x"})
 
 
 def test_reanalysis_gives_the_stored_verdicts(run):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cutbench.harness.store.analysis import verdict_class, verdict_key, verdicts_by_plan
 
 
@@ -26,3 +28,27 @@ def test_verdicts_by_plan_are_the_outcome_and_the_kinds_of_finding_of_each_plan(
         ("", "criu/at_least_once/kill", "3/publish kill"): ("invalid", ("duplicate_effect", "lost_ack")),
         ("seed=2", "criu/at_least_once/kill", "3/publish kill"): ("valid", ()),
     }
+
+
+
+def test_a_replayed_spec_reads_a_parameter_its_workload_gained_since_at_its_default(tmp_path, monkeypatch):
+    """A program trial stored before ``workload.params.image`` existed replays: its spec runs with the default ("")
+    (its programs' checks raised KeyError: 'image' before)."""
+    from cutbench.harness.runner import replay as replay_mod
+    from tests.conftest import REPO
+
+    [path] = (REPO / "results" / "reference" / "programs" / "ticker").glob("*/trials/t0001.json")
+    assert "image" not in replay_mod.read_trial_file(path)["spec"]["params"]
+    ran = []
+
+    def execute(scen, specs, *args, **kwargs):  # what the replay would run: its checks, no trial
+        from cutbench.harness.runner.checks import check_programs
+
+        check_programs([(s.workload_class(), s.params) for s in specs])
+        ran.extend(specs)
+        raise SystemExit
+
+    monkeypatch.setattr(replay_mod, "execute", execute)
+    with pytest.raises(SystemExit):
+        replay_mod.replay(path, tmp_path)
+    assert ran[0].params["image"] == ""
