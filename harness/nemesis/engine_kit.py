@@ -54,6 +54,9 @@ def rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
+IMAGES_READY: set[tuple[str, str]] = set()  # (engine, DOCKER_HOST) that hold the probe's image
+
+
 class EngineSession(Session):
     """One probe in a container of ``tool`` (``docker`` or ``podman``); :meth:`do` and :meth:`close` as
     :class:`Session`'s. The probe's host pid changes with each restore; its container is ``self.container``."""
@@ -124,11 +127,15 @@ class EngineSession(Session):
         return os.path.join(self.root, "containers", container_id, "checkpoints")
 
     def _ensure_image(self) -> None:
-        if self._run("image", "inspect", ROOTFS_IMAGE).returncode == 0:
+        """The probe's image in the engine: asked once per process and engine (each probe's start would ask)."""
+        key = (self.engine, self.env.get("DOCKER_HOST", ""))
+        if key in IMAGES_READY:
             return
-        p = self._run("import", "-", ROOTFS_IMAGE, stdin=rootfs_tar())
-        if p.returncode != 0:
-            raise RuntimeError(f"{self.engine} import of the probe's image failed: {self._words(p)}")
+        if self._run("image", "inspect", ROOTFS_IMAGE).returncode != 0:
+            p = self._run("import", "-", ROOTFS_IMAGE, stdin=rootfs_tar())
+            if p.returncode != 0:
+                raise RuntimeError(f"{self.engine} import of the probe's image failed: {self._words(p)}")
+        IMAGES_READY.add(key)
 
     def _create_args(self, name: str) -> list[str]:
         """The arguments after ``run``/``create``: the probe's container, named ``name``."""
@@ -181,10 +188,10 @@ class EngineSession(Session):
         if not self._running():
             return "gone"
         p = self._run("kill", self.container)
-        deadline = time.monotonic() + self.bound_s
-        while self._running() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return "ok" if p.returncode == 0 else "refused: " + self._words(p)
+        if p.returncode != 0:  # refused: the container runs on, nothing to wait for
+            return "refused: " + self._words(p)
+        self._wait_stopped()
+        return "ok"
 
     def _engine_checkpoint(self, leave_running: bool = False) -> str:
         if not self._running():
@@ -209,29 +216,22 @@ class EngineSession(Session):
             except OSError:
                 pass  # an engine on another host: its unpacked copies are not counted here
         self.checkpoint = cp
-        # Every command sent so far was answered before the checkpoint: the image's probe waits for the next one.
-        self.image = {"expected": [list(b) for b in self.expected], "ptrs": self.ptrs, "seq": self.seq,
-                      "threads": self.threads}
+        self._take_image()
         if not leave_running:
-            deadline = time.monotonic() + self.bound_s
-            while self._running() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            self._wait_stopped()
         return "ok"
 
-    def _forget_after_image(self) -> None:
-        """Commands the original answered after the checkpoint are not the copy's: it must not find them."""
-        assert self.image is not None
-        for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")):
-            parts = p.name.split(".")
-            if len(parts) == 2 and int(parts[1]) > self.image["seq"]:
-                p.unlink(missing_ok=True)
+    def _wait_stopped(self) -> None:
+        """Until the probe's container has stopped (at most the bound)."""
+        deadline = time.monotonic() + self.bound_s
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _restored(self, name: str) -> str:
         """After a restore the engine answered ok: the copy in ``name`` is the probe, as the image left it."""
         assert self.image is not None
         self.pid = self._adopt(name)
-        self.expected = [list(b) for b in self.image["expected"]]
-        self.ptrs, self.seq, self.threads = self.image["ptrs"], self.image["seq"], self.image["threads"]
+        self._back_to_image()
         return "ok" if self.pid else f"refused: {self.engine} reported the restore, but {name} is not running"
 
     def _engine_restore(self) -> str:

@@ -588,9 +588,7 @@ class Session:
         shutil.rmtree(self.images, ignore_errors=True)
         res = self._criu("dump", "-t", str(self.pid), "-o", "dump.log", *(["--leave-running"] if leave_running else []))
         if res == "ok":
-            # Every command sent so far was answered before the dump: the image's probe waits for the next one.
-            self.image = {"expected": [list(b) for b in self.expected], "ptrs": self.ptrs, "seq": self.seq,
-                          "threads": self.threads}
+            self._take_image()
             if not leave_running:
                 reap(self.pid or 0)
         return res
@@ -601,19 +599,35 @@ class Session:
         pidfile = self.dir / "restored.pid"
         pidfile.unlink(missing_ok=True)
         if not alive(self.pid):
-            # Commands the original answered after the dump are not the copy's: it must not find them when
-            # it wakes (while the original runs, the restore cannot take its pid and the files stay its own).
-            for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")):
-                parts = p.name.split(".")
-                if len(parts) == 2 and int(parts[1]) > self.image["seq"]:
-                    p.unlink(missing_ok=True)
+            # While the original runs, the restore cannot take its pid and the files stay its own.
+            self._forget_after_image()
         res = self._criu("restore", "-d", "--pidfile", str(pidfile), "-o", "restore.log")
         if res == "ok":
             self.pid = int(pidfile.read_text())
             self.pids.add(self.pid)
-            self.expected = [list(b) for b in self.image["expected"]]
-            self.ptrs, self.seq, self.threads = self.image["ptrs"], self.image["seq"], self.image["threads"]
+            self._back_to_image()
         return res
+
+    # -- an image's probe ------------------------------------------------------
+    def _take_image(self) -> None:
+        """What the image just taken holds: every command sent so far was answered before it, so its probe
+        waits for the next one."""
+        self.image = {"expected": [list(b) for b in self.expected], "ptrs": self.ptrs, "seq": self.seq,
+                      "threads": self.threads}
+
+    def _forget_after_image(self) -> None:
+        """Commands the original answered after the image are not the copy's: it must not find them when it wakes."""
+        assert self.image is not None
+        for p in list(self.dir.glob("cmd.*")) + list(self.dir.glob("ack.*")):
+            parts = p.name.split(".")
+            if len(parts) == 2 and int(parts[1]) > self.image["seq"]:
+                p.unlink(missing_ok=True)
+
+    def _back_to_image(self) -> None:
+        """After a restore: the probe holds what the image held, and answers from the image's next command."""
+        assert self.image is not None
+        self.expected = [list(b) for b in self.image["expected"]]
+        self.ptrs, self.seq, self.threads = self.image["ptrs"], self.image["seq"], self.image["threads"]
 
     # -- what must hold -------------------------------------------------------
     def digest(self) -> dict[str, Any]:

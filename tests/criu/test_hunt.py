@@ -95,6 +95,24 @@ def test_a_container_engine_s_lifecycle_is_hunted_and_each_deviation_shown_by_it
     assert left == []
 
 
+@pytest.mark.alone
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_an_engine_s_probe_comes_back_from_its_checkpoint_as_it_was(criu, docker_engine, podman_engine, engine,
+                                                                     monkeypatch):
+    """The engine session's own bookkeeping, held to the probe: a checkpoint that stops the container, a restore, a
+    step; every answer ok and the digests after the restore and the step hold (a session that put the wrong state
+    back would show a deviation here, which the hunt's reproducer, the same code, would show too)."""
+    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.nemesis.lifecycle_kit import replay
+
+    for k, v in hands.environment(engine).items():
+        monkeypatch.setenv(k, v)
+    seen = replay(engine, [{"action": "step", "args": {"k": 2}}, {"action": "engine_checkpoint"},
+                           {"action": "engine_restore"}, {"action": "step", "args": {"k": 1}}], bound_s=60)
+    assert [o["answer"] for o in seen[:-1]] == ["ok"] * 4, seen  # the last is the close: docker's leftovers
+    assert [o.get("continues") for o in seen[:-1]] == [True, None, True, True], seen
+
+
 def test_a_step_left_at_its_launch_is_dumped_in_flight_and_finishes_in_the_restored_probe(criu, monkeypatch):
     """The CPU probe's step at its launch is a thread still at work (half a second) when CRIU dumps it; the restored
     probe finishes it, and the digest after the restore finds its work done, once."""
