@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cutbench.errors import Unavailable
+from cutbench.harness.provision import engines
 from cutbench.harness.provision.criu import locate
 from cutbench.harness.provision.criu.plugin import plugin_dir, plugin_unavailable_reason
 from cutbench.harness.model.lifecycle import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
@@ -63,8 +64,6 @@ def environment(tool: str) -> dict[str, str]:
     """The variables a session (and a reproducer run here) reads: CRIU's command and the plugin's directory."""
     env = {"HUNT_CRIU": json.dumps(list(locate.require_criu().argv))}
     if tool in ENGINE_TOOLS:
-        from cutbench.harness.provision import engines
-
         env["HUNT_ENGINE_PATH"] = engines.criu_path_env()["PATH"]
     if tool == "docker":
         env["DOCKER_HOST"] = engines.docker_host()

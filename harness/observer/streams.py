@@ -147,7 +147,7 @@ class Observer(ServerClients):
         if launch is not None:
             image = self.params["image"]  # its own image: its own PATH; else the host's /usr, and the harness's PATH
             env = dict(self.params["env"]) if image else {"PATH": os.environ.get("PATH", os.defpath), **self.params["env"]}
-            child = launch(argv, cwd=str(self.directory), env=env, **({"image": image} if image else {}))
+            child = launch(argv, cwd=str(self.directory), env=env, image=image)
             self.incarnation += 1
             self.pipe_inodes, self._words = {}, child.output_tail
             self._tail()

@@ -34,11 +34,13 @@ def check_backends(scenario: Scenario, backends: Backends | None = None) -> tupl
     backends = backends or Backends()
     reasons: dict[str, str | None] = {}
     faults: dict[str, frozenset[str] | None] = {}
-    image = scenario.params.get("image") if workload_api.optional(scenario.workload_class(), "program") else ""
+    program = bool(workload_api.optional(scenario.workload_class(), "program"))
+    image = scenario.params["image"] if program else ""
     for name in scenario.backends:
         try:
             backend = backends.new(name)
-            _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
+            if program:
+                _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
             reasons[name] = backend.unavailable_reason()
             has_image = optional(backend, "has_image")
             if image and reasons[name] is None and has_image is not None and not has_image(image):
@@ -74,8 +76,6 @@ def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
     (``image``) under a backend that starts no container, or one watched through a pipe under a container
     engine, which keeps a container's stdout and stderr (its log) where nothing here could read them as they
     come. Raises :class:`InvalidArgument` naming the parameter and what works."""
-    if not workload_api.optional(scenario.workload_class(), "program"):
-        return
     engine = optional(backend, "launch") is not None
     image = scenario.params["image"]
     if image and not engine:

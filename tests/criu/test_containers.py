@@ -161,14 +161,16 @@ def test_a_program_s_file_and_socket_streams_in_a_container_get_criu_s_verdict(
 
 
 SHELL_IMAGE = "cutbench-test-shell:1"
+# The program exits 3 where it finds a /usr: in its own image there is none, in cutbench's image the host's is mounted.
+NO_USR = "[ -e /usr ] && exit 3;"
 SHELL_PROGRAM = """
 name = "shell-in-its-image"
 [workload]
 name = "program"
 [workload.params]
 image = "IMAGE"
-command = ["sh", "-c",
-  "[ -e /usr ] && exit 3; i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo step $i >> steps.log; j=0; while [ $j -lt 20000 ]; do j=$((j+1)); done; done; echo $i > result.txt"]
+command = ["sh", "-c", "NO_USR i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo step $i >> steps.log; j=0; \
+  while [ $j -lt 20000 ]; do j=$((j+1)); done; done; echo $i > result.txt"]
 stream = "file:steps.log"
 effects = '^step (?P<index>\\d+)$'
 ops = 40
@@ -186,7 +188,7 @@ phases = ["effect"]
 watchdog_s = 15
 trial_timeout_s = 60
 stage_timeout_s = 90
-"""
+""".replace("NO_USR", NO_USR)
 
 
 def shell_rootfs() -> bytes:

@@ -89,8 +89,7 @@ def test_a_container_engine_s_lifecycle_is_hunted_and_each_deviation_shown_by_it
         modules = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
         modules |= {n.module or "" for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
         assert not any(m.startswith("cutbench") for m in modules)
-    engine_cli = {"docker": ["docker"], "podman": ["podman"]}[engine]
-    left = subprocess.run([*engine_cli, "ps", "--all", "--quiet", "--filter", "label=cutbench.hunt"], capture_output=True,
+    left = subprocess.run([engine, "ps", "--all", "--quiet", "--filter", "label=cutbench.hunt"], capture_output=True,
                           text=True, env={**os.environ, "DOCKER_HOST": docker_engine}).stdout.split()
     assert left == []
 

@@ -121,10 +121,10 @@ class DockerCheckpointer:
         identity: see :func:`~cutbench.harness.nemesis.backends.containers.trial_labels`; ``env`` added to its
         environment; ``image``: a program's own, else cutbench's: see
         :func:`~cutbench.harness.nemesis.backends.containers.container_setup`); returns its handle."""
-        if not image:
+        if not image:  # cutbench's own image, with the host's directories but the engine's own mounted
             self._ensure_image()
-        image, mounts, environment = container_setup(cwd, image, env,
-                                                     forbidden=(self.data_root(), engines.docker_paths().root))
+        forbidden = () if image else (self.data_root(), engines.docker_paths().root)
+        image, mounts, environment = container_setup(cwd, image, env, forbidden=forbidden)
         host_config = self.api.create_host_config(
             network_mode="host", binds={path: {"bind": path, "mode": mode} for path, mode in mounts.items()})
         name = container_name(cwd)
@@ -159,9 +159,7 @@ class DockerCheckpointer:
         return self._root
 
     def _ensure_image(self) -> None:
-        try:
-            self.api.inspect_image(IMAGE)
-        except Exception:
+        if not self.has_image(IMAGE):
             repository, tag = IMAGE.split(":")
             self.api.import_image_from_data(rootfs_tarball(), repository=repository, tag=tag)
 

@@ -147,7 +147,7 @@ class PodmanCheckpointer:
         return self.podman("image", "exists", image).returncode == 0
 
     def _ensure_image(self) -> None:
-        if self._image_ready or self.podman("image", "exists", IMAGE).returncode == 0:
+        if self._image_ready or self.has_image(IMAGE):
             self._image_ready = True
             return
         p = self.podman("import", "-", IMAGE, stdin=rootfs_tarball())
