@@ -85,9 +85,9 @@ def main() -> int:
         t0 = time.monotonic()
         run = cutbench.run(cutbench.load_scenario(data), out=out / "runs")
         wall = time.monotonic() - t0
-        timeline, env = run.timeline, run.meta.get("environment", {})
+        env = run.meta.get("environment", {})
         for _, trial in run.trials.iterrows():
-            tl = timeline[timeline["trial_id"] == trial["trial_id"]]
+            tl = run.timeline_of(trial["trial_id"])
             row = {"device_mib": mib, "trial_id": trial["trial_id"], "outcome": trial["outcome"],
                    "images_dir": data["pipeline"]["images_dir"],
                    "gpu_bytes": trial.get("gpu_bytes"), "image_bytes": trial.get("image_bytes"), "run_wall_s": wall,

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,16 +40,18 @@ def main() -> int:
     ap.add_argument("--out", default="results/parallel-speed")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = ap.parse_args()
-    scenario = cutbench.load_scenario(args.scenario, args.overrides)
     runs = [("threads", j) for j in [1] + [j for j in args.jobs if j != 1]]
     if args.executor:
         runs.append((args.executor, "auto"))
-    rows, serial = [], None
-    for executor, jobs in runs:
+    # Every point first: --jobs is checked as run.jobs is (a bad count: InvalidArgument naming it, before anything runs).
+    points = [(executor, jobs, cutbench.load_scenario(args.scenario, [*args.overrides, f"run.jobs={json.dumps(jobs)}",
+                                                                      f"run.executor={json.dumps(executor)}"]))
+              for executor, jobs in runs]
+    scenario = points[0][2]
+    rows: list[dict[str, Any]] = []
+    serial: dict[str, Any] | None = None
+    for executor, jobs, point in points:
         t0 = time.monotonic()
-        # --jobs is checked as run.jobs is (a bad count: InvalidArgument naming it, before anything runs).
-        point = cutbench.load_scenario(args.scenario, [*args.overrides, f"run.jobs={json.dumps(jobs)}",
-                                                       f"run.executor={json.dumps(executor)}"])
         try:
             run = cutbench.run(point, out=Path(args.out) / (f"jobs-{jobs}" if executor == "threads" else executor))
         except KeyboardInterrupt as exc:
