@@ -13,7 +13,7 @@
   checkpoint API exist (CI has none).
 - ``criu`` tests never skip: the ``criu`` fixture raises when CRIU cannot be
   used, so a CI machine without CRIU fails loudly instead of reporting green.
-- Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``) each worker
+- Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each worker
   has its own claims directory (``CUTBENCH_RUNS_DIR``) and sees only its own
   processes (:func:`live_processes`); one dockerd serves the session
   (``tests/fixtures/container_fixtures.py``); the tests of an ``xdist_group``

@@ -140,3 +140,17 @@ def test_settle_waits_for_an_older_removal_still_running_when_a_newer_one_has_fi
     threading.Timer(0.2, release.set).start()
     discards.settle()
     assert not older.exists()
+
+
+@pytest.mark.parametrize("exit_status, error", [(0, HarnessFault), (-9, StageFailed), (1, StageFailed)])
+def test_a_dump_that_finds_its_workload_gone_blames_the_tool_unless_the_workload_had_ended_on_its_own(exit_status, error):
+    # CRIU's, Docker's and Podman's checkpoints alike: an asynchronous cut that came after the program exited 0 is
+    # the harness's timing (the trial is unknown); a workload killed or failed under the dump is the tool's loss.
+    from cutbench.harness.nemesis.backends.criu import dump_failure
+    from cutbench.procs import Child
+
+    failure = dump_failure("docker_checkpoint", "docker checkpoint: 500 Container abc not running",
+                           Child(pid=2**22 + 1, returncode=exit_status))
+    assert type(failure) is error and failure.stage == "docker_checkpoint"
+    assert "not running" in failure.reason
+    assert ("no claim about the tool" in failure.reason) == (exit_status == 0)

@@ -123,11 +123,7 @@ class CriuCheckpointer:
                 # tool declined and the workload went on: a safe refusal.
                 if target.alive():
                     raise StageRefused("criu_dump", reason)
-                if target.returncode == 0:
-                    # An asynchronous cut that landed as the program finished: it was gone before CRIU got to it.
-                    raise HarnessFault("criu_dump", f"the workload ended on its own (exit 0) while it was being dumped: "
-                                                    f"the cut came after its end, no claim about the tool; {reason}")
-                raise StageFailed("criu_dump", reason + " (workload did not survive)")
+                raise dump_failure("criu_dump", reason, target)
             extra["bytes"] = dir_bytes(images)
             ctx.facts["image_bytes"] = extra["bytes"]
 
@@ -169,6 +165,17 @@ class CriuCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """Nothing beyond the images directory, which the pipeline removes."""
+
+
+def dump_failure(stage: str, reason: str, target: Child) -> StageFailed:
+    """The outcome of a dump (a checkpoint) that failed for ``reason`` and left ``target`` gone: the tool's failure
+    (:class:`StageFailed`: the workload did not survive it), unless the workload had exited 0 on its own — an
+    asynchronous cut that landed as the program finished, gone before the tool got to it, which is no claim about
+    the tool (:class:`HarnessFault`: the trial is unknown)."""
+    if target.returncode == 0:
+        return HarnessFault(stage, f"the workload ended on its own (exit 0) while it was being dumped: the cut came "
+                                   f"after its end, no claim about the tool; {reason}")
+    return StageFailed(stage, reason + " (the workload did not survive)")
 
 
 def restore_failure(stage: str, reason: str, ctx: CutContext) -> StageFailed:

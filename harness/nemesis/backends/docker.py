@@ -15,9 +15,11 @@ again once, and the cut's ``harness_action`` says so.
 Docker passes no CRIU options of its own, so the options the receiver
 connection needs (see :mod:`~cutbench.harness.nemesis.backends.containers`)
 go into runc's CRIU options file, ``/etc/criu/runc.conf``, rewritten before
-each stage and removed after the cut. The backend refuses to run when that
+each stage and removed after it. The backend refuses to run when that
 file exists and was not written by it (it would overwrite someone's
-settings), and one Docker trial runs at a time on an engine for the same reason.
+settings), and one Docker stage runs at a time on a host for the same reason:
+the lock is held for the engine's call only, so a trial's cut never waits on
+another trial's restore while its workload runs on past the cut.
 
 The engine is found at :func:`cutbench.harness.provision.engines.docker_host`;
 ``cutbench engine start docker`` starts the project's own. A restore that the
@@ -27,18 +29,20 @@ oracle (``restarted``), not taken on the engine's word.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.errors import StageRefused, Unavailable
 from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER, ContainerChild, container_name,
                                                           container_of, container_setup, criu_options,
                                                           gone_after_restore, rootfs_tarball, trial_labels)
-from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
+from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
 from cutbench.procs import Child
 
@@ -54,7 +58,7 @@ class DockerCheckpointer:
     def __init__(self) -> None:
         self._client: Any = None
         self._root: Path | None = None
-        self._cuts: dict[Path, tuple[str, str, Any]] = {}  # images_dir -> (container id, checkpoint name, lock)
+        self._cuts: dict[Path, tuple[str, str]] = {}  # images_dir -> (container id, checkpoint name)
 
     # -- engine ---------------------------------------------------------------
     @property
@@ -170,29 +174,27 @@ class DockerCheckpointer:
         name = f"c{ctx.cut_index}"
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         log = ctx.images_dir / "criu-dump.log"
-        # /etc/criu/runc.conf is one file per host: one Docker cut at a time, across processes too
-        # (a Ray worker runs each trial in a process of its own). Released by cleanup, which follows.
-        self._cuts[ctx.images_dir] = (cid, name, _lock_options())
-        criu_options(RUNC_OPTIONS, log=log, skip_in_flight=ctx.program is not None)
-        ctx.mark("criu_freeze")
-        with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
-            reply = self._post(ctx, "docker_checkpoint", "/containers/{0}/checkpoints", cid,
-                               json={"CheckpointID": name, "Exit": ctx.cut.fault == "kill"})
-            if reply is None or reply.status_code >= 300:
-                reason = f"docker checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}"
-                if target.alive():
-                    raise StageRefused("docker_checkpoint", reason)
-                raise StageFailed("docker_checkpoint", reason + " (the container did not survive)")
-            image = self._checkpoint_dir(cid, name)
-            extra["bytes"] = dir_bytes(image) if image.is_dir() else 0
-            ctx.facts["image_bytes"] = extra["bytes"]
+        self._cuts[ctx.images_dir] = (cid, name)
+        with _runc_options(log=log, skip_in_flight=ctx.program is not None):
+            ctx.mark("criu_freeze")
+            with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
+                reply = self._post(ctx, "docker_checkpoint", "/containers/{0}/checkpoints", cid,
+                                   json={"CheckpointID": name, "Exit": ctx.cut.fault == "kill"})
+                if reply is None or reply.status_code >= 300:
+                    reason = f"docker checkpoint: {_message(reply)} | CRIU: {criu_error_tail(log)}"
+                    if target.alive():
+                        raise StageRefused("docker_checkpoint", reason)
+                    raise dump_failure("docker_checkpoint", reason, target)
+                image = self._checkpoint_dir(cid, name)
+                extra["bytes"] = dir_bytes(image) if image.is_dir() else 0
+                ctx.facts["image_bytes"] = extra["bytes"]
 
     def restore(self, ctx: CutContext) -> int:
         """Stage ``docker_restore``: start the stopped container from its checkpoint; returns the new pid."""
-        cid, name, _lock = self._cuts[ctx.images_dir]
+        cid, name = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
-        criu_options(RUNC_OPTIONS, log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None)
-        with ctx.timeline.stage("docker_restore", ctx.cut_index):
+        with (_runc_options(log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None),
+              ctx.timeline.stage("docker_restore", ctx.cut_index)):
             reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
             if _stale_upload(reply) and (action := self._retouch(cid, name, _message(reply))):
                 ctx.facts["harness_action"] = action
@@ -212,7 +214,7 @@ class DockerCheckpointer:
         cut = self._cuts.pop(ctx.images_dir, None)
         if cut is None:
             return  # the checkpoint never began
-        cid, name, lock = cut
+        cid, name = cut
         unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
         try:
             self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
@@ -220,9 +222,6 @@ class DockerCheckpointer:
             pass
         for path in unpacked:
             remove_tree(path)
-        if not _foreign(RUNC_OPTIONS):
-            RUNC_OPTIONS.unlink(missing_ok=True)
-        lock.close()  # closing the file releases its lock
 
     def _post(self, ctx: CutContext, stage: str, path: str, cid: str, **kwargs: Any) -> Any:
         """POST to the engine within the stage's timeout; None when the engine did not answer (the reason kept)."""
@@ -251,6 +250,20 @@ class DockerCheckpointer:
             return None
         return (f"docker_restore: the engine refused ({refusal}: its content store still held the checkpoint's own "
                 "tarball, moby/moby#42900); inventory.img's mtime moved 1 s on and the restore asked again")
+
+
+@contextlib.contextmanager
+def _runc_options(*, log: Path, restore_after: str | None = None, skip_in_flight: bool = False) -> Iterator[None]:
+    """runc's CRIU options file written for one engine call (see :func:`criu_options`) and removed after it, under
+    the host-wide lock: the file is one per host, and the engine reads it during the call."""
+    lock = _lock_options()
+    try:
+        criu_options(RUNC_OPTIONS, log=log, restore_after=restore_after, skip_in_flight=skip_in_flight)
+        yield
+    finally:
+        if not _foreign(RUNC_OPTIONS):
+            RUNC_OPTIONS.unlink(missing_ok=True)
+        lock.close()  # closing the file releases its lock
 
 
 def _lock_options() -> Any:

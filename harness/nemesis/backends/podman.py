@@ -27,12 +27,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cutbench.errors import StageFailed, StageRefused, Unavailable
+from cutbench.errors import StageRefused, Unavailable
 from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of,
                                                           container_setup, criu_options, gone_after_restore,
                                                           rootfs_tarball, trial_labels)
-from cutbench.harness.nemesis.backends.criu import criu_error_tail, restore_failure
+from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.procs import Child
 
@@ -176,7 +176,7 @@ class PodmanCheckpointer:
                 reason = f"podman checkpoint exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}"
                 if target.alive():
                     raise StageRefused("podman_checkpoint", reason)
-                raise StageFailed("podman_checkpoint", reason + " (the container did not survive)")
+                raise dump_failure("podman_checkpoint", reason, target)
             extra["bytes"] = archive.stat().st_size if archive.exists() else 0
             ctx.facts["image_bytes"] = extra["bytes"]
         ctx.facts.update(_stats(p.stdout, _CHECKPOINT_STATS))
