@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from cutbench.errors import CutbenchError
+from cutbench.errors import CutbenchError, Unavailable
 from cutbench.harness.nemesis.base import Capabilities, Checkpointer, CutContext, optional
 from cutbench.registry import CHECKPOINTERS, declared_capabilities
 
@@ -64,6 +64,14 @@ class Backends:
         """Backend ``name``'s optional member ``attr`` (:data:`~cutbench.harness.nemesis.base.OPTIONAL`), or its default."""
         return optional(self.cls(name), attr)
 
+    def unavailable_reason(self, name: str) -> str | None:
+        """Why backend ``name`` cannot run on this machine (with the fix), or None when it can: its own answer,
+        or why its module cannot be imported here. :class:`~cutbench.errors.InvalidArgument` for an unknown name."""
+        try:
+            return self.new(name).unavailable_reason()
+        except Unavailable as exc:
+            return str(exc)
+
     def record(self, names: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
         """What ``run.toml`` keeps of each backend in ``names`` that loads here: the capabilities the store and
         the reports read back (stages, the state domains it covers, what it needs of a workload's code)."""
@@ -78,12 +86,4 @@ class Backends:
         return out
 
 
-def get(name: str) -> Checkpointer:
-    """A fresh instance of backend ``name`` (a command that needs one backend once; a run keeps a :class:`Backends`).
-
-    Raises as :class:`Backends` does.
-    """
-    return Backends().new(name)
-
-
-__all__ = ["CHECKPOINTERS", "Backends", "Capabilities", "Checkpointer", "CutContext", "get"]
+__all__ = ["CHECKPOINTERS", "Backends", "Capabilities", "Checkpointer", "CutContext"]

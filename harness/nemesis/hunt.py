@@ -35,9 +35,9 @@ def unavailable_reason(tool: str) -> str | None:
     """Why ``tool``'s lifecycle cannot be driven on this machine, or None when it can."""
     check_tool(tool)
     if tool in ENGINE_TOOLS:
-        from cutbench.harness import nemesis
+        from cutbench.harness.nemesis import Backends
 
-        reason = nemesis.get(tool).unavailable_reason()  # the engine answers and can checkpoint (with the fix)
+        reason = Backends().unavailable_reason(tool)  # the engine answers and can checkpoint (with the fix)
         if reason:
             return f"{tool}: {reason}"
         if tool == "docker" and shutil.which("docker") is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -282,6 +283,32 @@ class Driver:
 def criu_argv() -> list[str]:
     """CRIU's command prefix: ``$HUNT_CRIU`` (a JSON list) or ``criu`` on PATH."""
     return json.loads(os.environ["HUNT_CRIU"]) if os.environ.get("HUNT_CRIU") else ["criu"]
+
+
+def release_network_lock(images: Path | str) -> str | None:
+    """Delete the nftables table that CRIU's network lock left for the dump in ``images``; returns its name, or
+    None when there was none (a ``--leave-running`` dump unlocks itself, a restore unlocks its image's) or no
+    ``nft`` to delete it with.
+
+    A dump that stops its tree (no ``--leave-running``) locks the network with a table ``inet CRIU-<run id>``
+    (the dump's run id, in its ``inventory.img``, cut to 21 characters) and leaves it for the restore to remove.
+    An image never restored leaves the table for good: a filter chain on the host's input and output hooks
+    that every packet passes, and that every later dump's lock reads (0.07 s a dump with none, 0.66 s with 226).
+    """
+    try:
+        inventory = (Path(images) / "inventory.img").read_bytes()
+    except OSError:
+        return None
+    found = re.search(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", inventory)
+    nft = shutil.which("nft")
+    if found is None or nft is None:
+        return None
+    table = "CRIU-" + found.group().decode()[:21]
+    try:
+        gone = subprocess.run([nft, "delete", "table", "inet", table], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return table if gone else None
 
 
 def become_subreaper() -> None:
@@ -585,6 +612,7 @@ class Session:
     def _criu_dump(self, leave_running: bool = False) -> str:
         if not alive(self.pid):
             return "gone"
+        release_network_lock(self.images)  # the image this dump replaces is never restored
         shutil.rmtree(self.images, ignore_errors=True)
         res = self._criu("dump", "-t", str(self.pid), "-o", "dump.log", *(["--leave-running"] if leave_running else []))
         if res == "ok":
@@ -675,6 +703,7 @@ class Session:
                 reap(pid)
         if self.api is not None:
             self.api.close()
+        release_network_lock(self.images)
         left = [f"process {pid} still runs after SIGKILL" for pid in self.pids if alive(pid)]
         if self.kind == "gpu":
             left += gpu_leftovers(self.pids)

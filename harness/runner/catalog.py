@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import cutbench
-from cutbench.errors import Unavailable
 from cutbench.harness import nemesis
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.xp import DEVICE_BACKENDS
@@ -55,11 +54,9 @@ def backends() -> list[dict[str, Any]]:
     """Return every registered backend as ``{"name", "available", "reason", "target"}`` (``reason``: why it
     cannot run on this machine, None when it can)."""
     items: list[dict[str, Any]] = []
+    resolved = nemesis.Backends()
     for name in nemesis.CHECKPOINTERS.names():
-        try:
-            reason = nemesis.get(name).unavailable_reason()
-        except Unavailable as exc:
-            reason = str(exc)
+        reason = resolved.unavailable_reason(name)
         items.append({"name": name, "available": reason is None, "reason": reason,
                       "target": nemesis.CHECKPOINTERS.target(name)})
     return items

@@ -52,17 +52,6 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
-def tool_unavailable_reason(tool: str) -> str | None:
-    """Why backend ``tool`` cannot run here (with the fix), or None."""
-    from cutbench.errors import Unavailable
-    from cutbench.harness import nemesis
-
-    try:
-        return nemesis.get(tool).unavailable_reason()
-    except Unavailable as exc:
-        return str(exc)
-
-
 def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults: tuple[str, ...] = (),
                results_root: str | Path = "results", *, jobs: int | str = 1, progress: ProgressFn | None = None,
                workdir: str | Path | None = None, findings: list[Path] | None = None) -> tuple[RunOutcome, pd.DataFrame]:
@@ -72,14 +61,14 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     # Read before any trial: a folder with no hunt, or a damaged hunt.json, is named before anything runs.
     deviations = deviation_rows(findings) if findings else None
     chosen = plan.check_tools(tools)
+    backends = Backends()
     # Asked for by name, a tool that cannot run here is a column of "not measured" with the reason; by
     # default only the tools this machine has are columns, and the others are named with why.
-    absent = {} if tools else {t: why for t in chosen if (why := tool_unavailable_reason(t))}
+    absent = {} if tools else {t: why for t in chosen if (why := backends.unavailable_reason(t))}
     grid = plan.grid(plan.select_rows(probes), tuple(t for t in chosen if t not in absent), plan.check_faults(faults))
     grid["tools_unavailable"] = absent
     grid["cuda_checkpoint_version"] = utility_version()
     scen = plan.scenario(grid, jobs=jobs)
-    backends = Backends()
     specs, skipped = variant_specs([(v.variant, v) for v in scen.variants], backends)
     outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
                       extra_meta={"matrix": grid}, backends=backends)

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
+from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
 from cutbench.errors import HUNG_MARK, HarnessFault, StageFailed, StageRefused, Unavailable, hung_reason
 from cutbench.procs import Child
 
@@ -164,7 +165,10 @@ class CriuCheckpointer:
         """Nothing to undo: ``dump --leave-running`` already resumed the tree."""
 
     def cleanup(self, ctx: CutContext) -> None:
-        """Nothing beyond the images directory, which the pipeline removes."""
+        """The network lock of a dump that stopped its tree and was never restored (a restore removes its own);
+        the images directory is the pipeline's to remove. Never raises."""
+        if ctx.cut.fault == "kill":
+            release_network_lock(ctx.images_dir)
 
 
 def dump_failure(stage: str, reason: str, target: Child) -> StageFailed:

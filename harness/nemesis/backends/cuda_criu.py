@@ -82,6 +82,11 @@ class CudaCriuCheckpointer(CudaCheckpointer):
         elif ctx.cut.fault == "leave_running":
             self.stages.resume(procs.pids, ctx, suffix="_original")
 
+    def cleanup(self, ctx: CutContext) -> None:
+        """The CUDA side's (no process left LOCKED or CHECKPOINTED), then CRIU's (its network lock); never raises."""
+        super().cleanup(ctx)
+        self.criu.cleanup(ctx)
+
     def restore(self, ctx: CutContext) -> int:
         """``criu_restore``, then ``cuda_restore`` (remapped when asked) and ``cuda_unlock``; returns the root pid.
 

@@ -44,6 +44,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER,
                                                           gone_after_restore, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
+from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
 from cutbench.procs import Child
 
 RUNC_OPTIONS = Path("/etc/criu/runc.conf")
@@ -215,6 +216,8 @@ class DockerCheckpointer:
         if cut is None:
             return  # the checkpoint never began
         cid, name = cut
+        if ctx.cut.fault == "kill":
+            release_network_lock(self._checkpoint_dir(cid, name))  # a checkpoint never restored keeps its lock
         unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
         try:
             self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
