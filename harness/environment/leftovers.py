@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cutbench.files import atomic_write
@@ -71,21 +71,24 @@ def _identity_or_empty(pid: int | None) -> str:
         return ""
 
 
-def sweep() -> list[str]:
+def sweep(release_lock: Callable[[Path], str | None] | None = None) -> list[str]:
     """Remove what runs whose harness is gone left behind; return one line per thing removed (none: ``[]``).
 
     For each claim of a dead harness: its trial containers (by run label), its image directories
     (``<images_dir>/cutbench-<run id>-*``), the processes working in its work directory (its workloads),
     that directory, and its receiver (when that very process still runs). Then every trial container whose harness label names a process that is gone, and every
     stopped container made before containers carried one. Never raises: what cannot be removed is said.
+
+    ``release_lock(images)`` removes the network lock a dump in ``images`` left (CRIU's, for an image never
+    restored: the nemesis's to know); it is asked of every dump in the image directories removed.
     """
     try:
-        return _sweep()
+        return _sweep(release_lock)
     except Exception as exc:  # a sweep never stops a run: what it could not do stays for the next one
         return [f"the sweep stopped early ({type(exc).__name__}: {exc}); the next run tries again"]
 
 
-def _sweep() -> list[str]:
+def _sweep(release_lock: Callable[[Path], str | None] | None) -> list[str]:
     removed: list[str] = []
     containers = engines.trial_containers()
     dead_runs: set[str] = set()
@@ -101,6 +104,9 @@ def _sweep() -> list[str]:
         dead_runs.add(run_id)
         for images in data.get("images_dirs", []):
             for leftover in sorted(Path(images).glob(f"cutbench-{run_id}-*")):
+                for inventory in sorted(leftover.rglob("inventory.img")) if release_lock is not None else []:
+                    if release_lock is not None and (table := release_lock(inventory.parent)):
+                        removed.append(f"CRIU network lock {table} of run {run_id}")
                 removed.append(_remove_tree(leftover, f"image directory of run {run_id}"))
         workdir = Path(str(data.get("workdir") or ""))
         if workdir.name.startswith(f"cutbench-{run_id}") and workdir.is_dir():

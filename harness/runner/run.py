@@ -35,6 +35,7 @@ from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
 from cutbench.harness.model.scenario import PROFILES, Scenario
+from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
 from cutbench.harness.reports import html as report
@@ -195,7 +196,7 @@ def execute(
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
     # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
-    swept = leftovers.sweep()
+    swept = leftovers.sweep(release_network_lock)
     executor = choose_executor(scenario, specs, env, workdir=workdir, backends=backends)
     try:
         run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run

@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.provision.criu import apt, fetch, install, locate, plugin, plugin_build
 from tests.conftest import REPO
 from tests.fixtures.criu_debs import fake_criu_deb
@@ -226,7 +226,7 @@ def test_plugin_source_must_match_the_criu_version(tmp_path):
 def test_installed_plugin_is_found_without_the_variable(monkeypatch, tmp_path):
     monkeypatch.delenv(plugin.PLUGIN_ENV, raising=False)
     monkeypatch.setenv("CUTBENCH_CRIU_PREFIX", str(tmp_path / "prefix"))
-    backend = checkpointers.get("criu-cuda-plugin")
+    backend = Backends().new("criu-cuda-plugin")
     reason = backend.unavailable_reason()
     assert "`cutbench criu install --with-cuda-plugin`" in reason and plugin.PLUGIN_ENV in reason
     assert backend.extra_args == ()

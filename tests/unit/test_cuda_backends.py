@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness import nemesis as checkpointers
+from cutbench.harness.nemesis import Backends
 from cutbench.harness.environment import gpu_mem
 from cutbench.harness.provision.criu import plugin
 from cutbench.harness.nemesis.backends.cuda import CudaStages
@@ -29,14 +29,14 @@ def fake_tool(tmp_path: Path, body: str) -> Path:
 @pytest.mark.parametrize("name", ["cuda-checkpoint", "cuda-checkpoint+criu"])
 def test_utility_backends_are_unavailable_without_the_utility(monkeypatch, tmp_path, name):
     monkeypatch.setenv("PATH", str(tmp_path))
-    reason = checkpointers.get(name).unavailable_reason()
+    reason = Backends().new(name).unavailable_reason()
     assert reason and "cuda-checkpoint utility is not on PATH" in reason
 
 
 def test_the_utility_recipe_offers_what_the_driver_api_pipeline_offers(tmp_path):
     """``cuda-checkpoint+criu`` is ``cuda+criu`` over the utility: same faults, split window, stages and
     coverage, so the same plans run through both; its driver is the utility."""
-    via_utility, via_api = checkpointers.get("cuda-checkpoint+criu"), checkpointers.get("cuda+criu")
+    via_utility, via_api = Backends().new("cuda-checkpoint+criu"), Backends().new("cuda+criu")
     assert via_utility.capabilities == via_api.capabilities
     assert isinstance(via_utility.make_driver(), UtilityDriver)
 
@@ -68,7 +68,7 @@ def test_plugin_backend_says_what_is_missing(monkeypatch, tmp_path):
     fake_tool(tmp_path, "exit 0\n")
     monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ.get("PATH", ""))
     assert plugin.plugin_unavailable_reason() is None
-    assert checkpointers.get("criu-cuda-plugin").extra_args == ("--libdir", str(tmp_path))
+    assert Backends().new("criu-cuda-plugin").extra_args == ("--libdir", str(tmp_path))
 
 
 class TwoGpus:

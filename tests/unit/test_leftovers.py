@@ -66,8 +66,14 @@ def test_the_sweep_removes_what_a_dead_harness_left_and_says_so(runs: Path, tmp_
     (runs / "R2.json").write_text(json.dumps({"run_id": "R2", "harness": dead_identity(), "images_dirs": [str(images)],
                                               "workdir": str(work), "receiver": identity(receiver.pid)}))
     (runs / "broken.json").write_text("{not json")
-    said = leftovers.sweep()
+    # A stopped dump's image in each run's directory: the dead run's lock is released (tests/criu/test_network_lock.py
+    # holds the release itself to CRIU's table), the other run's is not this claim's.
+    for d in (images / "cutbench-R2-t0002-c1", images / "cutbench-OTHER-t0001-c0"):
+        (d / "inventory.img").write_bytes(b"\x00")
+    asked: list[Path] = []
+    said = leftovers.sweep(lambda image: asked.append(image) or "CRIU-0123")
     receiver.wait(timeout=10)
+    assert asked == [images / "cutbench-R2-t0002-c1"] and "CRIU network lock CRIU-0123 of run R2" in said
     assert workload.wait(timeout=10) == -9 and elsewhere.poll() is None  # only what works in the run's directory
     assert onlooker.poll() is None
     elsewhere.kill()

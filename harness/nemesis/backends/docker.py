@@ -211,7 +211,7 @@ class DockerCheckpointer:
         """Nothing to undo: the checkpoint left the container running."""
 
     def cleanup(self, ctx: CutContext) -> None:
-        """Delete the cut's checkpoint from the engine and runc's options file; never raises."""
+        """Delete the cut's checkpoint from the engine (and the network lock of one never restored); never raises."""
         cut = self._cuts.pop(ctx.images_dir, None)
         if cut is None:
             return  # the checkpoint never began
