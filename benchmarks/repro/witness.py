@@ -294,9 +294,12 @@ class Child:
             pass
 
     def close(self) -> None:
+        from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+
         (self.dir / "cb_go").touch()
         self.go()
         self.kill()
+        release_network_lock(self.dir / "images")  # a stopped dump never restored keeps CRIU's lock otherwise
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

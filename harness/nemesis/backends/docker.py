@@ -17,9 +17,10 @@ connection needs (see :mod:`~cutbench.harness.nemesis.backends.containers`)
 go into runc's CRIU options file, ``/etc/criu/runc.conf``, rewritten before
 each stage and removed after it. The backend refuses to run when that
 file exists and was not written by it (it would overwrite someone's
-settings), and one Docker stage runs at a time on a host for the same reason:
-the lock is held for the engine's call only, so a trial's cut never waits on
-another trial's restore while its workload runs on past the cut.
+settings), and one Docker engine call runs at a time on a host for the same
+reason: the lock is held for each call only, so a trial's cut waits at most for
+another trial's call in flight, never for that trial's whole cut (its crash and
+restore) while its own workload runs on past the cut.
 
 The engine is found at :func:`cutbench.harness.provision.engines.docker_host`;
 ``cutbench engine start docker`` starts the project's own. A restore that the
@@ -216,10 +217,11 @@ class DockerCheckpointer:
         if cut is None:
             return  # the checkpoint never began
         cid, name = cut
-        if ctx.cut.fault == "kill":
-            release_network_lock(self._checkpoint_dir(cid, name))  # a checkpoint never restored keeps its lock
-        unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
-        try:
+        unpacked: list[Path] = []
+        try:  # the engine's data root is asked of the engine, which may have hung
+            if ctx.cut.fault == "kill":
+                release_network_lock(self._checkpoint_dir(cid, name))  # a checkpoint never restored keeps its lock
+            unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
             self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
         except Exception:
             pass

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cutbench.errors import StageRefused, Unavailable
+from cutbench.errors import StageFailed, StageRefused, Unavailable
 from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild, container_name, container_of,
                                                           container_setup, criu_options, gone_after_restore,
@@ -90,6 +90,11 @@ class PodmanCheckpointer:
             return running == "true", int(code), int(pid)
         except ValueError:
             return False, -1, 0
+
+    def checkpointed(self, container: str) -> bool:
+        """Whether ``container`` was stopped by a checkpoint (``podman inspect``'s ``State.Checkpointed``)."""
+        p = self.podman("container", "inspect", "--format", "{{.State.Checkpointed}}", container, timeout=30)
+        return p.stdout.decode().strip() == "true"
 
     def kill(self, container: str) -> None:
         """SIGKILL every process of ``container``; no error when it is not running."""
@@ -179,6 +184,9 @@ class PodmanCheckpointer:
                 reason = f"podman checkpoint exit {p.returncode}: {_err(p)} | CRIU: {criu_error_tail(log)}"
                 if target.alive():
                     raise StageRefused("podman_checkpoint", reason)
+                if self.checkpointed(container):
+                    # Podman reports exit 0 for a container its own checkpoint stopped: not the program's own end.
+                    raise StageFailed("podman_checkpoint", reason + " (the checkpoint stopped the container, then failed)")
                 raise dump_failure("podman_checkpoint", reason, target)
             extra["bytes"] = archive.stat().st_size if archive.exists() else 0
             ctx.facts["image_bytes"] = extra["bytes"]
