@@ -104,9 +104,9 @@ def _sweep(release_lock: Callable[[Path], str | None] | None) -> list[str]:
         dead_runs.add(run_id)
         for images in data.get("images_dirs", []):
             for leftover in sorted(Path(images).glob(f"cutbench-{run_id}-*")):
-                for inventory in sorted(leftover.rglob("inventory.img")) if release_lock is not None else []:
-                    if release_lock is not None and (table := release_lock(inventory.parent)):
-                        removed.append(f"CRIU network lock {table} of run {run_id}")
+                if release_lock is not None:
+                    tables = (release_lock(inventory.parent) for inventory in sorted(leftover.rglob("inventory.img")))
+                    removed += [f"CRIU network lock {table} of run {run_id}" for table in tables if table]
                 removed.append(_remove_tree(leftover, f"image directory of run {run_id}"))
         workdir = Path(str(data.get("workdir") or ""))
         if workdir.name.startswith(f"cutbench-{run_id}") and workdir.is_dir():

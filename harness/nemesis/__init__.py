@@ -18,9 +18,9 @@ bytes written.
 
 A run resolves its backends once, in a :class:`Backends` it hands down (the
 checks, the session's per-thread instances, the pid-namespace check, the
-record in ``run.toml`` that the store and reports read); ``get(name)`` is a
-one-off instance. Availability is asked separately (``unavailable_reason()``)
-so a sweep can report or skip what this machine cannot run.
+record in ``run.toml`` that the store and reports read). Availability is
+asked separately (``Backends.unavailable_reason``) so a sweep can report or
+skip what this machine cannot run.
 """
 
 from __future__ import annotations

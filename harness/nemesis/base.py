@@ -38,6 +38,9 @@ class CutContext:
     # and whether they were prepared and neither committed, aborted nor restored yet (the pipeline aborts them).
     semantic_adapters: bool = True
     adapters_open: bool = False
+    # Set by the pipeline once the backend's restore returned: the image came back (a tool's lock on it, such as
+    # CRIU's network lock, went with the restore; cleanup releases it only for an image never restored).
+    restored: bool = False
     # Set by the backend: bytes of the image, GPU bytes, and anything to report.
     facts: dict[str, Any] = field(default_factory=dict)
     # Called by backends whose pipeline lets host code run before the CPU cut

@@ -299,6 +299,11 @@ def release_network_lock(images: Path | str) -> str | None:
         inventory = (Path(images) / "inventory.img").read_bytes()
     except OSError:
         return None
+    return release_lock_of(inventory)
+
+
+def release_lock_of(inventory: bytes) -> str | None:
+    """:func:`release_network_lock` of the dump whose ``inventory.img`` holds ``inventory``."""
     found = re.search(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", inventory)
     nft = shutil.which("nft")
     if found is None or nft is None:

@@ -129,6 +129,7 @@ def execute_cut(
             release()
             return CutOutcome("refused", exc.stage, exc.reason + (f"; adapters: restored failed: {back.failed}" if back.failed else ""))
         target.replaced_by(pid)
+        ctx.restored = True
         # The restored process is still parked at the cut: its adapters bring their domains back to the cut
         # and classify the effects in flight before it runs a step.
         in_flight = certifier.in_flight() if certifier is not None else []

@@ -35,16 +35,16 @@ from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
 from cutbench.harness.model.scenario import PROFILES, Scenario
-from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
+from cutbench.harness.nemesis import Backends
+from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_executor
 from cutbench.harness.runner.shared import ReceiverWatch
-from cutbench.harness.nemesis import Backends
 from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session

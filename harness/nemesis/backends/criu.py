@@ -167,7 +167,7 @@ class CriuCheckpointer:
     def cleanup(self, ctx: CutContext) -> None:
         """The network lock of a dump that stopped its tree and was never restored (a restore removes its own);
         the images directory is the pipeline's to remove. Never raises."""
-        if ctx.cut.fault == "kill":
+        if ctx.cut.fault == "kill" and not ctx.restored:
             release_network_lock(ctx.images_dir)
 
 

@@ -219,9 +219,10 @@ class DockerCheckpointer:
         cid, name = cut
         unpacked: list[Path] = []
         try:  # the engine's data root is asked of the engine, which may have hung
-            if ctx.cut.fault == "kill":
-                release_network_lock(self._checkpoint_dir(cid, name))  # a checkpoint never restored keeps its lock
-            unpacked = _unpacked_copies(self._checkpoint_dir(cid, name))
+            checkpoint = self._checkpoint_dir(cid, name)
+            if ctx.cut.fault == "kill" and not ctx.restored:
+                release_network_lock(checkpoint)  # a checkpoint never restored keeps its lock
+            unpacked = _unpacked_copies(checkpoint)
             self.api.delete(self.api._url("/containers/{0}/checkpoints/{1}", cid, name), timeout=ctx.stage_timeout_s)
         except Exception:
             pass

@@ -25,7 +25,6 @@ import json
 import resource
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild,
                                                           rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+from cutbench.harness.nemesis.lifecycle_kit import release_lock_of
 from cutbench.procs import Child
 
 # Podman's statistics (microseconds) kept as facts, in seconds, under these names.
@@ -216,20 +215,18 @@ class PodmanCheckpointer:
         """Forget the cut and release the network lock of a checkpoint never restored (its archive is in the images
         directory, which the pipeline removes); never raises."""
         cut = self._cuts.pop(ctx.images_dir, None)
-        if cut is not None and ctx.cut.fault == "kill":
+        if cut is not None and ctx.cut.fault == "kill" and not ctx.restored:
             _release_lock_of(cut[1])
 
 
 def _release_lock_of(archive: Path) -> None:
-    """:func:`release_network_lock` for the checkpoint exported to ``archive`` (its ``inventory.img`` names the lock)."""
+    """:func:`release_lock_of` the checkpoint exported to ``archive`` (its ``inventory.img`` names the lock)."""
     try:
-        with tarfile.open(archive) as tar, tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
             member = next((m for m in tar.getmembers() if m.name.endswith("inventory.img") and m.isfile()), None)
             source = tar.extractfile(member) if member is not None else None
-            if source is None:
-                return
-            (Path(tmp) / "inventory.img").write_bytes(source.read())
-            release_network_lock(tmp)
+            if source is not None:
+                release_lock_of(source.read())
     except (OSError, tarfile.TarError):
         return
 
