@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.text import Text
 
+from cutbench import interrupts
 from cutbench.harness.integrations.cli_tools import hunt, matrix
 from cutbench.harness.integrations.console import INTERRUPTED_BY, console, fail, interrupted_code, progress_printer, say
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_NOT_REPRODUCED, EXIT_OK, CutbenchError, InvalidArgument,
@@ -453,7 +454,8 @@ def _interrupt_once() -> None:
     def handler(signum: int, frame: Any) -> None:
         if not INTERRUPTED_BY[0]:
             INTERRUPTED_BY[0] = signum
-            raise KeyboardInterrupt
+            interrupts.raise_here()  # held while the main thread cleans up a trial (cutbench.interrupts)
+            return
         say("interrupted: cleaning up and saving the partial run, please wait", "yellow")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

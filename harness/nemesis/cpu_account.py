@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from cutbench.harness.model.timeline import CPU_ROLES as ROLES
+from cutbench.interrupts import shielded
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CUDA_THREAD_PREFIX = "cuda"  # the CUDA driver names its threads cuda-EvtHandlr, cuda00001400006, ...
@@ -165,21 +166,27 @@ def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = Tru
     files, so a chatty child cannot block on a full pipe. On a timeout the
     child is killed, reaped and credited, and :class:`subprocess.TimeoutExpired`
     is raised with what it wrote, as ``subprocess.run`` does. Where no pidfd
-    can be had (a kernel before 5.3) the child runs unmeasured.
+    can be had (a kernel before 5.3) the child runs unmeasured. The child runs
+    in a process group of its own, and a Ctrl-C of the harness lets it end
+    its step before the interrupt goes on (:func:`_finish`).
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as feed:
         if input is not None:
             feed.write(input.encode() if isinstance(input, str) else input)
             feed.seek(0)
-        proc = subprocess.Popen(argv, stdin=feed if input is not None else stdin, stdout=out, stderr=err,
-                                env=dict(env) if env is not None else None, cwd=cwd, pass_fds=pass_fds)
+        proc: subprocess.Popen | None = None
         timed_out = False
         try:
+            with shielded():  # a Ctrl-C between the fork and ``proc`` would leave the child running, unknown
+                # A group of its own: a terminal's Ctrl-C, sent to the harness's group, reaches the harness only.
+                proc = subprocess.Popen(argv, stdin=feed if input is not None else stdin, stdout=out, stderr=err,
+                                        env=dict(env) if env is not None else None, cwd=cwd, pass_fds=pass_fds,
+                                        process_group=0)
             timed_out = _wait_measured(proc, timeout, role)
         finally:
-            if proc.returncode is None:  # interrupted (Ctrl-C) before the child was reaped
-                proc.kill()
-                proc.wait()
+            if proc is not None and proc.returncode is None:  # interrupted (Ctrl-C) before the child was reaped
+                with shielded():
+                    _finish(proc, timeout)
 
         def read(fh: Any) -> Any:
             fh.seek(0)
@@ -189,7 +196,19 @@ def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = Tru
         stdout, stderr = read(out), read(err)
     if timed_out:
         raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr)
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(argv, proc.returncode if proc is not None else -9, stdout, stderr)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> None:
+    """Let an interrupted tool end its step, within its own time limit, then kill it; returns once it is reaped.
+
+    A tool killed half-way leaves on the host what it holds until its step ends: CRIU's network lock (an nftables
+    table no later command names), a tree it stopped, a process the CUDA utility left locked."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_measured(proc: subprocess.Popen, timeout: float, role: str) -> bool:

@@ -21,6 +21,7 @@ from cutbench.harness.nemesis import adapters
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
 from cutbench import storage
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
+from cutbench.interrupts import shielded
 from cutbench.procs import Child
 
 
@@ -144,11 +145,12 @@ def execute_cut(
         release()
         return CutOutcome("restored")
     finally:
-        if ctx.adapters_open:  # an unexpected failure between prepare and commit: nothing may stay held
-            adapters.abort(ctx)
-        backend.cleanup(ctx)
-        if not keep_images:
-            discard(ctx.images_dir)
+        with shielded():  # a Ctrl-C that comes now waits for the tool's leftovers and the images to be gone
+            if ctx.adapters_open:  # an unexpected failure between prepare and commit: nothing may stay held
+                adapters.abort(ctx)
+            backend.cleanup(ctx)
+            if not keep_images:
+                discard(ctx.images_dir)
 
 
 def _own_storage(exc: StageFailed | StageRefused, ctx: CutContext) -> HarnessFault | None:

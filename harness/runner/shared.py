@@ -14,7 +14,6 @@ reference takes the session's way of observing an uncut run as a callback.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from cutbench import interrupts
 from cutbench.errors import HarnessFault, ReceiverLost, Unavailable
 from cutbench.harness.nemesis import Backends
 from cutbench.harness.model.trial import TrialRecord, TrialResult, TrialSpec, Verdict
@@ -262,7 +262,7 @@ class References:
             pool.shutdown(wait=False, cancel_futures=True)
             with lock:
                 for ident in running:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+                    interrupts.interrupt(ident)
             for future in futures:
                 try:
                     future.result()

@@ -33,6 +33,7 @@ from cutbench.harness.runner.arming import Arming, NextCut, TrialState, launcher
 from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.harness.runner.process import WorkloadProcess
 from cutbench.harness.runner.session import RUNNERS, Session
+from cutbench.interrupts import shielded
 from cutbench.procs import Child, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
@@ -131,7 +132,7 @@ class TrialRunner(WorkloadProcess):
             launch = spawn if self.plain_launch else launcher(backend, self.labels())
             if launch is spawn and self._own_pid_namespace(backend, domains):
                 launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
-            with self.timeline.stage("spawn"):
+            with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
                 child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
                                             cwd=str(self.tdir))
             self._cuts(arming, child, backend, seq, state)
@@ -142,25 +143,26 @@ class TrialRunner(WorkloadProcess):
         except Exception as exc:  # harness-side failure: no verdict possible
             state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
         finally:
-            if child is not None and child.alive():
-                child.kill()
-            # A container's own output goes with it: keep its last lines for a trial that needs them.
-            output = ""
-            try:
-                if child is not None and state.status in ("unknown", "deadlock", "lost"):
-                    output = child.output_tail()
-            finally:
-                if child is not None:
-                    child.kill_groups()  # also what an interrupted restore left behind
-                # (No child: a stop, SIGTERM or Ctrl-C, came while the workload was being launched.)
-                if child is not None and child.pid_namespace:
-                    # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
-                    kill_namespace_inits(cwd=self.tdir)
-            for companion in [*companions, *self.cut_targets]:
-                companion.kill()
-            progress_op, progress_phase = self._last_position(control, state)
-            fresh_starts = control.get("fresh_starts")
-            control.close()
+            with shielded():  # a Ctrl-C that comes now waits for the trial's processes to be gone
+                if child is not None and child.alive():
+                    child.kill()
+                # A container's own output goes with it: keep its last lines for a trial that needs them.
+                output = ""
+                try:
+                    if child is not None and state.status in ("unknown", "deadlock", "lost"):
+                        output = child.output_tail()
+                finally:
+                    if child is not None:
+                        child.kill_groups()  # also what an interrupted restore left behind
+                    # (No child: a stop, SIGTERM or Ctrl-C, came while the workload was being launched.)
+                    if child is not None and child.pid_namespace:
+                        # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
+                        kill_namespace_inits(cwd=self.tdir)
+                for companion in [*companions, *self.cut_targets]:
+                    companion.kill()
+                progress_op, progress_phase = self._last_position(control, state)
+                fresh_starts = control.get("fresh_starts")
+                control.close()
         report = self._read_report()
         record = TrialRecord(
             trial_id=spec.trial_id,

@@ -37,6 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cutbench import interrupts
 from cutbench.errors import EXIT_INTERRUPTED, CutbenchError, InvalidArgument, Unavailable
 from cutbench.files import atomic_write
 from cutbench.harness.nemesis import Backends
@@ -160,7 +161,7 @@ def _interrupt_once() -> None:
     def handler(signum: int, frame: Any) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        interrupts.raise_here()  # held while the trial cleans up (cutbench.interrupts)
 
     # Ray starts its processes with SIGINT blocked; the mask is inherited, and the task forwards SIGINT.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -8,12 +8,12 @@ order and handing each result back to the harness thread that writes it; Ctrl-C 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from cutbench import interrupts
 from cutbench.harness.model.trial import TrialResult, TrialSpec
 from cutbench.harness.runner.session import Session
 from cutbench.workloads import api as workload_api
@@ -152,7 +152,7 @@ class Workers:
             # A second interrupt in a worker already cleaning up its trial would cut that cleanup short.
             for ident in self.busy - self.interrupted:
                 self.interrupted.add(ident)
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+                interrupts.interrupt(ident)  # held while it cleans up (cutbench.interrupts)
 
     def _join(self) -> bool:
         """Wait for every worker and keep what finished unread; True when Ctrl-C came meanwhile."""

@@ -1,8 +1,8 @@
 """Ctrl-C mid-run: no process left, a partial run directory that reads back (``criu``: must run in CI).
 
 ``cutbench run`` is started in its own process group and that whole group
-gets SIGINT, as a terminal's Ctrl-C does (CRIU, run by the harness, gets it
-too). Each case waits for a different moment of a trial: the workload
+gets SIGINT, as a terminal's Ctrl-C does (CRIU runs in a group of its own:
+the harness lets it end its step, so that it leaves no network lock). Each case waits for a different moment of a trial: the workload
 running toward its cut, CRIU dumping it, and CRIU restoring it after the
 restored process already exists — the moment a restore handle does not yet
 know the restored pid. With ``--jobs 2`` two trials are in flight at each of
@@ -74,6 +74,18 @@ def _criu(word: str, run_id: str, root: int) -> bool:
     return any("criu" in cmd and f" {word} " in f" {cmd} " and f"cutbench-{run_id}-" in cmd for _, cmd, _ in _processes(root))
 
 
+def _whence(pid: int) -> str:
+    """Where a left process came from, for the failure's message: its parent, PID namespace and state."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        same = os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+        status = Path(f"/proc/{pid}/status").read_text()
+        nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+    except OSError as exc:
+        return f"gone ({exc})"
+    return f"state {fields[0]}, parent {fields[1]}, {'this' if same else 'another'} PID namespace, NSpid {nspid}"
+
+
 def _workload(tmp: Path, root: int) -> bool:
     return any("cutbench.workloads.launch" in cmd and str(tmp) in cmd for _, cmd, _ in _processes(root))
 
@@ -128,8 +140,8 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
     time.sleep(0.2)  # let the kernel finish tearing down what was killed
     run_dir = next(p for p in out.iterdir() if p.name != "latest")
     run_id = run_dir.name
-    left = [(pid, cmd) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
-    for pid, _ in left:  # do not leak them into the next test, but fail this one
+    left = [(pid, cmd, _whence(pid)) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
+    for pid, _, _ in left:  # do not leak them into the next test, but fail this one
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind: {left}"
     assert not list(tmp.iterdir()), "the work directory was left behind"

@@ -1,0 +1,84 @@
+"""Ctrl-C in a thread of the harness, never inside the code that cleans up after it.
+
+A run stops on the first Ctrl-C, SIGTERM or SIGHUP by raising
+``KeyboardInterrupt``: in the main thread from the signal handler
+(:func:`raise_here`), in each worker thread of a parallel run from the thread
+that caught it (:func:`interrupt`, an asynchronous exception: the only way to
+reach a thread running a polling loop). Either lands at whatever bytecode the
+thread runs next, and two places must never take it:
+
+- a ``finally`` that removes a trial's processes, image directory or the
+  tool's leftovers: cut short there, it leaves them behind;
+- the instants between ``Popen`` forking a tool and the code that kills that
+  tool on the way out: the exception would leave a process no one has a
+  handle on.
+
+Such code runs under :func:`shielded`: an interrupt that comes meanwhile is
+held and raised when the outermost shield of that thread ends, so the cleanup
+runs to its end and the interrupt still stops the trial. Each thread is
+interrupted at most once (the senders see to it), so a held interrupt is one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from types import TracebackType
+
+_lock = threading.Lock()
+_depth: dict[int, int] = {}  # thread ident -> how many shields it is inside
+_held: set[int] = set()  # threads whose interrupt came inside a shield
+
+
+def interrupt(ident: int) -> None:
+    """Raise ``KeyboardInterrupt`` in the thread ``ident`` now, or when its outermost shield ends; returns None."""
+    with _lock:
+        if _depth.get(ident):
+            _held.add(ident)
+        else:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+
+
+def raise_here() -> None:
+    """For a signal handler (it runs in the main thread): raise ``KeyboardInterrupt`` now, or hold it until the
+    main thread's outermost shield ends; returns None when held."""
+    # No lock: the handler runs between two bytecodes of the very thread that may hold it (it would deadlock);
+    # the main thread's own entries are the only writers of its depth.
+    me = threading.get_ident()
+    if _depth.get(me):
+        _held.add(me)
+        return
+    raise KeyboardInterrupt
+
+
+class shielded:
+    """``with shielded():`` holds this thread's interrupt while the block runs, and raises it when the
+    outermost shield ends.
+
+    An interrupt sent before the shield is entered fires as ``__enter__``
+    starts, outside the shield (the depth is not yet counted); one that comes
+    inside is raised at the end, after the block, chained to whatever the
+    block raised. A block that raised a ``KeyboardInterrupt``, or runs in the
+    ``finally`` or ``except`` of one, keeps it: there is only one.
+    """
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with _lock:
+            # No call between reading and writing the depth: an interrupt fires only at a call or a loop's jump.
+            _depth[me] = _depth.get(me, 0) + 1
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        me = threading.get_ident()
+        with _lock:
+            depth = _depth.get(me, 1) - 1
+            if depth:
+                _depth[me] = depth
+                return
+            _depth.pop(me, None)
+            held = me in _held
+            _held.discard(me)
+        # The block, or the ``finally``/``except`` it runs in, may be unwinding an interrupt already: the same one.
+        if held and not isinstance(value or sys.exception(), KeyboardInterrupt):
+            raise KeyboardInterrupt
