@@ -23,8 +23,9 @@ For code, ``cutbench.open_run(path)`` opens a stored run (see
 
 The modules beside this file are the ground floor every room may import and
 that imports none of them: ``errors`` (the error types and exit codes),
-``procs`` (process trees), ``files`` (atomic writes), ``validate`` (argument
-checks) and ``registry`` (plug-ins by entry point).
+``procs`` (process trees), ``interrupts`` (Ctrl-C held out of cleanups),
+``files`` (atomic writes), ``storage`` (a full disk told apart),
+``validate`` (argument checks) and ``registry`` (plug-ins by entry point).
 """
 
 __version__ = "0.1.0"
