@@ -125,7 +125,8 @@ class TrialRunner(WorkloadProcess):
         try:
             self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
             config = self._write_config()
-            companions = self._start_companions(config)
+            with shielded():  # each companion's handle kept before an interrupt goes on
+                companions = self._start_companions(config)
             arming = Arming(control, spec.cut_plan(), self.phases)
             seq = arming.arm(0)
             # A backend that must own the workload's start (a container engine) launches it itself.
