@@ -22,9 +22,13 @@ interrupted at most once (the senders see to it), so a held interrupt is one.
 from __future__ import annotations
 
 import ctypes
+import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 _lock = threading.Lock()
 _depth: dict[int, int] = {}  # thread ident -> how many shields it is inside
@@ -82,3 +86,28 @@ class shielded:
         # The block, or the ``finally``/``except`` it runs in, may be unwinding an interrupt already: the same one.
         if held and not isinstance(value or sys.exception(), KeyboardInterrupt):
             raise KeyboardInterrupt
+
+
+@contextmanager
+def from_code() -> Iterator[None]:
+    """While a run started from code (``cutbench.run``, a pytest gate) goes on: the first Ctrl-C raises
+    ``KeyboardInterrupt`` through :func:`raise_here`, held out of cleanups, and later ones wait for the cleanup.
+
+    Only where SIGINT still has Python's default handler, in the main thread: the command line and the Ray
+    trial worker install their own, and a program's own handler is its business. The handler is put back after.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pressed: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if not pressed:
+            pressed.append(signum)
+            raise_here()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -28,7 +28,7 @@ import pandas as pd
 
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN_ONLY, EXIT_VALID,
                              InvalidArgument, ReceiverLost, Unavailable)
-from cutbench import storage
+from cutbench import interrupts, storage
 from cutbench.harness.environment import leftovers
 from cutbench.harness.environment import record as environment
 from cutbench.harness.generator.scheduler import build_specs
@@ -156,6 +156,7 @@ def variant_specs(points: list[tuple[str, Scenario]],
     return specs, skipped
 
 
+@interrupts.from_code()
 def execute(
     scenario: Scenario,
     specs: "list[TrialSpec] | Driver",

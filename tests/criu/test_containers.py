@@ -16,11 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from cutbench.api import open_run
 from cutbench.harness.provision import engines
 from cutbench.harness.nemesis.backends import docker as docker_backend
 from cutbench.harness.nemesis.backends.docker import RUNC_OPTIONS, _lock_options
@@ -155,6 +157,7 @@ def test_a_program_s_file_and_socket_streams_in_a_container_get_criu_s_verdict(
         criu, docker_engine, podman_engine, results_root, request, scenario, extra, leave_running):
     if scenario.startswith("gromacs"):
         request.getfixturevalue("gromacs")
+    started = datetime.now(timezone.utc)
     trials = run(results_root, str(REPO / "examples" / "programs" / scenario), *extra, "--set", "run.stage_timeout_s=90",
                  "--set", 'pipeline.backends=["criu", "docker", "podman"]')
     assert len(trials) == 6 and (trials["outcome"] != "unknown").all(), trials[["backend", "fault", "error"]].to_string()
@@ -163,9 +166,36 @@ def test_a_program_s_file_and_socket_streams_in_a_container_get_criu_s_verdict(
         # kill: every effect once, and the final artefacts equal the uninterrupted runs' (GROMACS's md.gro).
         assert by[(backend, "kill")]["outcome"] == "valid", by[(backend, "kill")]["findings"]
         lost = by[(backend, "leave_running")]
-        assert {f["kind"] for f in json.loads(lost["findings"])} == {"process_lost"}, lost["findings"]
+        kinds = {f["kind"] for f in json.loads(lost["findings"])}
+        if backend == "docker" and kinds == {"deadlock"} and engine_lost_a_restored_task(started, restored_pid(results_root, lost)):
+            continue  # the engine's own defect, in its own words (docs/containers.md): a stall is the right verdict
+        assert kinds == {"process_lost"}, lost["findings"]
         assert re.search(leave_running, lost["error"]), lost["error"]
     assert left_behind(latest_run(results_root)) == []
+
+
+def restored_pid(results_root: Path, trial: dict) -> int | None:
+    """The host pid an engine's restore of ``trial`` (a row of the newest run's trials table) gave back, as its
+    timeline says."""
+    timeline = open_run(results_root / "latest").timeline_of(trial["trial_id"])
+    details = timeline.loc[timeline["stage"].str.endswith("_restore"), "detail"]
+    return next((int(d.split()[1]) for d in details if str(d).startswith("pid ")), None)
+
+
+def engine_lost_a_restored_task(since: datetime, pid: int | None) -> list[str]:
+    """The project's dockerd's own words, logged after ``since``, that containerd found the cgroup of the task it
+    restored as ``pid`` deleted: that container reports running, never runs again, and outlives a kill by 10 s."""
+    try:
+        lines = engines.docker_paths().log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        stamp = re.match(r'time="([^".]+)', line)
+        if stamp and f'"loading cgroup for {pid}"' in line and "cgroup deleted" in line:
+            if datetime.fromisoformat(stamp.group(1)).replace(tzinfo=timezone.utc) >= since.replace(microsecond=0):
+                found.append(line)
+    return found
 
 
 SHELL_IMAGE = "cutbench-test-shell:1"

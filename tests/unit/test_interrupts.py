@@ -124,3 +124,33 @@ def test_a_signal_handler_in_the_main_thread_holds_its_interrupt_inside_a_shield
         assert done == ["cleanup"]
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_run_from_code_takes_the_first_ctrl_c_only_and_puts_the_default_handler_back():
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.from_code():
+            with interrupts.shielded():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)  # pressed again during the cleanup: waits for it
+                _spin(0.05)
+                done.append("cleanup")
+            done.append("never")
+    assert done == ["cleanup"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_handler_of_the_callers_own_is_left_alone():
+    def own(signum, frame):
+        calls.append(signum)
+
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        with interrupts.from_code():
+            signal.raise_signal(signal.SIGINT)
+            _spin(0.05)
+        assert calls == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -196,7 +196,7 @@ class DockerCheckpointer:
         cid, name = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
         with (_runc_options(log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None),
-              ctx.timeline.stage("docker_restore", ctx.cut_index)):
+              ctx.timeline.stage("docker_restore", ctx.cut_index) as extra):
             reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
             if _stale_upload(reply) and (action := self._retouch(cid, name, _message(reply))):
                 ctx.facts["harness_action"] = action
@@ -206,6 +206,7 @@ class DockerCheckpointer:
             running, code, pid = self.state(cid)
             if not running:
                 raise gone_after_restore("docker_restore", code, self.logs(cid))
+            extra["detail"] = f"pid {pid}"  # the host pid the engine restored (its own log names it so)
         return pid
 
     def resume_in_place(self, target: Child, ctx: CutContext) -> None:
