@@ -15,8 +15,22 @@ thread runs next, and two places must never take it:
 
 Such code runs under :func:`shielded`: an interrupt that comes meanwhile is
 held and raised when the outermost shield of that thread ends, so the cleanup
-runs to its end and the interrupt still stops the trial. Each thread is
-interrupted at most once (the senders see to it), so a held interrupt is one.
+runs to its end and the interrupt still stops the trial. A block with a
+cleanup enters the shield *before* its ``try`` and lets the interrupt in only
+around its body (:class:`interruptible`), so no instant between the body's
+end and the cleanup's start can take it::
+
+    with shielded():
+        try:
+            with interruptible():
+                ...  # the work
+        finally:
+            ...  # the cleanup, whole
+
+Each thread is interrupted at most once (the senders see to it), so a held
+interrupt is one. Only this module's interrupts are held: another
+asynchronous exception (a test runner's timeout from its signal handler)
+may land anywhere, and may leave a thread's count behind.
 """
 
 from __future__ import annotations
@@ -70,7 +84,8 @@ class shielded:
     def __enter__(self) -> None:
         me = threading.get_ident()
         with _lock:
-            # No call between reading and writing the depth: an interrupt fires only at a call or a loop's jump.
+            # An interrupt sent before fires at a call here (``get_ident``, ``get``), before the depth is stored:
+            # outside the shield. None is sent while the lock is held, and none lands after the store.
             _depth[me] = _depth.get(me, 0) + 1
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
@@ -88,10 +103,32 @@ class shielded:
             raise KeyboardInterrupt
 
 
+class interruptible:
+    """``with interruptible():`` inside a shield lets this thread's interrupt in while the block runs: one held
+    until then is raised as the block starts, one sent meanwhile lands in it. The shields around count again
+    after it; an interrupt that lands as it ends is the thread's one, raised before their cleanup starts."""
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with _lock:
+            self._saved = _depth.pop(me, 0)
+            held = me in _held
+            _held.discard(me)
+        if held:
+            raise KeyboardInterrupt
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        me = threading.get_ident()
+        with _lock:
+            if self._saved:
+                _depth[me] = _depth.get(me, 0) + self._saved
+
+
 @contextmanager
 def from_code() -> Iterator[None]:
     """While a run started from code (``cutbench.run``, a pytest gate) goes on: the first Ctrl-C raises
-    ``KeyboardInterrupt`` through :func:`raise_here`, held out of cleanups, and later ones wait for the cleanup.
+    ``KeyboardInterrupt`` through :func:`raise_here`, held out of cleanups; a later one says that the cleanup
+    goes on, and waits for it (as the command line's does).
 
     Only where SIGINT still has Python's default handler, in the main thread: the command line and the Ray
     trial worker install their own, and a program's own handler is its business. The handler is put back after.
@@ -102,9 +139,11 @@ def from_code() -> Iterator[None]:
     pressed: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
-        if not pressed:
-            pressed.append(signum)
+        pressed.append(signum)
+        if len(pressed) == 1:
             raise_here()
+        else:
+            print("cutbench: interrupted: cleaning up and saving the partial run, please wait", file=sys.stderr)
 
     signal.signal(signal.SIGINT, handler)
     try:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from cutbench.harness.model.timeline import CPU_ROLES as ROLES
-from cutbench.interrupts import shielded
+from cutbench.interrupts import interruptible, shielded
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CUDA_THREAD_PREFIX = "cuda"  # the CUDA driver names its threads cuda-EvtHandlr, cuda00001400006, ...
@@ -174,19 +174,19 @@ def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = Tru
         if input is not None:
             feed.write(input.encode() if isinstance(input, str) else input)
             feed.seek(0)
-        proc: subprocess.Popen | None = None
         timed_out = False
-        try:
-            with shielded():  # a Ctrl-C between the fork and ``proc`` would leave the child running, unknown
-                # A group of its own: a terminal's Ctrl-C, sent to the harness's group, reaches the harness only.
-                proc = subprocess.Popen(argv, stdin=feed if input is not None else stdin, stdout=out, stderr=err,
-                                        env=dict(env) if env is not None else None, cwd=cwd, pass_fds=pass_fds,
-                                        process_group=0)
-            timed_out = _wait_measured(proc, timeout, role)
-        finally:
-            if proc is not None and proc.returncode is None:  # interrupted (Ctrl-C) before the child was reaped
-                with shielded():
-                    _finish(proc, timeout)
+        # No Ctrl-C between the fork and ``proc`` (the child would run on, unknown), nor before it is reaped.
+        with shielded():
+            # A group of its own: a terminal's Ctrl-C, sent to the harness's group, reaches the harness only.
+            proc = subprocess.Popen(argv, stdin=feed if input is not None else stdin, stdout=out, stderr=err,
+                                    env=dict(env) if env is not None else None, cwd=cwd, pass_fds=pass_fds,
+                                    process_group=0)
+            try:
+                with interruptible():
+                    timed_out = _wait_measured(proc, timeout, role)
+            finally:
+                if proc.returncode is None:  # interrupted (Ctrl-C) before the child was reaped
+                    _finish(proc, min(timeout, INTERRUPTED_STEP_S))
 
         def read(fh: Any) -> Any:
             fh.seek(0)
@@ -196,11 +196,16 @@ def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = Tru
         stdout, stderr = read(out), read(err)
     if timed_out:
         raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr)
-    return subprocess.CompletedProcess(argv, proc.returncode if proc is not None else -9, stdout, stderr)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+# How long an interrupted harness waits for a tool's step (at most its own time limit): a CPU dump takes well under
+# a second here; a CI runner's cancel sends SIGKILL seconds after its SIGTERM (GitHub's: 10 s).
+INTERRUPTED_STEP_S = 8.0
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> None:
-    """Let an interrupted tool end its step, within its own time limit, then kill it; returns once it is reaped.
+    """Let an interrupted tool end its step, for ``timeout`` seconds at most, then kill it; returns once it is reaped.
 
     A tool killed half-way leaves on the host what it holds until its step ends: CRIU's network lock (an nftables
     table no later command names), a tree it stopped, a process the CUDA utility left locked."""
@@ -232,13 +237,15 @@ def _wait_measured(proc: subprocess.Popen, timeout: float, role: str) -> bool:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             poller.poll()
         io = _io(f"/proc/{proc.pid}/io")  # a zombie's counters, its reaped children's included
-        try:
-            _, status, ru = os.wait4(proc.pid, 0)
-        except ChildProcessError:  # SIGCHLD ignored: nothing to reap, nothing measured (as subprocess takes it)
-            proc.returncode = 0
-            return timed_out
-        # The Popen object must know, or its finaliser would wait for a pid that may be another process's by then.
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        # Reaped and known as one step: the Popen object must know, or a wait on it after an interrupt (or its
+        # finaliser) would wait for a pid that may be another process's by then.
+        with shielded():
+            try:
+                _, status, ru = os.wait4(proc.pid, 0)
+            except ChildProcessError:  # SIGCHLD ignored: nothing to reap, nothing measured (as subprocess takes it)
+                proc.returncode = 0
+                return timed_out
+            proc.returncode = os.waitstatus_to_exitcode(status)
         credit(role, Usage.of_rusage(ru, wchar=io.get("wchar", 0), write_bytes=io.get("write_bytes")))
         return timed_out
     finally:

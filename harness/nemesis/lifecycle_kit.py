@@ -310,7 +310,9 @@ def release_lock_of(inventory: bytes) -> str | None:
         return None
     table = "CRIU-" + found.group().decode()[:21]
     try:
-        gone = subprocess.run([nft, "delete", "table", "inet", table], capture_output=True, timeout=30).returncode == 0
+        # A group of its own: a Ctrl-C of the caller's group does not cut the deletion short.
+        gone = subprocess.run([nft, "delete", "table", "inet", table], capture_output=True, timeout=30,
+                              process_group=0).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return None
     return table if gone else None

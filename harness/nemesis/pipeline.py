@@ -21,7 +21,7 @@ from cutbench.harness.nemesis import adapters
 from cutbench.harness.nemesis.base import Checkpointer, CutContext, remove_tree
 from cutbench import storage
 from cutbench.errors import HarnessFault, StageFailed, StageRefused
-from cutbench.interrupts import shielded
+from cutbench.interrupts import interruptible, shielded
 from cutbench.procs import Child
 
 
@@ -63,89 +63,94 @@ def execute_cut(
     ctx.release = release
     ctx.semantic_adapters = backend.capabilities.semantic_adapters
     certifier = ctx.certifier
-    try:
+    # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
+    with shielded():
         try:
-            joined = adapters.prepare(ctx, ctx.prepare_timeout_s)
-        except StageRefused as exc:
-            release()  # bounded failure: the adapters were aborted, nothing was captured
-            return CutOutcome("refused", exc.stage, exc.reason)
-        if certifier is not None:
-            certifier.joined(joined, parked=adapters.parked_through(ctx))
-        refusal = certifier.precheck() if certifier is not None else None
-        if refusal:
-            adapters.abort(ctx)
-            release()  # bounded failure: nothing was touched, the workload goes on
-            return CutOutcome("refused", "certify", refusal)
-        try:
-            backend.checkpoint(target, ctx)
-        except (StageRefused, StageFailed) as exc:
-            adapters.abort(ctx)
-            release()
-            own = _own_storage(exc, ctx)
-            if own is None and not isinstance(exc, StageFailed):
-                return CutOutcome("refused", exc.stage, exc.reason)
-            return _failed(own or exc)
+            with interruptible():
+                try:
+                    joined = adapters.prepare(ctx, ctx.prepare_timeout_s)
+                except StageRefused as exc:
+                    release()  # bounded failure: the adapters were aborted, nothing was captured
+                    return CutOutcome("refused", exc.stage, exc.reason)
+                if certifier is not None:
+                    certifier.joined(joined, parked=adapters.parked_through(ctx))
+                refusal = certifier.precheck() if certifier is not None else None
+                if refusal:
+                    adapters.abort(ctx)
+                    release()  # bounded failure: nothing was touched, the workload goes on
+                    return CutOutcome("refused", "certify", refusal)
+                try:
+                    backend.checkpoint(target, ctx)
+                except (StageRefused, StageFailed) as exc:
+                    adapters.abort(ctx)
+                    release()
+                    own = _own_storage(exc, ctx)
+                    if own is None and not isinstance(exc, StageFailed):
+                        return CutOutcome("refused", exc.stage, exc.reason)
+                    return _failed(own or exc)
 
-        if certifier is not None:
-            certifier.checkpointed()
-        if cut.fault != "kill":  # the process goes on from here; under kill only its restored image does (restored)
-            adapters.commit(ctx, ctx.prepare_timeout_s)
-        if cut.fault == "none":
-            release()
-            try:
-                backend.resume_in_place(target, ctx)
-            except (StageFailed, StageRefused) as exc:
-                return _failed(exc)
-            return CutOutcome("resumed")
+                if certifier is not None:
+                    certifier.checkpointed()
+                if cut.fault != "kill":  # the process goes on from here; under kill only its restored image does (restored)
+                    adapters.commit(ctx, ctx.prepare_timeout_s)
+                if cut.fault == "none":
+                    release()
+                    try:
+                        backend.resume_in_place(target, ctx)
+                    except (StageFailed, StageRefused) as exc:
+                        return _failed(exc)
+                    return CutOutcome("resumed")
 
-        if cut.fault == "leave_running":
-            release()
-            with ctx.timeline.stage("run_until_crash", ctx.cut_index):
-                time.sleep(cut.crash_after_ms / 1000.0)
-        with ctx.timeline.stage("fault_" + cut.fault, ctx.cut_index) as extra:
-            rc = target.kill()
-            extra["detail"] = f"pid {target.pid} exit {rc}"
+                if cut.fault == "leave_running":
+                    release()
+                    with ctx.timeline.stage("run_until_crash", ctx.cut_index):
+                        time.sleep(cut.crash_after_ms / 1000.0)
+                with ctx.timeline.stage("fault_" + cut.fault, ctx.cut_index) as extra:
+                    rc = target.kill()
+                    extra["detail"] = f"pid {target.pid} exit {rc}"
 
-        refusal = certifier.before_restore() if certifier is not None else None
-        if refusal:
-            # The restore is declined: the crashed workload stays down (a
-            # restart from scratch is the safe alternative), nothing is restored.
-            return CutOutcome("refused", "certify_restore", refusal)
-        before_resume()
-        try:
-            pid = backend.restore(ctx)
-        except (StageRefused, StageFailed) as exc:
-            # A declined restore option (e.g. a GPU remap the driver rejected)
-            # after which the backend brought the workload back as it was: safe.
-            resumed = getattr(exc, "resumed_pid", None)
-            if resumed is None and (own := _own_storage(exc, ctx)) is not None:
-                return _failed(own)
-            if isinstance(exc, StageFailed):
-                return _failed(exc)
-            if resumed is None:
-                return CutOutcome("failed", exc.stage, exc.reason)
-            target.replaced_by(resumed)
-            # It is the restored image, on its own GPU: its adapters bring their domains back to the cut.
-            back = adapters.restored(ctx, ctx.prepare_timeout_s, [])
-            release()
-            return CutOutcome("refused", exc.stage, exc.reason + (f"; adapters: restored failed: {back.failed}" if back.failed else ""))
-        target.replaced_by(pid)
-        ctx.restored = True
-        # The restored process is still parked at the cut: its adapters bring their domains back to the cut
-        # and classify the effects in flight before it runs a step.
-        in_flight = certifier.in_flight() if certifier is not None else []
-        back = adapters.restored(ctx, ctx.prepare_timeout_s, in_flight)
-        refusal = certifier.after_restore(back) if certifier is not None else None
-        if refusal:
-            # Declined after all: the restored process never ran past its park; it goes down as the crash left it.
-            target.kill()
-            return CutOutcome("refused", "certify_restore",
-                              f"{refusal} (declined once the restored process's adapters had classified the effects "
-                              "in flight: it was stopped at its park before it ran)")
-        release()
-        return CutOutcome("restored")
-    finally:
-        with shielded():  # a Ctrl-C that comes now waits for the tool's leftovers and the images to be gone
+                refusal = certifier.before_restore() if certifier is not None else None
+                if refusal:
+                    # The restore is declined: the crashed workload stays down (a
+                    # restart from scratch is the safe alternative), nothing is restored.
+                    return CutOutcome("refused", "certify_restore", refusal)
+                before_resume()
+                # The restore runs to its end, and the handle learns the restored pid, before a Ctrl-C goes on:
+                # a process restored and not known would outlive the trial.
+                with shielded():
+                    try:
+                        pid = backend.restore(ctx)
+                    except (StageRefused, StageFailed) as exc:
+                        # A declined restore option (e.g. a GPU remap the driver rejected)
+                        # after which the backend brought the workload back as it was: safe.
+                        resumed = getattr(exc, "resumed_pid", None)
+                        if resumed is None and (own := _own_storage(exc, ctx)) is not None:
+                            return _failed(own)
+                        if isinstance(exc, StageFailed):
+                            return _failed(exc)
+                        if resumed is None:
+                            return CutOutcome("failed", exc.stage, exc.reason)
+                        target.replaced_by(resumed)
+                        # It is the restored image, on its own GPU: its adapters bring their domains back to the cut.
+                        back = adapters.restored(ctx, ctx.prepare_timeout_s, [])
+                        release()
+                        return CutOutcome("refused", exc.stage, exc.reason + (f"; adapters: restored failed: {back.failed}" if back.failed else ""))
+                    target.replaced_by(pid)
+                    ctx.restored = True
+                # The restored process is still parked at the cut: its adapters bring their domains back to the cut
+                # and classify the effects in flight before it runs a step.
+                in_flight = certifier.in_flight() if certifier is not None else []
+                back = adapters.restored(ctx, ctx.prepare_timeout_s, in_flight)
+                refusal = certifier.after_restore(back) if certifier is not None else None
+                if refusal:
+                    # Declined after all: the restored process never ran past its park; it goes down as the crash left it.
+                    target.kill()
+                    return CutOutcome("refused", "certify_restore",
+                                      f"{refusal} (declined once the restored process's adapters had classified the effects "
+                                      "in flight: it was stopped at its park before it ran)")
+                release()
+                return CutOutcome("restored")
+        finally:  # whole, whatever stopped the body: the tool's leftovers and the images go
             if ctx.adapters_open:  # an unexpected failure between prepare and commit: nothing may stay held
                 adapters.abort(ctx)
             backend.cleanup(ctx)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from cutbench.errors import HarnessFault, WorkloadError
 from cutbench.harness.model.trial import TrialRecord
+from cutbench.interrupts import interruptible, shielded
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
@@ -113,46 +114,49 @@ class ProgramRunner(TrialRunner):
         # A program in its own image runs there for its uninterrupted runs too (its command is the image's).
         if (not self.plain_launch or params["image"]) and (launch := launcher(backend, self.labels())) is not spawn:
             self.engine_launch = launch
-        try:
-            if not self.plain_launch:
-                reference = self.s.references.get(self.cls, spec.params, spec.array)
-                order = {key: op for op, key in reference.keys.items()}
-            for name in params["files"]:
-                source = Path(name)
-                (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
-            if self.observer.stream == program_api.SOCKET:
-                self.observer.listen(params["port"])
-            with self.timeline.stage("spawn"):
-                child = self.child = self.launch([])
-            if self.observer.http is not None:
-                with self.timeline.stage("listen"):
-                    why = self.observer.listening(child)
-                if why:
-                    raise HarnessFault("listen", why)
-                self.observer.start_load()
-            plan = spec.cut_plan()
-            for i, cut in enumerate(plan.cuts):
-                reached = self._reach_cut(child, cut, i)
-                if reached:
-                    state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
-                    break
-                if not self._cut(backend, child, i, cut, state):
-                    break
-            if state.status not in ("unknown", "deadlock") and not state.down:
-                self._program_to_end(child, state)
-        except HarnessFault as exc:
-            state.status, state.error = "unknown", exc.reason
-        except Exception as exc:  # harness-side failure: no verdict possible
-            state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
-        finally:
-            if child is not None and child.alive():
-                child.kill()
-            if child is not None:
-                self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
-                child.kill_groups()
-            for target in self.cut_targets:
-                target.kill()
-            self.observer.close()
+        # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
+        with shielded():
+            try:
+                with interruptible():
+                    if not self.plain_launch:
+                        reference = self.s.references.get(self.cls, spec.params, spec.array)
+                        order = {key: op for op, key in reference.keys.items()}
+                    for name in params["files"]:
+                        source = Path(name)
+                        (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
+                    if self.observer.stream == program_api.SOCKET:
+                        self.observer.listen(params["port"])
+                    with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
+                        child = self.child = self.launch([])
+                    if self.observer.http is not None:
+                        with self.timeline.stage("listen"):
+                            why = self.observer.listening(child)
+                        if why:
+                            raise HarnessFault("listen", why)
+                        self.observer.start_load()
+                    plan = spec.cut_plan()
+                    for i, cut in enumerate(plan.cuts):
+                        reached = self._reach_cut(child, cut, i)
+                        if reached:
+                            state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
+                            break
+                        if not self._cut(backend, child, i, cut, state):
+                            break
+                    if state.status not in ("unknown", "deadlock") and not state.down:
+                        self._program_to_end(child, state)
+            except HarnessFault as exc:
+                state.status, state.error = "unknown", exc.reason
+            except Exception as exc:  # harness-side failure: no verdict possible
+                state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
+            finally:  # whole, whatever stopped the body: the program's processes go
+                if child is not None and child.alive():
+                    child.kill()
+                if child is not None:
+                    self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
+                    child.kill_groups()
+                for target in self.cut_targets:
+                    target.kill()
+                self.observer.close()
         if self.observer.rule_error:
             state.status, state.error = "unknown", self.observer.rule_error
         # The program ran to its end (a refused cut lets it go on: its effects and artefacts are judged too).

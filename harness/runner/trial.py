@@ -33,7 +33,7 @@ from cutbench.harness.runner.arming import Arming, NextCut, TrialState, launcher
 from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.harness.runner.process import WorkloadProcess
 from cutbench.harness.runner.session import RUNNERS, Session
-from cutbench.interrupts import shielded
+from cutbench.interrupts import interruptible, shielded
 from cutbench.procs import Child, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads.control import ControlFile
@@ -122,29 +122,31 @@ class TrialRunner(WorkloadProcess):
         state = TrialState()
         child: Child | None = None
         companions: list[Child] = []
-        try:
-            self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
-            config = self._write_config()
-            with shielded():  # each companion's handle kept before an interrupt goes on
-                companions = self._start_companions(config)
-            arming = Arming(control, spec.cut_plan(), self.phases)
-            seq = arming.arm(0)
-            # A backend that must own the workload's start (a container engine) launches it itself.
-            launch = spawn if self.plain_launch else launcher(backend, self.labels())
-            if launch is spawn and self._own_pid_namespace(backend, domains):
-                launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
-            with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
-                child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
-                                            cwd=str(self.tdir))
-            self._cuts(arming, child, backend, seq, state)
-            if state.status not in ("unknown", "deadlock") and not state.down:
-                self._run_to_end(control, child, state)
-            if state.status in ("completed", "refused"):
-                self.coordinator.finish()  # a fenced receiver releases what the finished run sent
-        except Exception as exc:  # harness-side failure: no verdict possible
-            state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
-        finally:
-            with shielded():  # a Ctrl-C that comes now waits for the trial's processes to be gone
+        # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
+        with shielded():
+            try:
+                with interruptible():
+                    self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
+                    config = self._write_config()
+                    with shielded():  # each companion's handle kept before an interrupt goes on
+                        companions = self._start_companions(config)
+                    arming = Arming(control, spec.cut_plan(), self.phases)
+                    seq = arming.arm(0)
+                    # A backend that must own the workload's start (a container engine) launches it itself.
+                    launch = spawn if self.plain_launch else launcher(backend, self.labels())
+                    if launch is spawn and self._own_pid_namespace(backend, domains):
+                        launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
+                    with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
+                        child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
+                                                    cwd=str(self.tdir))
+                    self._cuts(arming, child, backend, seq, state)
+                    if state.status not in ("unknown", "deadlock") and not state.down:
+                        self._run_to_end(control, child, state)
+                    if state.status in ("completed", "refused"):
+                        self.coordinator.finish()  # a fenced receiver releases what the finished run sent
+            except Exception as exc:  # harness-side failure: no verdict possible
+                state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
+            finally:  # whole, whatever stopped the body: the trial's processes go
                 if child is not None and child.alive():
                     child.kill()
                 # A container's own output goes with it: keep its last lines for a trial that needs them.

@@ -126,19 +126,22 @@ class Workers:
                 # Checked after joining ``busy``: an interrupt either sees this worker busy or is seen here.
                 if self.stopping:
                     return
-                item: tuple[int, TrialResult | None, BaseException | None]
-                try:
-                    with self.gate.hold(_needs_gpu_alone(spec)):
-                        item = (index, self.session.run_trial(spec), None)
-                except KeyboardInterrupt:
-                    item = (index, None, None)  # interrupted: cleaned up, no verdict
-                except Exception as exc:
-                    item = (index, None, exc)
-                # Leaving ``busy`` and handing the result over are one step under the lock that
-                # :meth:`_interrupt` takes: an interrupt cannot land inside the hand-over.
-                with self.lock:
-                    self.busy.discard(me)
-                    self.done.put(item)
+                item: tuple[int, TrialResult | None, BaseException | None] = (index, None, None)
+                # The interrupt reaches the trial only (it cleans up and gives no verdict): a trial that finished
+                # is handed over whenever it comes, and it is raised here after the hand-over.
+                with interrupts.shielded():
+                    try:
+                        with interrupts.interruptible(), self.gate.hold(_needs_gpu_alone(spec)):
+                            item = (index, self.session.run_trial(spec), None)
+                    except KeyboardInterrupt:
+                        pass  # interrupted: no verdict, unless it came as the finished trial was handed back
+                    except Exception as exc:
+                        item = (index, None, exc)
+                    # Leaving ``busy`` and handing the result over are one step under the lock that
+                    # :meth:`_interrupt` takes.
+                    with self.lock:
+                        self.busy.discard(me)
+                        self.done.put(item)
         except KeyboardInterrupt:
             pass  # the interrupt reached this worker between two trials
         finally:

@@ -36,6 +36,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild,
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.lifecycle_kit import release_lock_of
+from cutbench.interrupts import shielded
 from cutbench.procs import Child
 
 # Podman's statistics (microseconds) kept as facts, in seconds, under these names.
@@ -72,10 +73,15 @@ class PodmanCheckpointer:
         return None
 
     def podman(self, *args: str, timeout: float = 60, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-        """Run ``podman ARGS`` with the project's CRIU first on PATH; a timeout returns exit -9."""
+        """Run ``podman ARGS`` with the project's CRIU first on PATH; a timeout returns exit -9.
+
+        Podman runs in a process group of its own and ends its call before a Ctrl-C goes on (within ``timeout``):
+        killed half-way through a checkpoint, it would leave runc's CRIU holding the network lock."""
         argv = ["podman", *args]
         try:
-            return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env=engines.criu_path_env())
+            with shielded():
+                return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env=engines.criu_path_env(),
+                                      process_group=0)
         except subprocess.TimeoutExpired as exc:
             return subprocess.CompletedProcess(argv, -9, exc.stdout or b"", f"timed out after {timeout}s".encode())
 
