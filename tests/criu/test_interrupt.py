@@ -166,3 +166,47 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
         assert verdict.not_run and 'data-verdict="partial"' in (run_dir / "report.html").read_text()
     assert not reanalyze(run).differences
     assert (out / "latest").resolve() == run_dir
+
+
+@pytest.mark.timeout(180)
+def test_a_run_started_from_code_takes_ctrl_c_as_the_command_does(criu, tmp_path: Path):
+    """``cutbench.run`` from a Python program with Python's own SIGINT handler: Ctrl-C while CRIU dumps, and
+    again during the cleanup; the program sees ``KeyboardInterrupt`` naming the stored partial run, and nothing
+    of the run is left (``cutbench.interrupts.from_code``)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "results"
+    program = ("import cutbench, sys\n"
+               "try:\n"
+               f"    cutbench.run({str(REPO / 'scenarios' / 'quick.toml')!r}, out={str(out)!r})\n"
+               "except KeyboardInterrupt as exc:\n"
+               "    print('interrupted:', exc)\n"
+               "    sys.exit(42)\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)},
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
+            time.sleep(0.01)
+        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
+        while time.monotonic() < deadline and not MOMENTS["criu_dump"](tmp, run_id, proc.pid):
+            time.sleep(0.002)
+        assert time.monotonic() < deadline, "never saw CRIU dump"
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.03)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 42, stderr[-3000:]
+    run_dir = out / run_id
+    assert f"the partial run is stored in {run_dir}" in stdout
+    time.sleep(0.2)
+    left = [(pid, cmd, _whence(pid)) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
+    for pid, _, _ in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    assert not list(tmp.iterdir()) and not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*"))
+    assert RunDir.open(run_dir).meta()["status"] == "partial"
