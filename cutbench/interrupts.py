@@ -104,16 +104,23 @@ class shielded:
 
 
 class interruptible:
-    """``with interruptible():`` inside a shield lets this thread's interrupt in while the block runs: one held
-    until then is raised as the block starts, one sent meanwhile lands in it. The shields around count again
-    after it; an interrupt that lands as it ends is the thread's one, raised before their cleanup starts."""
+    """``with interruptible():`` right inside its own shield lets this thread's interrupt in while the block runs:
+    one held until then is raised as the block starts (the shield still counted, so its cleanup is shielded), one
+    sent meanwhile lands in it. The shield counts again after it; an interrupt that lands as it ends is the
+    thread's one, raised before the cleanup starts. Inside another shield as well (a tool's wait within a
+    restore, which runs to its end) it lets nothing in: the outer shield holds the interrupt."""
 
     def __enter__(self) -> None:
         me = threading.get_ident()
+        self._saved = 0
         with _lock:
-            self._saved = _depth.pop(me, 0)
+            if _depth.get(me) != 1:
+                return
             held = me in _held
-            _held.discard(me)
+            if held:
+                _held.discard(me)
+            else:
+                self._saved = _depth.pop(me)
         if held:
             raise KeyboardInterrupt
 

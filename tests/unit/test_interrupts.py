@@ -215,3 +215,32 @@ def test_a_handler_of_the_callers_own_is_left_alone():
         assert calls == [signal.SIGINT] and signal.getsignal(signal.SIGINT) is own
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_window_inside_another_shield_lets_nothing_in_until_that_shield_ends():
+    """A tool's wait (a shield with its window) inside a restore (a shield of its own) inside a trial's window:
+    the interrupt waits for the restore to end, and every cleanup runs whole."""
+
+    def body(seen):
+        with interrupts.shielded():  # the trial's
+            try:
+                with interrupts.interruptible():
+                    with interrupts.shielded():  # the restore's
+                        with interrupts.shielded():  # the tool's wait
+                            try:
+                                with interrupts.interruptible():
+                                    seen["ready"].set()
+                                    _until_sent(seen)
+                                    seen["tool done"] = True
+                            finally:
+                                seen["tool reaped"] = True
+                        seen["restore done"] = True
+                    seen["never"] = True
+            finally:
+                seen["trial cleaned"] = True
+
+    thread, seen = _in_thread(body)
+    _interrupt_when_ready(thread, seen)
+    assert seen.get("tool done") and seen.get("tool reaped") and seen.get("restore done") and seen.get("trial cleaned")
+    assert "never" not in seen and isinstance(seen.get("raised"), KeyboardInterrupt)
+    assert seen["counted"] == 0 and not seen["held"]
