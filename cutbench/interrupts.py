@@ -39,7 +39,7 @@ import ctypes
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
@@ -131,6 +131,27 @@ class interruptible:
                 _depth[me] = _depth.get(me, 0) + self._saved
 
 
+CLEANING_UP = "interrupted: cleaning up and saving the partial run, please wait"
+
+
+def first_raises(again: Callable[[int], None], first: Callable[[int], None] | None = None) -> Callable[[int, Any], None]:
+    """A signal handler whose first signal calls ``first(signum)`` and raises ``KeyboardInterrupt`` through
+    :func:`raise_here`, and whose later ones only call ``again(signum)``: a second one landing inside the
+    cleanup the first began would leave a workload, the receiver or an image directory behind."""
+    pressed: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        if len(pressed) > 1:
+            again(signum)
+            return
+        if first is not None:
+            first(signum)
+        raise_here()
+
+    return handler
+
+
 @contextmanager
 def from_code() -> Iterator[None]:
     """While a run started from code (``cutbench.run``, a pytest gate) goes on: the first Ctrl-C raises
@@ -143,16 +164,7 @@ def from_code() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
-    pressed: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        pressed.append(signum)
-        if len(pressed) == 1:
-            raise_here()
-        else:
-            print("cutbench: interrupted: cleaning up and saving the partial run, please wait", file=sys.stderr)
-
-    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, first_raises(again=lambda _signum: print(f"cutbench: {CLEANING_UP}", file=sys.stderr)))
     try:
         yield
     finally:

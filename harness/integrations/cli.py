@@ -451,13 +451,9 @@ def _interrupt_once() -> None:
     """
     import signal
 
-    def handler(signum: int, frame: Any) -> None:
-        if not INTERRUPTED_BY[0]:
-            INTERRUPTED_BY[0] = signum
-            interrupts.raise_here()  # held while the main thread cleans up a trial (cutbench.interrupts)
-            return
-        say("interrupted: cleaning up and saving the partial run, please wait", "yellow")
-
+    # The first is held while the main thread cleans up a trial (cutbench.interrupts).
+    handler = interrupts.first_raises(first=lambda signum: INTERRUPTED_BY.__setitem__(0, signum),
+                                      again=lambda _signum: say(interrupts.CLEANING_UP, "yellow"))
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
 

@@ -158,10 +158,7 @@ def run_request(request: dict[str, Any]) -> TrialResult | None:
 def _interrupt_once() -> None:
     """SIGINT and SIGTERM raise KeyboardInterrupt once, so the trial cleans up; later ones wait for it."""
 
-    def handler(signum: int, frame: Any) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
-        interrupts.raise_here()  # held while the trial cleans up (cutbench.interrupts)
+    handler = interrupts.first_raises(again=lambda _signum: None)  # held while the trial cleans up
 
     # Ray starts its processes with SIGINT blocked; the mask is inherited, and the task forwards SIGINT.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -100,6 +100,44 @@ MOMENTS = {
 }
 
 
+def _interrupt_at(argv: list[str], tmp: Path, out: Path, moment: str, signals: list[int]) -> tuple[subprocess.Popen, str, str, str]:
+    """Start ``argv`` (a run into ``out``, its work directory under ``tmp``) in a process group of its own, let one
+    trial finish, wait for ``moment`` and send ``signals`` to the whole group, 30 ms apart, as a terminal's
+    Ctrl-C does; returns the finished process, the run id, its stdout and stderr."""
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        # Let one trial finish first, so the partial run has something in it.
+        while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
+            time.sleep(0.01)
+        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
+        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id, proc.pid):
+            time.sleep(0.002)
+        assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
+        for k, sig in enumerate(signals):
+            if k:
+                time.sleep(0.03)
+            os.killpg(proc.pid, sig)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc, run_id, stdout, stderr
+
+
+def _assert_nothing_left(run_id: str, tmp: Path) -> None:
+    """No process, work directory or image directory of run ``run_id`` (work directory under ``tmp``) is left."""
+    time.sleep(0.2)  # let the kernel finish tearing down what was killed
+    left = [(pid, cmd, _whence(pid)) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
+    for pid, _, _ in left:  # do not leak them into the next test, but fail this one
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    assert not list(tmp.iterdir()), "the work directory was left behind"
+    assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*")), "an image directory was left behind"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("moment, presses, sig, jobs",
                          [(m, 1, signal.SIGINT, 1) for m in MOMENTS] + [("criu_dump", 3, signal.SIGINT, 1)]
@@ -113,39 +151,12 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
     tmp = tmp_path / "tmp"  # the run's work directory lands here (TMPDIR), so its processes are recognisable
     tmp.mkdir()
     out = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(out), "--json",
-                             "--jobs", str(jobs)],
-                            cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        # Let one trial finish first, so the partial run has something in it.
-        while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
-            time.sleep(0.01)
-        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
-        while time.monotonic() < deadline and not MOMENTS[moment](tmp, run_id, proc.pid):
-            time.sleep(0.002)
-        assert time.monotonic() < deadline, f"never saw the moment {moment!r}"
-        os.killpg(proc.pid, sig)
-        for _ in range(presses - 1):
-            time.sleep(0.03)
-            os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
+    proc, run_id, stdout, stderr = _interrupt_at(
+        [sys.executable, "-m", "cutbench", "run", str(REPO / "scenarios" / "quick.toml"), "--out", str(out), "--json",
+         "--jobs", str(jobs)], tmp, out, moment, [sig] + [signal.SIGINT] * (presses - 1))
     assert proc.returncode == 128 + sig, stderr[-3000:]
-    time.sleep(0.2)  # let the kernel finish tearing down what was killed
-    run_dir = next(p for p in out.iterdir() if p.name != "latest")
-    run_id = run_dir.name
-    left = [(pid, cmd, _whence(pid)) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
-    for pid, _, _ in left:  # do not leak them into the next test, but fail this one
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-    assert not list(tmp.iterdir()), "the work directory was left behind"
-    assert not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*")), "an image directory was left behind"
+    _assert_nothing_left(run_id, tmp)
+    run_dir = out / run_id
 
     # The partial run reads back: marked partial, tables, trial files and summary agree.
     result = json.loads(stdout)
@@ -182,31 +193,10 @@ def test_a_run_started_from_code_takes_ctrl_c_as_the_command_does(criu, tmp_path
                "except KeyboardInterrupt as exc:\n"
                "    print('interrupted:', exc)\n"
                "    sys.exit(42)\n")
-    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, env={**os.environ, "TMPDIR": str(tmp)},
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not list(out.glob("*/trials/*.json")):
-            time.sleep(0.01)
-        run_id = next(p.name for p in out.iterdir() if p.name != "latest")
-        while time.monotonic() < deadline and not MOMENTS["criu_dump"](tmp, run_id, proc.pid):
-            time.sleep(0.002)
-        assert time.monotonic() < deadline, "never saw CRIU dump"
-        os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.03)
-        os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc, run_id, stdout, stderr = _interrupt_at([sys.executable, "-c", program], tmp, out, "criu_dump",
+                                                 [signal.SIGINT, signal.SIGINT])
     assert proc.returncode == 42, stderr[-3000:]
     run_dir = out / run_id
     assert f"the partial run is stored in {run_dir}" in stdout
-    time.sleep(0.2)
-    left = [(pid, cmd, _whence(pid)) for pid, cmd, cwd in _processes() if run_id in cmd or str(tmp) in cmd or cwd.startswith(str(tmp))]
-    for pid, _, _ in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {left}"
-    assert not list(tmp.iterdir()) and not list(Path("/dev/shm").glob(f"cutbench-{run_id}-*"))
+    _assert_nothing_left(run_id, tmp)
     assert RunDir.open(run_dir).meta()["status"] == "partial"
