@@ -294,7 +294,7 @@ class Child:
             pass
 
     def close(self) -> None:
-        from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+        from cutbench.harness.nemesis.probe_kit import release_network_lock
 
         (self.dir / "cb_go").touch()
         self.go()

@@ -1,13 +1,13 @@
 """A container engine's lifecycle driven by hand, with no cutbench in it: ``docker`` and ``podman`` for the hunt.
 
-The probe of :mod:`~cutbench.harness.nemesis.lifecycle_kit` runs in a container (the host's ``/usr`` mounted
+The probe of :mod:`~cutbench.harness.nemesis.probe_kit` runs in a container (the host's ``/usr`` mounted
 read-only for its interpreter, its command directory read-write at its own path, no network), and the actions
 are the engines' own commands: a checkpoint (``docker checkpoint create``, ``podman container checkpoint
 --export``), with ``--leave-running`` or not; a restore of the checkpointed container (``docker start
 --checkpoint``; Podman: the stopped container removed and the export imported again); and a restore under a
 new name (``docker create`` then ``docker start --checkpoint-dir`` of the first container's checkpoints;
 ``podman container restore --import --name``). A reproducer of an engine's deviation is this file's text
-appended to the lifecycle kit's (the ``# kit-import`` line dropped), so it too imports nothing of cutbench.
+appended to the lifecycle kit's (the ``# kit-import`` lines dropped), so it too imports nothing of cutbench.
 
 The engines are asked through their command lines: ``docker`` with ``DOCKER_HOST`` (the hunt sets it to the
 project's dockerd), ``podman`` with runc (the runtime the engine checkpoints with here), on ``HUNT_ENGINE_PATH``
@@ -29,7 +29,8 @@ import time
 import uuid
 from typing import Any
 
-from cutbench.harness.nemesis.lifecycle_kit import BOUND_S, PROBE, SESSIONS, Hang, Session, alive  # kit-import
+from cutbench.harness.nemesis.lifecycle_kit import SESSIONS, Session  # kit-import
+from cutbench.harness.nemesis.probe_kit import BOUND_S, PROBE, Hang, alive  # kit-import
 
 ROOTFS_IMAGE = "cutbench-hunt-rootfs:1"  # empty mount points and merged-/usr links: the host's /usr is mounted
 PYTHON = "/usr/bin/python3"

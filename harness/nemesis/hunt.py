@@ -1,8 +1,9 @@
 """The hunt's hands: live sessions on a tool, reproducers written from the kit, and reproducers run on their own.
 
-Everything a hunt does to a process goes through
-:mod:`cutbench.harness.nemesis.lifecycle_kit`, a file with no cutbench in it.
-A reproducer is that file's text, the sequence, the deviation it must show,
+Everything a hunt does to a process goes through the kit
+(:mod:`~cutbench.harness.nemesis.probe_kit` and
+:mod:`~cutbench.harness.nemesis.lifecycle_kit`, files with no cutbench in them).
+A reproducer is the kit's text, the sequence, the deviation it must show,
 and a call to the kit's ``main``: the same code the hunt ran, so a reproducer
 that does not show its deviation on its own points at the harness.
 """
@@ -24,11 +25,12 @@ from cutbench.harness.provision import engines
 from cutbench.harness.provision.criu import locate
 from cutbench.harness.provision.criu.plugin import plugin_dir, plugin_unavailable_reason
 from cutbench.harness.model.lifecycle import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
-from cutbench.harness.nemesis import engine_kit, lifecycle_kit
+from cutbench.harness.nemesis import engine_kit, lifecycle_kit, probe_kit
 
-KIT = Path(lifecycle_kit.__file__)
+# The kit's files in the order a reproducer joins them; an engine's tool appends the engine kit.
+KIT = (Path(probe_kit.__file__), Path(lifecycle_kit.__file__))
 ENGINE_KIT = Path(engine_kit.__file__)
-KIT_IMPORT = "# kit-import"  # the engine kit's import of the lifecycle kit, dropped where the two texts are joined
+KIT_IMPORT = "# kit-import"  # a kit file's import of an earlier one, dropped where the texts are joined
 
 
 def unavailable_reason(tool: str) -> str | None:
@@ -98,14 +100,19 @@ def needs(tool: str) -> str:
     return text
 
 
+def kit_body(path: Path, first: bool) -> str:
+    """A kit file's text after its docstring, its imports of the kit files before it dropped (and, but for the
+    first, its ``from __future__`` line, which must open a script)."""
+    text = path.read_text().split('"""', 2)[2].lstrip("\n")
+    return "\n".join(line for line in text.splitlines()
+                     if not line.endswith(KIT_IMPORT) and (first or not line.startswith("from __future__"))) + "\n"
+
+
 def reproducer(tool: str, sequence: list[Step], deviation: dict[str, Any], header: str, probe: str = "buffers") -> str:
     """A standalone script: the kit, then the probe, the sequence and the deviation it must show; ``header`` is its
     docstring."""
-    body = KIT.read_text().split('"""', 2)[2].lstrip("\n")
-    if tool in ENGINE_TOOLS:  # the engine kit after the lifecycle kit, its import of it dropped
-        extra = ENGINE_KIT.read_text().split('"""', 2)[2]
-        body += "\n" + "\n".join(line for line in extra.splitlines()
-                                 if not line.endswith(KIT_IMPORT) and not line.startswith("from __future__")) + "\n"
+    files = (*KIT, ENGINE_KIT) if tool in ENGINE_TOOLS else KIT
+    body = "\n".join(kit_body(f, first=(i == 0)) for i, f in enumerate(files))
     doc = '"""' + header.replace('"""', "'''") + '\n"""\n'
     steps = json.dumps([s.to_json() for s in sequence], indent=4)
     dev = json.dumps(deviation, indent=4)

@@ -36,9 +36,9 @@ from cutbench.harness.generator.search import search_arms
 from cutbench.harness.generator.sweep import Axis, expand
 from cutbench.harness.model.scenario import PROFILES, Scenario
 from cutbench.harness.model.plan import CutPlan
-from cutbench.harness.model.trial import TrialResult, TrialSpec, spec_for
+from cutbench.harness.model.trial import TrialSpec, spec_for
 from cutbench.harness.nemesis import Backends
-from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+from cutbench.harness.nemesis.probe_kit import release_network_lock
 from cutbench.harness.reports import html as report
 from cutbench.harness.reports import summary
 from cutbench.harness.reports.summary import render_search
@@ -48,7 +48,7 @@ from cutbench.harness.runner.shared import ReceiverWatch
 from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session
-from cutbench.harness.store.rundir import RunDir, read_matrix
+from cutbench.harness.store.rundir import RunDir, read_matrix, store_run
 from cutbench.workloads import api as workload_api
 
 
@@ -270,7 +270,9 @@ def execute(
             shutil.rmtree(run.path, ignore_errors=True)
         else:
             try:
-                frame = store_run(run, log.results, meta, complete=complete, mark_latest=mark_latest)
+                meta.finish(complete=complete, n_trials=len(log.results))
+                frame = store_run(run, log.results, meta.render(), report=report.write_run_report,
+                                  mark_latest=mark_latest)
             except OSError as exc:
                 if not storage.is_full_error(exc):
                     raise
@@ -346,26 +348,6 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
         if recorded is not None and len(recorded.payloads) < spec.params["ops"]:
             raise InvalidArgument(f"workload.params.ops = {spec.params['ops']}: the program shows "
                                   f"{len(recorded.payloads)} effects uninterrupted; set ops (and plan.ops) at most that")
-
-
-def store_run(run: RunDir, results: list[TrialResult], meta: RunMeta, *, complete: bool,
-              mark_latest: bool = True) -> pd.DataFrame:
-    """Write the tables (:meth:`RunDir.write_results`), the final ``run.toml`` and the report; return the trials
-    frame."""
-    trials, timeline, effects = run.write_results(results)
-    meta.finish(complete=complete, n_trials=len(results))
-    record = meta.render()
-    run.write_meta(record)
-    try:
-        report.write_all(run, record, trials, timeline, effects)  # summary.md, plots/*.png, report.html
-    except Exception as exc:  # the tables are stored: `cutbench report RUN` can retry; never lose a run to a plot
-        if storage.is_full_error(exc):
-            raise  # not a plot's failure: execute names the full directory and how to finish
-        run.write_text("summary.md", summary.render(record, trials))
-        run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
-    if mark_latest:  # a replay is a side run: results/latest keeps pointing at the run being read
-        run.mark_latest()
-    return trials
 
 
 def run_sweep(path: str | Path, axes: list[Axis], results_root: str | Path, *, overrides: list[str] | None = None,

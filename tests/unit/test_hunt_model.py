@@ -201,7 +201,7 @@ def test_the_search_picks_the_probe_and_where_among_its_phases_a_step_falls():
     may leave a step at its launch, its work still in flight when the next step comes, under the README's promise
     that a suspend completes already-submitted work."""
     from cutbench.harness.model.lifecycle import ALPHABETS, GPU_PROBES, probes
-    from cutbench.harness.nemesis.lifecycle_kit import PROBES
+    from cutbench.harness.nemesis.probe_kit import PROBES
 
     assert probes("cuda") == probes("criu-cuda-plugin") == GPU_PROBES == PROBES["gpu"]
     assert probes("criu") == probes("docker") == PROBES["cpu"] == ("buffers",)

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
-from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+from cutbench.harness.nemesis.probe_kit import release_network_lock
 from cutbench.errors import HUNG_MARK, HarnessFault, StageFailed, StageRefused, Unavailable, hung_reason
 from cutbench.procs import Child
 

@@ -45,7 +45,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, OPTIONS_HEADER,
                                                           gone_after_restore, rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes, remove_tree
-from cutbench.harness.nemesis.lifecycle_kit import release_network_lock
+from cutbench.harness.nemesis.probe_kit import release_network_lock
 from cutbench.procs import Child
 
 RUNC_OPTIONS = Path("/etc/criu/runc.conf")

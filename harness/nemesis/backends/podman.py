@@ -35,7 +35,7 @@ from cutbench.harness.nemesis.backends.containers import (IMAGE, ContainerChild,
                                                           rootfs_tarball, trial_labels)
 from cutbench.harness.nemesis.backends.criu import criu_error_tail, dump_failure, restore_failure
 from cutbench.harness.nemesis.base import Capabilities, CutContext
-from cutbench.harness.nemesis.lifecycle_kit import release_lock_of
+from cutbench.harness.nemesis.probe_kit import release_lock_of
 from cutbench.interrupts import shielded
 from cutbench.procs import Child
 
