@@ -17,7 +17,7 @@ import pandas as pd
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.reports.summary import rates
-from cutbench.harness.store.tables import stage_columns
+from cutbench.harness.store.tables import stored_stage_columns
 
 BASE_KEY = ("workload", "variant", "receiver_mode", "plan_json")
 # How an outcome moved from A to B, for a plan that both ran.
@@ -128,7 +128,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, label_a: str = "A", label_b: str =
     timings = pd.DataFrame([
         {"stage": c, "median_a": float(matched_a[c].dropna().median()) if c in matched_a and matched_a[c].notna().any() else None,
          "median_b": float(matched_b[c].dropna().median()) if c in matched_b and matched_b[c].notna().any() else None}
-        for c in ("duration_s", *(f"{s}_s" for s in stage_columns()))
+        for c in ("duration_s", *dict.fromkeys(stored_stage_columns(matched_a) + stored_stage_columns(matched_b)))
     ])
     timings = timings[timings["median_a"].notna() | timings["median_b"].notna()].reset_index(drop=True)
     return Comparison(

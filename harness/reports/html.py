@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.colors import to_rgb
 
+from cutbench import storage
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
 from cutbench.harness.reports.explain import explain, parse_findings, sender_of
@@ -149,6 +150,20 @@ def _trial_pictures(trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.Da
             out[tid] = plots.trial_timeline_png(st, fx, parse_findings(rec.get("findings")), colours,
                                                 f"{tid} {rec['arm']} {rec['plan']}: {rec['outcome']}")
     return out
+
+
+def write_run_report(run: RunDir, meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame,
+                     effects: pd.DataFrame) -> None:
+    """The report a finished run writes (:func:`write_all`); where a plot or the page fails, ``summary.md`` alone
+    and the error in ``run.toml`` (the tables are stored: ``cutbench report RUN`` can retry). A full disk is
+    raised, not summarised: the run's end names the full directory and how to finish."""
+    try:
+        write_all(run, meta, trials, timeline, effects)
+    except Exception as exc:  # never lose a run to a plot
+        if storage.is_full_error(exc):
+            raise
+        run.write_text("summary.md", summary.render(meta, trials))
+        run.update_meta(report_error=f"{type(exc).__name__}: {exc}")
 
 
 def build(run: RunDir) -> ReportFiles:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,14 +148,15 @@ class RunDir:
             frame.to_parquet(fh, index=False)
         return path
 
-    def write_results(self, results: list["TrialResult"]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    def write_results(self, results: list["TrialResult"], stages: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """Write the run's tables of ``results`` (trials, timeline, effects, certificates), in plan order (a resumed
-        run's kept trials and its new ones come interleaved); return the trials, timeline and effects frames."""
-        # Loaded by a writer only: a reader of a stored run (open_run, report) needs neither the rows nor the plugins.
+        run's kept trials and its new ones come interleaved), the trials with a ``<stage>_s`` column for each of
+        ``stages``; return the trials, timeline and effects frames."""
+        # Loaded by a writer only: a reader of a stored run (open_run, report) needs neither the rows nor the model.
         from cutbench.harness.store.tables import certificate_rows, trial_row
 
         results = sorted(results, key=lambda r: r.spec.index)
-        trials = pd.DataFrame([trial_row(r) for r in results])
+        trials = pd.DataFrame([trial_row(r, stages) for r in results])
         timeline = pd.DataFrame([row for r in results for row in r.timeline])
         effects_frames = [r.effects.assign(trial_id=r.spec.trial_id) for r in results if not r.effects.empty]
         effects = pd.concat(effects_frames, ignore_index=True) if effects_frames else pd.DataFrame()
@@ -300,6 +302,23 @@ class RunDir:
                                       "(a damaged run directory)")
             found[p.name] = (str(p), raw)
         return dict(sorted(found.items(), key=lambda item: _archive.member_order(f"{folder}/{item[0]}")))
+
+
+def store_run(run: RunDir, results: list["TrialResult"], record: dict[str, Any], *,
+              report: Callable[[RunDir, dict[str, Any], pd.DataFrame, pd.DataFrame, pd.DataFrame], None],
+              mark_latest: bool = True) -> pd.DataFrame:
+    """Write a run's results: its tables (:meth:`RunDir.write_results`, a stage column for each stage of the
+    backends ``record`` names), ``run.toml`` (``record``, the run's rendered metadata), then what ``report``
+    writes from them (the reports' room hands it in: the store does not draw); point ``results/latest`` at the
+    run unless ``mark_latest`` is false (a replay is a side run). Returns the trials frame."""
+    from cutbench.harness.store.tables import stage_columns
+
+    trials, timeline, effects = run.write_results(results, stage_columns(record.get("backends") or {}))
+    run.write_meta(record)
+    report(run, record, trials, timeline, effects)
+    if mark_latest:
+        run.mark_latest()
+    return trials
 
 
 def read_matrix(path: str | Path) -> pd.DataFrame:

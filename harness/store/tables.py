@@ -6,15 +6,14 @@ JSON-ready dict out (and back, for a resumed run). :class:`~cutbench.harness.sto
 
 from __future__ import annotations
 
-import functools
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import CutbenchError, InvalidArgument
+from cutbench.errors import InvalidArgument
 from cutbench.harness.model.trial import Finding, TrialRecord, TrialResult, TrialSpec, Verdict
-from cutbench.registry import CHECKPOINTERS, backend_capabilities
 from cutbench.workloads.adapters import VERBS as ADAPTER_VERBS
 
 
@@ -24,8 +23,9 @@ def _landed(evidence: list[dict[str, Any]]) -> str | None:
     return next(iter(positions.values()), None)
 
 
-def trial_row(result: TrialResult) -> dict[str, Any]:
-    """The flat ``trials.parquet`` row of a trial."""
+def trial_row(result: TrialResult, stages: tuple[str, ...]) -> dict[str, Any]:
+    """The flat ``trials.parquet`` row of a trial, with a ``<stage>_s`` column for each of ``stages``
+    (:func:`stage_columns`)."""
     spec, rec, verdict = result.spec, result.record, result.verdict
     plan = spec.cut_plan()
     first = plan.cuts[0] if plan.cuts else None
@@ -86,7 +86,7 @@ def trial_row(result: TrialResult) -> dict[str, Any]:
     }
     for kind, n in verdict.counts().items():
         row[kind] = n
-    for stage in stage_columns():
+    for stage in stages:
         row[f"{stage}_s"] = durations.get(stage)
     return row
 
@@ -136,21 +136,23 @@ def certificate_rows(result: TrialResult) -> list[dict[str, Any]]:
     return rows
 
 
-@functools.lru_cache(maxsize=1)
-def stage_columns() -> tuple[str, ...]:
-    """The stages with a ``<stage>_s`` column in ``trials.parquet``: the semantic adapters' (``prepare``,
-    ``commit``, ``abort``, ``restored``, ``classify``), then every stage a registered backend declares.
-
-    In registry order, each once, so every run of a build has the same columns.
-    """
+def stage_columns(backends: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The stages with a ``<stage>_s`` column in a run's ``trials.parquet``: the semantic adapters' (``prepare``,
+    ``commit``, ``abort``, ``restored``, ``classify``), then every stage of the backends as the run records them
+    (``run.toml``'s ``backends``: name → ``{"stages": [...]}``), in that order, each once."""
     out: dict[str, None] = dict.fromkeys(ADAPTER_VERBS)
-    for name in CHECKPOINTERS.names():
-        try:
-            stages = backend_capabilities(name).stages
-        except (CutbenchError, AttributeError):  # a broken plug-in gets no columns, and fails where it is used
-            continue
-        out.update(dict.fromkeys(stages))
+    for record in backends.values():
+        out.update(dict.fromkeys(record.get("stages") or ()))
     return tuple(out)
+
+
+# The columns of trial_row that end in ``_s`` but time no stage: what stored_stage_columns leaves out.
+NOT_STAGES = ("duration_s", "release_latency_median_s", "release_latency_p99_s")
+
+
+def stored_stage_columns(trials: pd.DataFrame) -> list[str]:
+    """The ``<stage>_s`` columns a stored trials table holds (its run's stages), in its order."""
+    return [c for c in trials.columns if c.endswith("_s") and c not in NOT_STAGES]
 
 
 def trial_file(result: TrialResult, run_id: str, store: str) -> dict[str, Any]:

@@ -107,3 +107,24 @@ def test_a_trial_file_gives_back_the_result_it_was_written_from():
 def test_a_trial_file_without_its_rows_is_named_as_older():
     with pytest.raises(InvalidArgument, match="lacks timeline, effects"):
         result_from_file({"spec": {}, "record": {}, "verdict": {}})
+
+
+def test_a_trials_row_times_the_stages_its_run_recorded_and_a_reader_finds_them_all():
+    """The stage columns come from ``run.toml``'s ``backends`` (what the run stored), the adapters' first; a reader
+    of the stored table (``cutbench compare``) finds exactly those, whatever other ``…_s`` column a row holds."""
+    from cutbench.harness.store.tables import stage_columns, stored_stage_columns, trial_row
+    from cutbench.workloads.adapters import VERBS
+
+    stages = stage_columns({"criu": {"stages": ["criu_dump", "criu_restore"]},
+                            "docker": {"stages": ["docker_checkpoint", "criu_restore"]}})
+    assert stages == (*VERBS, "criu_dump", "criu_restore", "docker_checkpoint")
+    spec = TrialSpec("t0001", 1, "counter", "numpy", {"ops": 6}, "criu", "idempotent",
+                     {"backend": "criu", "receiver_mode": "idempotent", "fault": "kill", "crash_after_ms": 0.0,
+                      "split_window_ms": 0.0}, {"cuts": []})
+    record = TrialRecord(trial_id="t0001", status="completed", exit_code=0,
+                         facts={"release_latency_median_s": 0.1, "release_latency_p99_s": 0.2})
+    timeline = [{"trial_id": "t0001", "stage": "criu_dump", "t_start": 0.0, "t_end": 0.5, "duration_s": 0.5},
+                {"trial_id": "t0001", "stage": "criu_dump", "t_start": 1.0, "t_end": 1.25, "duration_s": 0.25}]
+    row = trial_row(TrialResult(spec, record, timeline, pd.DataFrame(), Verdict("valid", ())), stages)
+    assert row["criu_dump_s"] == 0.75 and row["criu_restore_s"] is None
+    assert stored_stage_columns(pd.DataFrame([row])) == [f"{s}_s" for s in stages]
