@@ -50,6 +50,7 @@ import platform
 import re
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -61,7 +62,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
-from cutbench.harness.environment.doctor import mount_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -96,9 +96,15 @@ def parse_size(text: str) -> int:
 
 
 def fs_type(path: str | Path) -> str:
-    """The file system type of the mount holding ``path`` (``tmpfs``, ``ext4``, …; "" when /proc/self/mounts says
-    nothing of it)."""
-    return mount_of(path)[1]
+    """The file system type of the mount holding ``path`` (``tmpfs``, ``ext4``, …; "" when it cannot be told), as
+    util-linux's ``findmnt`` names it (the last line: the mount on top, where several are stacked)."""
+    try:
+        out = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = out.stdout.split()
+    return lines[-1] if out.returncode == 0 and lines else ""
 
 
 def measure(fn: Callable[[], Any], repeat: int, *, before: Callable[[], Any] | None = None,

@@ -24,10 +24,29 @@ import textwrap
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cutbench.errors import CudaCallError  # noqa: E402
-from cutbench.harness.nemesis.backends.cuda_driver import CudaDriver  # noqa: E402
+class Refused(Exception):
+    """A checkpoint call the driver answered with an error."""
+
+
+def driver_call(name: str, *args: object) -> None:
+    """Call ``cuCheckpointProcess<name>`` through cuda-bindings (NVIDIA's own Python binding of the driver API);
+    raise :class:`Refused` with the CUresult's name when it fails."""
+    from cuda.bindings import driver as cu
+
+    result = getattr(cu, f"cuCheckpointProcess{name}")(*args)
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise Refused(f"cuCheckpointProcess{name}: {getattr(err, 'name', int(err))}")
+
+
+def lock_args(timeout_ms: int) -> object:
+    """The lock's arguments: give up after ``timeout_ms`` (the process stays RUNNING)."""
+    from cuda.bindings import driver as cu
+
+    args = cu.CUcheckpointLockArgs()
+    args.timeoutMs = timeout_ms
+    return args
 
 CHILD = textwrap.dedent("""
     import mmap, os, struct, sys, cupy as cp
@@ -55,7 +74,9 @@ def observe(mode: str) -> dict:
         return struct.unpack_from("<q", m, 0)[0]
 
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), mode])
-    drv = CudaDriver()
+    from cuda.bindings import driver as cu
+
+    cu.cuInit(0)
     seen: dict = {"mode": mode}
     try:
         deadline = time.monotonic() + 60
@@ -67,17 +88,17 @@ def observe(mode: str) -> dict:
             err = None
             try:
                 fn()
-            except CudaCallError as exc:
+            except Refused as exc:
                 err = str(exc)
             time.sleep(0.5)
             seen[name] = {"error": err, "alive": child.poll() is None, "exit": child.poll(),
                           "progress": count() - before}
             return err is None and child.poll() is None
 
-        ok = step("lock", lambda: drv.lock(child.pid, 5000))
-        ok = ok and step("checkpoint", lambda: drv.checkpoint(child.pid))
-        ok = ok and step("restore", lambda: drv.restore(child.pid))
-        ok and step("unlock", lambda: drv.unlock(child.pid))
+        ok = step("lock", lambda: driver_call("Lock", child.pid, lock_args(5000)))
+        ok = ok and step("checkpoint", lambda: driver_call("Checkpoint", child.pid, None))
+        ok = ok and step("restore", lambda: driver_call("Restore", child.pid, None))
+        ok and step("unlock", lambda: driver_call("Unlock", child.pid, None))
     finally:
         child.kill()
         child.wait()

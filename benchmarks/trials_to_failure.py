@@ -3,7 +3,9 @@
 For each case (a workload with a recovery bug, an arm, a cut space) every
 plan source gets the same budget of trials over the same space — cut
 positions ``plan.ops`` × all the workload's phases, one or two cuts per
-trial, precise cuts — and stops at its first ``invalid`` trial. ``random``
+trial, precise cuts — and stops at its first ``invalid`` trial
+(``run.stop_at_first_invalid``; the exhaustive plans are not cut to the
+budget: a failure found past it counts as ``>B``). ``random``
 and ``hypothesis`` (``ci`` profile: seeded, derandomized, no shrinking) run
 once per seed; ``exhaustive`` is deterministic and runs once. Every trial is a
 real CRIU dump and restore (CPU workloads on NumPy).
@@ -30,11 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tabulate import tabulate  # noqa: E402
 
-from cutbench.harness.generator.scheduler import build_specs  # noqa: E402
-from cutbench.harness.runner.run import execute, run_scenario
-from cutbench.harness.runner.checks import check_backends
-from cutbench.harness.model.scenario import parse_scenario  # noqa: E402
-from cutbench.harness.runner.adaptive import until_invalid  # noqa: E402
+from cutbench.api import load_scenario, run  # noqa: E402
 
 SOURCES = ("hypothesis", "random", "exhaustive")
 
@@ -67,7 +65,7 @@ CASES = (
 
 def scenario(case: Case, source: str, budget: int, seed: int):
     """The scenario of ``case`` under ``source``: the same space and budget for every source."""
-    return parse_scenario({
+    return load_scenario({
         "name": f"ttf-{case.name}-{source}-{seed}",
         "workload": {"name": case.workload, "array": "numpy",
                      "params": {"ops": case.ops, "state_size": 512, "seed": 1, "op_interval_ms": 10.0, **case.extra}},
@@ -75,22 +73,20 @@ def scenario(case: Case, source: str, budget: int, seed: int):
         "pipeline": {"backends": ["criu"], "faults": [case.fault], "crash_after_ms": [case.crash_after_ms]},
         "plan": {"source": source, "ops": [1, case.ops], "phases": "all", "cuts_per_trial": 2, "trials": budget,
                  "seed": seed, "profile": "ci"},
-        "run": {"watchdog_s": 3, "stage_timeout_s": 20},
+        # A list of plans stops at its first invalid trial; the search stops each arm at its own.
+        "run": {"watchdog_s": 3, "stage_timeout_s": 20, "stop_at_first_invalid": source != "hypothesis"},
     })
 
 
 def trials_to_failure(case: Case, source: str, budget: int, seed: int, root: Path) -> int | None:
     """Run ``source`` on ``case`` until its first invalid trial; return that trial's number (None: not within budget)."""
-    scen = scenario(case, source, budget, seed)
+    stored = run(scenario(case, source, budget, seed), out=root)
     if source == "hypothesis":
-        outcome = run_scenario(scen, root)
-        arms = (outcome.run.meta().get("search") or {}).get("arms", [])
+        arms = (stored.meta.get("search") or {}).get("arms", [])
         first = arms[0].get("first_failure") if arms else None
-        return first if first is not None and first <= budget else None
-    arms, _ = check_backends(scen)
-    specs = build_specs(scen, arms)[:budget]
-    outcome = execute(scen, until_invalid(specs), root)
-    return outcome.run.meta().get("first_invalid")
+    else:
+        first = stored.meta.get("first_invalid")
+    return first if first is not None and first <= budget else None
 
 
 def fmt(values: list[int | None], budget: int) -> str:

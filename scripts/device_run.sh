@@ -39,7 +39,7 @@ try:
 except Exception as e:
     print("cupy nccl:", type(e).__name__, e)
 PY
-  $PY -m cutbench.harness.environment.gpu_probe | head -60
+  $CB doctor --json 2>&1 | head -80
   $CB doctor || true
 }
 

@@ -147,6 +147,8 @@ class Scenario:
     stage_timeout_s: float = schema.default("run.stage_timeout_s")
     # How long the workload's semantic adapters have to join a cut (prepare) before it is called off.
     prepare_timeout_s: float = schema.default("run.prepare_timeout_s")
+    # Stop after the first invalid trial, running the plans one at a time in order (``SerialExecutor``).
+    stop_at_first_invalid: bool = schema.default("run.stop_at_first_invalid")
     # Trials run at once (``run.jobs``): an integer, or "auto" (see check_jobs); the runner resolves "auto".
     jobs: int | str = schema.default("run.jobs")
     trials_per_gpu: int = schema.default("run.trials_per_gpu")

@@ -4,8 +4,7 @@ A :data:`Driver` gets ``run_one(spec)`` and the
 run directory. ``hypothesis_driver`` hands each arm to the generator's
 :func:`~cutbench.harness.generator.search.search_arm` with a ``run_plan``
 callback that runs a real trial, and stores the search's progress
-(``search.json``) through the run directory; ``until_invalid`` stops a list
-of specs at the first invalid trial (the benchmarks' trials-to-failure).
+(``search.json``) through the run directory.
 """
 
 from __future__ import annotations
@@ -47,20 +46,5 @@ def hypothesis_driver(scenario: Scenario, sarms: list[SearchArm], *, research_db
             results.append(found.to_dict())
             run.write_text("search.json", json.dumps({"profile": scenario.profile, "arms": results}, indent=2))
         return {"search": {"profile": scenario.profile, "arms": results}}
-
-    return drive
-
-
-def until_invalid(specs: list[TrialSpec]) -> Driver:
-    """A driver that runs ``specs`` in order and stops after the first ``invalid`` trial.
-
-    Returns ``{"first_invalid": <1-based trial number or None>}`` for ``run.toml``.
-    """
-
-    def drive(run_one: Callable[[TrialSpec], TrialResult], run: RunDir) -> dict[str, Any]:
-        for n, spec in enumerate(specs, 1):
-            if run_one(spec).verdict.outcome == "invalid":
-                return {"first_invalid": n}
-        return {}
 
     return drive

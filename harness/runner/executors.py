@@ -156,13 +156,16 @@ class _Local:
 class SerialExecutor(_Local):
     """The planned trials one after another in this thread (``run.jobs`` = 1, or one trial)."""
 
-    def __init__(self, specs: list[TrialSpec]):
+    def __init__(self, specs: list[TrialSpec], stop_at_first_invalid: bool = False):
         self.specs: list[TrialSpec] | None = specs
+        self.stop_at_first_invalid = stop_at_first_invalid
 
     def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
-        """Run every spec in plan order; return no ``run.toml`` keys."""
-        for spec in self.specs or ():
-            log.run_one(session, spec)
+        """Run every spec in plan order, or up to the first ``invalid`` one (``run.stop_at_first_invalid``); return
+        ``{"first_invalid": its 1-based number}`` for ``run.toml`` when it stopped there, else no keys."""
+        for n, spec in enumerate(self.specs or (), 1):
+            if log.run_one(session, spec).verdict.outcome == "invalid" and self.stop_at_first_invalid:
+                return {"first_invalid": n}
         return {}
 
 
@@ -267,6 +270,8 @@ def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: d
     """
     if not isinstance(work, list):  # a driver decides trial by trial: one at a time, in this process
         return DriverExecutor(work)
+    if scenario.stop_at_first_invalid:  # each trial decides whether the next runs: one at a time, in this process
+        return SerialExecutor(work, stop_at_first_invalid=True)
     if scenario.executor == "ray":
         return RayExecutor.connect(scenario, work, workdir)
     jobs = max(1, min(resolve_jobs(scenario, env), len(work)))

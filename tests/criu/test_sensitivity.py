@@ -15,11 +15,8 @@ from typing import Any
 import pytest
 
 from cutbench.harness.model.trial import TrialSpec
-from cutbench.harness.generator.scheduler import build_specs
 from cutbench.harness.runner.run import execute, run_scenario
-from cutbench.harness.runner.checks import check_backends
 from cutbench.harness.model.scenario import parse_scenario
-from cutbench.harness.runner.adaptive import until_invalid
 
 pytestmark = pytest.mark.criu
 
@@ -68,23 +65,20 @@ def scenario_for(case: Case, workload: str):
 def catch_bad(case: Case, root: Path) -> tuple[list[TrialSpec], int]:
     """Run the bad variant under its source until the first invalid trial; return the specs run and that trial's number."""
     scen = scenario_for(case, case.bad)
-    if case.source == "hypothesis":
-        outcome = run_scenario(scen, root)
-        records = outcome.run.trial_records()
-        specs = [TrialSpec.from_dict(r["spec"]) for r in records]
-        outcomes = [r["verdict"] for r in records]
-    else:
-        arms, _ = check_backends(scen)
-        specs = build_specs(scen, arms)[: case.budget]
-        outcome = execute(scen, until_invalid(specs), root)
-        records = outcome.run.trial_records()
-        specs, outcomes = specs[: len(records)], [r["verdict"] for r in records]
+    if case.source != "hypothesis":  # the search stops each arm at its first failure; a list of plans is told to
+        scen = replace(scen, stop_at_first_invalid=True)
+    outcome = run_scenario(scen, root)
+    records = outcome.run.trial_records()
+    specs = [TrialSpec.from_dict(r["spec"]) for r in records]
+    outcomes = [r["verdict"] for r in records]
     first = next((n for n, v in enumerate(outcomes, 1) if v["outcome"] == "invalid"), None)
     assert first is not None and first <= case.budget, (
         f"{case.bad} not caught within {case.budget} trials: {[v['outcome'] for v in outcomes]}")
     kinds = {f["kind"] for f in outcomes[first - 1]["findings"]}
     assert kinds == {case.finding}, f"{case.bad}: expected only {case.finding}, got {outcomes[first - 1]}"
     assert all(v["outcome"] != "unknown" for v in outcomes), [v for v in outcomes if v["outcome"] == "unknown"]
+    if case.source != "hypothesis":  # it stopped there, and says so
+        assert len(records) == first and outcome.run.meta()["first_invalid"] == first
     return specs, first
 
 
