@@ -73,10 +73,12 @@ def observe(mode: str) -> dict:
     def count() -> int:
         return struct.unpack_from("<q", m, 0)[0]
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), mode])
     from cuda.bindings import driver as cu
 
-    cu.cuInit(0)
+    (err,) = cu.cuInit(0)
+    if int(err) != 0:
+        raise SystemExit(f"cuInit: {err.name}: the driver API cannot be used here")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), mode])
     seen: dict = {"mode": mode}
     try:
         deadline = time.monotonic() + 60

@@ -39,8 +39,8 @@ try:
 except Exception as e:
     print("cupy nccl:", type(e).__name__, e)
 PY
-  $CB doctor --json 2>&1 | head -80
   $CB doctor || true
+  $CB doctor --json > "$OUT/doctor.json" 2>&1 || true  # the same checks with their details (the GPU's among them)
 }
 
 step_tests() {  # GPU-marked tests (and the CPU-side CUDA tests) on the real GPU

@@ -145,6 +145,10 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
         problems.append(f"{v.counts['unknown']} trials ended unknown (the harness or the tool failed; never counted as valid)")
     if not outcome.complete:
         problems.append("the run was interrupted (partial)")
+    stopped_at = outcome.run.meta().get("first_invalid")
+    if stopped_at and max_invalid_rate > 0:  # a rate over a run cut short at its first failure overstates it
+        problems.append(f"the run stopped at its first invalid trial ({stopped_at}; run.stop_at_first_invalid), so "
+                        f"its rate is no measure to hold to {pct(max_invalid_rate)}: allow 0 or run every plan")
     return GateResult(label, run_dir, v, max_invalid_rate, outcome.complete, failing, problems)
 
 

@@ -346,6 +346,9 @@ def _parse_variants(data: dict[str, Any], source_path: str, overrides: list[str]
                 continue
             if key == "receiver.store":
                 raise InvalidArgument(f"{where}.receiver.store: a run has one receiver store; set it at the top level")
+            if key == "run.stop_at_first_invalid":
+                raise InvalidArgument(f"{where}.run.stop_at_first_invalid: a run stops once, for all its variants; set "
+                                      "it at the top level (or pass --set run.stop_at_first_invalid=true)")
             option = "--jobs" if field_name in ("jobs", "trials_per_gpu") else f"--{field_name.replace('_', '-')}"
             raise InvalidArgument(f"{where}.run.{field_name}: a run has one pool of trials running at once; "
                                   f"set run.{field_name} at the top level (or pass {option})")

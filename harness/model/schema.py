@@ -244,7 +244,8 @@ FIELDS: tuple[Field, ...] = (
           "`true`: the run stops after its first `invalid` trial, its trials run one at a time in plan order in "
           "this process (not `jobs` at once, not under Ray; `run.toml`'s `first_invalid` is that trial's number: "
           "the trials to the first failure); the "
-          "`hypothesis` source stops each arm at its own first failure already", attr="stop_at_first_invalid"),
+          "`hypothesis` source stops each arm at its own first failure already", attr="stop_at_first_invalid",
+          per_run=True),
     Field("run", "jobs", CUSTOM, 1,
           "trials run at once (`--jobs` wins); `auto`: one per CPU, or `trials_per_gpu` per GPU on a GPU host. "
           "Verdicts are those of a serial run; not per variant", attr="jobs", low=1, high=MAX_JOBS,

@@ -76,8 +76,8 @@ class Capabilities:
 
     The harness asks the backend instead of keeping its own table: scenario
     validation and the arms read ``faults``, ``split_window`` and
-    ``drives_cuda``; the trials table has one ``<stage>_s`` column per
-    stage any backend declares; the checker compares ``covers`` with the
+    ``drives_cuda``; a run's trials table has one ``<stage>_s`` column per
+    stage its backends declare (as ``run.toml`` records them); the checker compares ``covers`` with the
     workload's domains.
     """
 

@@ -480,7 +480,8 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         ("status", meta.get("status")),
         ("started", when),
         ("duration", f"{meta.get('duration_s', 0):.1f} s"),
-        ("trials", f"{len(trials)} of {meta.get('n_trials_planned', '?')} planned"),
+        ("trials", f"{len(trials)} of {meta.get('n_trials_planned', '?')} planned"
+                   + (", stopped at the first invalid one" if meta.get("first_invalid") else "")),
         ("scenario file", scen.get("source_path")),
         *[(f"workload{' of ' + sub['variant'] if sub.get('variant') else ''}",
            f"{sub.get('workload')} ({sub.get('array')}) {json.dumps(sub.get('params', {}), sort_keys=True)}")

@@ -221,6 +221,8 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
     lines.append(f"- scenario: `{scen.get('name', '')}` ({scen.get('source_path', '')})")
     status = meta.get("status", "")
     note = " — interrupted, the trials below are those that finished" if status == "partial" else ""
+    if meta.get("first_invalid"):  # run.stop_at_first_invalid: why fewer trials ran than were planned
+        note += f" — stopped at its first invalid trial, number {meta['first_invalid']} in plan order (run.stop_at_first_invalid)"
     lines.append(f"- status: **{status}**{note}, {len(trials)} of {meta.get('n_trials_planned', '?')} trials, {meta.get('duration_s', 0):.1f} s")
     crit = meta.get("environment", {}).get("criu", {})
     if crit:

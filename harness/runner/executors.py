@@ -1,12 +1,13 @@
 """How a run's trials are run: one :class:`Executor` per way, chosen once per run by :func:`choose_executor`.
 
-- :class:`SerialExecutor`: the planned trials one after another, in this thread.
+- :class:`SerialExecutor`: the planned trials one after another, in this thread (to the first ``invalid`` one
+  under ``run.stop_at_first_invalid``).
 - :class:`ThreadExecutor`: ``run.jobs`` > 1 worker threads of the one session (one receiver serves them
   all); a worker takes the next spec in plan order.
 - :class:`RayExecutor`: ``run.executor = "ray"``, each trial a Ray task in a fresh process of its own
   (:mod:`cutbench.harness.runner.ray_executor`); this process keeps the receiver.
 - :class:`DriverExecutor`: an adaptive :data:`~cutbench.harness.runner.adaptive.Driver` (the
-  ``hypothesis`` source, stop-at-first-invalid) that decides each trial from the one before, one at a time.
+  ``hypothesis`` source) that decides each trial from the one before, one at a time.
 
 Whatever runs the trials, this thread alone writes each trial's file as the trial finishes
 (:class:`TrialLog`; files are named, and read, in plan order), so a parallel run stores what a serial run
@@ -154,7 +155,8 @@ class _Local:
 
 
 class SerialExecutor(_Local):
-    """The planned trials one after another in this thread (``run.jobs`` = 1, or one trial)."""
+    """The planned trials one after another in this thread (``run.jobs`` = 1, one trial, or
+    ``run.stop_at_first_invalid``)."""
 
     def __init__(self, specs: list[TrialSpec], stop_at_first_invalid: bool = False):
         self.specs: list[TrialSpec] | None = specs
@@ -162,10 +164,11 @@ class SerialExecutor(_Local):
 
     def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
         """Run every spec in plan order, or up to the first ``invalid`` one (``run.stop_at_first_invalid``); return
-        ``{"first_invalid": its 1-based number}`` for ``run.toml`` when it stopped there, else no keys."""
-        for n, spec in enumerate(self.specs or (), 1):
+        ``{"first_invalid": its 1-based number}`` for ``run.toml`` when it stopped there, else no keys (the number
+        counts a resumed run's kept trials, which a serial run ran first)."""
+        for spec in self.specs or ():
             if log.run_one(session, spec).verdict.outcome == "invalid" and self.stop_at_first_invalid:
-                return {"first_invalid": n}
+                return {"first_invalid": len(log.results)}
         return {}
 
 

@@ -99,6 +99,7 @@ class RunMeta:
             out.update(status=self.status, skipped_arms=self.skipped_arms, n_trials_planned=self.n_trials_planned,
                        arms_planned=self.arms_planned, jobs=self.jobs, run_dir=self.run_dir,
                        resumes=[*self.resumed.get("resumes", []), self.resumes_entry])
+            out.update(self.extra)  # what this session adds (its executor's keys: first_invalid; receiver restarts)
             receiver = {k: v for k, v in (self.executor.get("ray") or {}).items() if k in ("receiver", "receiver_token")}
             if receiver:  # where this session's trials reached its receiver, in the run's own ray table
                 out["ray"] = {**(out.get("ray") or {}), **receiver}

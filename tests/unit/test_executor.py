@@ -148,3 +148,32 @@ def test_a_worker_request_names_its_keys(tmp_path: Path):
     with pytest.raises(InvalidArgument, match="expected the keys .* \\(and optionally attempt, check_only, references, support\\)"):
         read_request(path)
     assert decode(pickle.dumps({"checked": True}), "(node check)") is None
+
+
+def test_stopping_at_the_first_invalid_trial_is_one_serial_run_its_gate_and_summary_say_so(tmp_path: Path):
+    """``run.stop_at_first_invalid`` is the whole run's (no variant sets it); it runs the plans one at a time in
+    this process, whatever ``run.jobs`` or the executor; the gate will not hold a rate above 0 to a run it cut
+    short, and the summary says why fewer trials ran than were planned."""
+    import pandas as pd
+
+    from cutbench.harness.integrations import gate
+    from cutbench.harness.reports import summary
+    from cutbench.harness.runner.executors import SerialExecutor, choose_executor
+    from cutbench.harness.runner.run import RunOutcome
+    from cutbench.harness.store.rundir import RunDir
+    from tests.fixtures.run_fixtures import write_run
+
+    base = {"name": "v", "workload": {"name": "counter", "array": "numpy"}, "variants": [{"name": "a"}]}
+    with pytest.raises(InvalidArgument, match=r"variants\[0\]\.run\.stop_at_first_invalid: a run stops once.*"
+                                              r"--set run\.stop_at_first_invalid=true"):
+        parse_scenario({**base, "variants": [{"name": "a", "run": {"stop_at_first_invalid": True}}]})
+    scenario = load_scenario(QUICK, ["run.stop_at_first_invalid=true", "run.jobs=4", "run.executor=ray"])
+    executor = choose_executor(scenario, [], {})
+    assert isinstance(executor, SerialExecutor) and executor.stop_at_first_invalid
+    trials = pd.DataFrame({"trial_id": ["t0001", "t0002"], "outcome": ["valid", "invalid"], "arm": "criu/idempotent/kill",
+                           "plan": "2/publish kill", "findings": "[]", "error": ""})
+    meta = {"status": "complete", "scenario": {"name": "s"}, "n_trials_planned": 9, "first_invalid": 2}
+    outcome = RunOutcome(RunDir.open(write_run(tmp_path, "s", meta, trials)), trials, True)
+    assert "stopped at its first invalid trial (2; run.stop_at_first_invalid)" in gate.evaluate(outcome, 0.5, "s").message()
+    assert "stopped at its first invalid trial" not in gate.evaluate(outcome, 0.0, "s").message()
+    assert "stopped at its first invalid trial, number 2 in plan order" in summary.render(meta, trials)

@@ -187,12 +187,13 @@ def test_the_engines_deviations_name_their_public_reports():
         "not found in any public report"
 
 
-def test_an_engine_s_reproducer_is_the_two_kits_with_no_cutbench_import():
+def test_an_engine_s_reproducer_is_the_kit_s_three_files_with_no_cutbench_import():
     text = hands.reproducer("podman", [ENGINE_CKPT, ENGINE_RESTORE], {"step": 1, "summary": "x"}, "podman-1: x")
-    tree = ast.parse(text)  # one file: the engine kit's __future__ import and its import of the kit are dropped
+    tree = ast.parse(text)  # one file: the later kit files' __future__ imports and their imports of the kit dropped
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(m.startswith("cutbench") for m in modules) and "class EngineSession(Session)" in text
+    assert text.count("from __future__ import annotations") == 1 and "PROBE = r" in text and "def replay(" in text
     assert text.count("from __future__ import annotations") == 1
 
 
