@@ -1,24 +1,30 @@
-"""How long the human-facing artefacts take to draw as a run grows.
+"""How long ``cutbench report`` takes as a run grows.
 
-Takes a stored run (default ``results/latest``), repeats its trials,
-timeline and effects ``k`` times under new trial IDs (the data stays real,
-only more of it), and times ``summary.render``, ``plots.render_all`` and
-``report.render_html`` for each size. Prints one line per size.
+Takes a stored run (default ``results/latest``) and writes copies of it
+whose trials, timeline and effects tables hold its rows ``k`` times under new
+trial IDs (the data stays real, only more of it). On each copy it times
+``cutbench report`` twice, each a fresh process: with ``CUTBENCH_PLOTS=0``
+(``summary.md`` and ``report.html`` with its SVG timelines) and with the PNG
+plots too; the difference is the plots' time. The smallest size shows the
+fixed cost (the interpreter's start, the imports). Prints one line per size.
 
-    .venv/bin/python benchmarks/report_speed.py [RUN_DIR] [--sizes 1,10,100]
+    .venv/bin/python benchmarks/report_speed.py [RUN_DIR] [--sizes 1,10,100] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pandas as pd
 
-from cutbench.harness.reports import plots
-from cutbench.harness.reports import html as report
-from cutbench.harness.reports import summary
-from cutbench.harness.store.rundir import RunDir
+TABLES = ("trials", "timeline", "effects")
 
 
 def scaled(frame: pd.DataFrame, k: int, n_trials: int) -> pd.DataFrame:
@@ -33,27 +39,46 @@ def scaled(frame: pd.DataFrame, k: int, n_trials: int) -> pd.DataFrame:
     return pd.concat(copies, ignore_index=True)
 
 
+def copy_of(run: Path, tables: dict[str, pd.DataFrame], k: int, root: Path) -> Path:
+    """A run directory under ``root`` with ``run``'s ``run.toml`` and its tables ``k`` times over."""
+    out = root / f"x{k}"
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(run / "run.toml", out / "run.toml")
+    n = len(tables["trials"])
+    for name, frame in tables.items():
+        scaled(frame, k, n).to_parquet(out / f"{name}.parquet", index=False)
+    return out
+
+
+def report_seconds(run: Path, plots: bool) -> float:
+    """Wall seconds of ``cutbench report RUN`` in a fresh process (with or without the PNG plots)."""
+    env = {**os.environ, "CUTBENCH_PLOTS": "1" if plots else "0"}
+    start = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "cutbench", "report", str(run)], env=env, capture_output=True, text=True)
+    took = time.perf_counter() - start
+    if p.returncode != 0:
+        raise SystemExit(f"cutbench report {run} failed (exit {p.returncode}): {p.stderr.strip()[-600:]}")
+    return took
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="?", default="results/latest")
     ap.add_argument("--sizes", default="1,10,100")
+    ap.add_argument("--out", type=Path, default=None, help="where the copies go (default: a temporary directory)")
     args = ap.parse_args()
-    run = RunDir.open(args.run)
-    meta = {**run.meta(), "run_dir": str(run.path)}
-    trials, timeline, effects = run.table("trials"), run.table("timeline"), run.table("effects")
-    n = len(trials)
-    print(f"run {run.run_id}: {n} trials, {len(timeline)} stage rows, {len(effects)} deliveries")
+    run = Path(args.run).resolve()
+    tables = {name: pd.read_parquet(run / f"{name}.parquet") for name in TABLES}
+    root = args.out or Path(tempfile.mkdtemp(prefix="cutbench-report-speed-"))
+    print(f"run {run.name}: {len(tables['trials'])} trials, {len(tables['timeline'])} stage rows, "
+          f"{len(tables['effects'])} deliveries; copies under {root}")
     for k in (int(s) for s in args.sizes.split(",")):
-        t, tl, fx = scaled(trials, k, n), scaled(timeline, k, n), scaled(effects, k, n)
-        t0 = time.perf_counter()
-        summary.render(meta, t)
-        t1 = time.perf_counter()
-        pngs = plots.render_all(t, tl)
-        t2 = time.perf_counter()
-        html = report.render_html(meta, t, tl, fx, pngs)
-        t3 = time.perf_counter()
-        print(f"{len(t):>7} trials: summary {t1 - t0:6.2f} s, plots {t2 - t1:6.2f} s, report.html {t3 - t2:6.2f} s "
-              f"({len(html) / 1e6:.2f} MB)")
+        copy = copy_of(run, tables, k, root)
+        text_only = report_seconds(copy, plots=False)
+        everything = report_seconds(copy, plots=True)
+        html = (copy / "report.html").stat().st_size
+        print(f"{len(tables['trials']) * k:>7} trials: summary and report.html {text_only:6.2f} s, with the plots "
+              f"{everything:6.2f} s (plots {everything - text_only:+6.2f} s; report.html {html / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

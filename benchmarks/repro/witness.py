@@ -1,9 +1,11 @@
 """What the reproducers share: a CuPy child of the workloads' shape, the two CUDA witnesses, and CRIU.
 
-Nothing here comes from the harness's pipeline: the driver calls go through
-cuda-bindings directly and the utility through its executable, so a failure
-seen here is the tool's, whatever the harness does. Only CRIU's location is
-borrowed from cutbench (the bundled ``.criu/`` or a CRIU >= 4.2 on PATH).
+Nothing here comes from the harness: the driver calls go through
+cuda-bindings directly, the utility through its executable and CRIU through
+its command line, so a failure seen here is the tool's, whatever the harness
+does. CRIU is ``$HUNT_CRIU`` (its command as a JSON list, as the hunt's
+reproducers take it: ``cutbench criu install --json`` prints a bundled
+CRIU's as ``argv``) or ``criu`` on PATH.
 
 The child (:data:`CHILD`) runs ops ``1..N`` like the ``counter`` workload:
 ``launch`` enqueues ``state += op`` on the GPU, ``device_done`` synchronises,
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,10 +146,27 @@ def witnesses(names: list[str]) -> list[Any]:
 
 
 def criu_argv() -> list[str]:
-    """CRIU as cutbench finds it."""
-    from cutbench.harness.provision.criu import locate
+    """CRIU's command: ``$HUNT_CRIU`` (a JSON list) or ``criu`` on PATH; raises RuntimeError saying how to set it."""
+    if os.environ.get("HUNT_CRIU"):
+        return list(json.loads(os.environ["HUNT_CRIU"]))
+    if shutil.which("criu") is None:
+        raise RuntimeError("no criu on PATH: set HUNT_CRIU to CRIU's command as a JSON list (the `argv` that "
+                           "`cutbench criu install --json` prints)")
+    return ["criu"]
 
-    return list(locate.require_criu().argv)
+
+def release_network_lock(images: Path) -> None:
+    """Delete the nftables table CRIU's network lock left for a stopped dump never restored: ``inet CRIU-<run
+    id>``, the id in the image's ``inventory.img`` cut to 21 characters. Only a restore of the image removes it
+    otherwise, and every later dump on the host reads it. (The hunt's kit does the same; these reproducers carry
+    their own, borrowing nothing of the harness.)"""
+    try:
+        found = re.search(rb"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}", (images / "inventory.img").read_bytes())
+    except OSError:
+        return
+    if found is not None and shutil.which("nft"):
+        table = "CRIU-" + found.group().decode()[:21]
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30, process_group=0)
 
 
 @dataclass
@@ -294,8 +314,6 @@ class Child:
             pass
 
     def close(self) -> None:
-        from cutbench.harness.nemesis.probe_kit import release_network_lock
-
         (self.dir / "cb_go").touch()
         self.go()
         self.kill()
@@ -304,12 +322,32 @@ class Child:
 
 
 def environment() -> dict[str, Any]:
-    """The run's environment as cutbench records it (kernel, CRIU, GPU, driver, packages), plus the utility's path."""
-    from cutbench.harness.environment import record
+    """What a verdict depends on here: kernel, Python, the GPU and its driver (``nvidia-smi``), CRIU's version,
+    the utility's path and the CUDA packages' versions."""
+    import importlib.metadata
+    import platform
 
-    env = record.collect()
-    env["cuda-checkpoint"] = shutil.which("cuda-checkpoint") or "not on PATH"
-    return env
+    def out(argv: list[str]) -> str:
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return (p.stdout + p.stderr).strip()
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:
+        criu = out([*criu_argv(), "--version"])
+    except RuntimeError as exc:
+        criu = str(exc)
+    return {"kernel": platform.release(), "python": platform.python_version(), "criu": criu,
+            "gpu": out(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
+            "cuda-checkpoint": shutil.which("cuda-checkpoint") or "not on PATH",
+            "packages": {p: version(p) for p in ("cupy-cuda13x", "cupy-cuda12x", "cuda-bindings", "cuda-python")}}
 
 
 def main(doc: str, name: str, run_case: Any, cases: tuple[tuple[Any, ...], ...] = ((),)) -> int:
