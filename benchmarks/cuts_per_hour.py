@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -83,10 +84,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 
 from cutbench.errors import EXIT_BAD_ARGUMENTS, CutbenchError, InvalidArgument  # noqa: E402
-from cutbench.harness.nemesis.cpu_account import stat_fields  # noqa: E402
-from cutbench.harness.model.scenario import LIMITS, check_jobs, parse_scenario  # noqa: E402
-from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES  # noqa: E402
-from cutbench.harness.reports.plots import HARNESS_STAGES  # noqa: E402
+from cutbench.api import CPU_COLUMNS, CPU_ROLES, HARNESS_STAGES, load_scenario, open_run, run  # noqa: E402
+from cutbench.procs import stat_fields  # noqa: E402
 
 TOOL_PREFIXES = ("cuda_lock", "cuda_checkpoint", "cuda_restore", "cuda_unlock", "split_window", "criu_", "fault_",
                  "run_until_crash")
@@ -142,7 +141,8 @@ def scenario_data(*, backend: str, array: str, ballast_mib: int, jobs: int, cuts
         "receiver": {"modes": ["idempotent"]},
         "pipeline": {"backends": [backend], "faults": ["kill"], **({"images_dir": images_dir} if images_dir else {})},
         "plan": plan,
-        "run": {"watchdog_s": 30, "trial_timeout_s": 300, "stage_timeout_s": 120, "jobs": jobs, "trials_per_gpu": jobs},
+        "run": {"watchdog_s": 30, "trial_timeout_s": 300, "stage_timeout_s": 120, "jobs": jobs,
+                "trials_per_gpu": max(jobs, 1)},  # a bad --jobs is named as run.jobs
     }
 
 
@@ -469,15 +469,13 @@ def cost_ratio(stages: pd.DataFrame, per_cut: dict[str, float], bandwidth: dict[
 def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | None) -> dict[str, Any]:
     """Run one configuration; return its summary, per-trial frame, stage frame and whether the budget or Ctrl-C
     stopped it."""
-    from cutbench.harness.runner.run import run_scenario
-
     finishes: list[tuple[int, str, float]] = []
     state: dict[str, Any] = {"budget_hit": False, "cpu_end": None, "kernel_end": {}}
     cpu_start, kernel_start = host_cpu(), kernel_cpu()
     t_start = time.monotonic()
 
-    def progress(result: Any, done: int, total: int) -> None:
-        finishes.append((result.spec.index - 1, result.spec.trial_id, time.monotonic()))
+    def progress(trial_id: str, outcome: str, done: int, total: int) -> None:
+        finishes.append((int(trial_id.lstrip("t")) - 1, trial_id, time.monotonic()))  # t0001 is plan position 0
         state["cpu_end"] = host_cpu()  # at the last verdict: the report's writing is left out, as in the span
         stop = max_seconds is not None and done < total and time.monotonic() - t_start > max_seconds
         if done == total or stop:  # the kernel's threads read once, at the end (a walk of all /proc)
@@ -487,25 +485,28 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
             state["budget_hit"] = True
             raise KeyboardInterrupt
 
-    outcome = run_scenario(parse_scenario(data), out / "runs", progress=progress)
+    try:
+        stored = run(load_scenario(data), out=out / "runs", progress=progress)
+    except KeyboardInterrupt:  # the budget's stop or a Ctrl-C: the finished trials are stored, partial
+        stored = open_run(out / "runs" / "latest")
     run_wall = time.monotonic() - t_start
     if not finishes:
         return {"summary": None, "per_trial": pd.DataFrame(), "stages": pd.DataFrame(), "cpu": pd.DataFrame(),
-                "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
+                "run": stored.path, "interrupted": not stored.complete and not state["budget_hit"],
                 "budget_hit": state["budget_hit"]}
-    timeline = pd.read_parquet(outcome.run.path / "timeline.parquet")
+    timeline = stored.timeline
     per_trial = breakdown(trial_walls(finishes, jobs, t_start), timeline)
     span = max(t for _, _, t in finishes) - t_start
-    summary = summarize(per_trial, outcome.trials[["trial_id", "outcome", "n_cuts", "error", "failed_stage"]], span)
-    facts = outcome.trials[["trial_id", "outcome", "plan", "n_cuts", "gpu_bytes", "image_bytes", "error"]]
+    summary = summarize(per_trial, stored.trials[["trial_id", "outcome", "n_cuts", "error", "failed_stage"]], span)
+    facts = stored.trials[["trial_id", "outcome", "plan", "n_cuts", "gpu_bytes", "image_bytes", "error"]]
     per_trial = per_trial.merge(facts, on="trial_id")
     summary.update(
-        planned=int(data["plan"]["trials"]), complete=outcome.complete, budget_hit=state["budget_hit"],
+        planned=int(data["plan"]["trials"]), complete=stored.complete, budget_hit=state["budget_hit"],
         gpu_gib_median=float(per_trial["gpu_bytes"].median() / (1 << 30)) if per_trial["gpu_bytes"].notna().any() else None,
         image_gb_median=float(per_trial["image_bytes"].median() / 1e9) if per_trial["image_bytes"].notna().any() else None,
-        run_wall_s=run_wall, run=str(outcome.run.path),
+        run_wall_s=run_wall, run=str(stored.path),
         **host_load(cpu_start, state["cpu_end"], summary["valid_cuts"]))
-    valid = outcome.trials[outcome.trials["outcome"] == "valid"]
+    valid = stored.trials[stored.trials["outcome"] == "valid"]
     summary["steady_cuts_per_hour"] = steady_rate(finishes, dict(zip(valid["trial_id"], valid["n_cuts"])), jobs)
     cpu = cpu_by_stage(timeline, per_trial)
     cuts = int(per_trial["n_cuts"].sum())
@@ -515,7 +516,7 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
                                                  host_busy_s=summary["host_busy_s_per_cut"],
                                                  accounted_s=summary["cpu_per_cut"].get("total"))
     return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial), "cpu": cpu,
-            "run": outcome.run.path, "interrupted": not outcome.complete and not state["budget_hit"],
+            "run": stored.path, "interrupted": not stored.complete and not state["budget_hit"],
             "budget_hit": state["budget_hit"]}
 
 
@@ -530,11 +531,14 @@ def check_gpu_fit(jobs: list[int], ballast_mib: int, array: str, backend: str) -
     trial of a run uses); nothing to check on a CPU run or a host without a GPU."""
     if array == "numpy" and "cuda" not in backend:
         return
-    from cutbench.harness.environment import gpu_probe
-
-    gpus = gpu_probe.probe().get("gpus") or []
-    if gpus:
-        error = gpu_fit_error(max(jobs), ballast_mib, gpus[0].get("memory_mib"))
+    try:  # the first GPU's memory, as the driver reports it
+        p = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    first = p.stdout.split()
+    if p.returncode == 0 and first and first[0].isdigit():
+        error = gpu_fit_error(max(jobs), ballast_mib, int(first[0]))
         if error:
             raise InvalidArgument(error)
 
@@ -559,12 +563,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bandwidth", default=None, metavar="FILE",
                     help="a benchmarks/bandwidth_reference.py JSON: print each cut's cost against what its bytes need")
     args = ap.parse_args(argv)
-    for j in args.jobs:
-        check_jobs("--jobs", j)
-    limit = LIMITS["plan.cuts_per_trial"] if args.source == "random" else LIMITS["plan.periodic_cuts"]
-    for k in args.cuts_per_trial:
-        if not 1 <= k <= limit:
-            raise InvalidArgument(f"--cuts-per-trial {k}: expected 1 to {limit} with --source {args.source}")
     for name in ("trials", "trials_per_job", "min_trials"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -577,6 +575,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise InvalidArgument(f"--images-dir {args.images_dir}: not a directory (CRIU writes each cut's image there)")
     args.jobs = list(dict.fromkeys(args.jobs))
     args.cuts_per_trial = list(dict.fromkeys(args.cuts_per_trial))
+    for jobs in args.jobs:  # each configuration's scenario, checked as a run would check it
+        for k in args.cuts_per_trial:
+            try:
+                load_scenario(scenario_data(backend=args.backend, array=args.array, ballast_mib=args.ballast_mib,
+                                            jobs=jobs, cuts_per_trial=k, trials=1, source=args.source,
+                                            images_dir=args.images_dir))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"--jobs {jobs} --cuts-per-trial {k} --source {args.source}: {exc}") from None
     args.bandwidth_reference = load_bandwidth(args.bandwidth) if args.bandwidth else None
     return args
 

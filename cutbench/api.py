@@ -6,7 +6,10 @@ For code that runs cutbench and reads what it found (``docs/python-api.md``):
 return, with what its methods return (``Comparison``, ``Reanalysis``,
 ``RunVerdict``); ``load_scenario`` and ``Scenario`` (a scenario file, checked);
 ``read_matrix`` (a stored matrix table); ``OUTCOMES`` and ``FINDING_KINDS``
-(the words a trial's verdict is written in); the errors a run raises.
+(the words a trial's verdict is written in); ``CPU_ROLES``, ``CPU_COLUMNS``
+and ``HARNESS_STAGES`` (the words of a run's timeline: its CPU columns, and the
+stages that are the harness running the workload, no tool's); the errors a
+run raises.
 
 The two other audiences have their own door: a workload's author imports from
 :mod:`cutbench.workload`, a checkpoint tool's author from :mod:`cutbench.backend`.
@@ -24,4 +27,5 @@ from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
 from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES
 from cutbench.harness.integrations.runs import Comparison, Reanalysis, Run, RunVerdict, matrix, open_run, run
 from cutbench.harness.model.scenario import Scenario, load_scenario
+from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES, HARNESS_STAGES
 from cutbench.harness.store.rundir import read_matrix

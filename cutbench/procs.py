@@ -355,11 +355,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def stat_fields(path: str | Path) -> tuple[str, list[str]]:
+    """The name (field 2) and the fields after it (from 3 on) of a ``/proc/…/stat`` file; raises OSError when it
+    cannot be read (the process is gone)."""
+    head, _, rest = Path(path).read_text().rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
 def is_zombie_or_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs (absent, or a zombie)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        return stat_fields(f"/proc/{pid}/stat")[1][0] == "Z"
     except (FileNotFoundError, ProcessLookupError):
         return True
     except OSError as exc:  # pragma: no cover - racy /proc reads
@@ -372,7 +378,7 @@ def identity(pid: int | None = None) -> str:
     (a pid alone may be reused). Raises :class:`ProcessLookupError` for a process that is gone."""
     pid = os.getpid() if pid is None else pid
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(f"/proc/{pid}/stat")[1]
     except (FileNotFoundError, IndexError):
         raise ProcessLookupError(pid) from None
     return f"{pid}:{fields[19]}"

@@ -30,7 +30,7 @@ Code reaches these names through :mod:`cutbench.api` (``cutbench.open_run``,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -228,14 +228,17 @@ class Run:
 
 
 def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides: "list[str] | tuple[str, ...]" = (),
-        variants: "list[str] | tuple[str, ...]" = ()) -> Run:
+        variants: "list[str] | tuple[str, ...]" = (),
+        progress: "Callable[[str, str, int, int], None] | None" = None) -> Run:
     """Run ``scenario`` (a scenario file, or a ``Scenario`` already loaded) as ``cutbench run`` does and return the
     stored run, as :func:`open_run` gives it.
 
     ``overrides`` are ``--set`` strings (``"plan.trials=4"``), applied to a file; ``variants`` picks
-    ``[[variants]]`` by name. Raises :class:`cutbench.errors.InvalidArgument` or ``Unavailable`` where the
-    command exits 254 (a bad field, nothing that can run here); a Ctrl-C stores the partial run and is raised
-    on as ``KeyboardInterrupt``. The run's exit code is ``Run.verdict``'s: nothing is printed.
+    ``[[variants]]`` by name. ``progress(trial_id, outcome, done, total)`` is called in this thread as each
+    trial finishes (a progress bar; a ``KeyboardInterrupt`` it raises stops the run as Ctrl-C does). Raises
+    :class:`cutbench.errors.InvalidArgument` or ``Unavailable`` where the command exits 254 (a bad field,
+    nothing that can run here); a Ctrl-C stores the partial run (``results/latest`` under ``out`` points at
+    it) and is raised on as ``KeyboardInterrupt``. The run's exit code is ``Run.verdict``'s: nothing is printed.
     """
     from cutbench.harness.model.scenario import Scenario, load_scenario, select_variants
     from cutbench.harness.runner.run import run_scenario
@@ -246,7 +249,9 @@ def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides:
         scen = scenario
     else:
         scen = load_scenario(scenario, list(overrides))
-    outcome = run_scenario(select_variants(scen, tuple(variants)), out)
+    tell = None if progress is None else (
+        lambda result, done, total: progress(result.spec.trial_id, result.verdict.outcome, done, total))
+    outcome = run_scenario(select_variants(scen, tuple(variants)), out, progress=tell)
     if not outcome.complete:
         raise KeyboardInterrupt(f"interrupted; the partial run is stored in {outcome.run.path}")
     return open_run(outcome.run.path)

@@ -27,6 +27,9 @@ from cutbench.errors import StageFailed, StageRefused
 CPU_ROLES = ("workload", "cuda_threads", "criu", "tool", "receiver", "harness")
 CPU_COLUMNS = ("cpu_s", "cpu_user_s", "cpu_sys_s", *(f"cpu_{r}_s" for r in CPU_ROLES), "minflt", "majflt",
                "write_bytes", "wchar_bytes")
+# Stages of the harness itself (start the workload, wait for its cut, run it to its end), not of the checkpoint
+# pipeline: the workload's own running, left out of the stage-time breakdown.
+HARNESS_STAGES = frozenset({"spawn", "reach_cut", "run_to_end"})
 
 
 class CpuSampler(Protocol):

@@ -54,6 +54,7 @@ from typing import Any
 
 from cutbench.harness.model.timeline import CPU_ROLES as ROLES
 from cutbench.interrupts import interruptible, shielded
+from cutbench.procs import stat_fields
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 CUDA_THREAD_PREFIX = "cuda"  # the CUDA driver names its threads cuda-EvtHandlr, cuda00001400006, ...
@@ -283,14 +284,6 @@ def _io(path: str) -> dict[str, int]:
             return {k: int(v) for k, v in (line.split(":") for line in fh if ":" in line)}
     except (OSError, ValueError):
         return {}
-
-
-def stat_fields(path: str) -> tuple[str, list[str]]:
-    """The name (field 2) and the fields after it (from 3 on) of a ``stat`` file."""
-    with open(path) as fh:
-        text = fh.read()
-    head, _, rest = text.rpartition(")")
-    return head.partition("(")[2], rest.split()
 
 
 class ProcessReader:

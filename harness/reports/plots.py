@@ -20,12 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cutbench.harness.model.timeline import HARNESS_STAGES  # noqa: E402
 from cutbench.harness.reports.explain import sender_of, senders  # noqa: E402
 from cutbench.harness.reports.summary import phase_order, rates, series_keys  # noqa: E402
 
-# Stages of the harness itself (spawn, waiting for the cut, running to the
-# end), not of the checkpoint pipeline: left out of the stage-time breakdown.
-HARNESS_STAGES = frozenset({"spawn", "reach_cut", "run_to_end"})
 DPI = 100
 
 # The harness's own stages keep pale fixed colours so the checkpoint pipeline stands out against them.

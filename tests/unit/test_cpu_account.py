@@ -326,11 +326,18 @@ def test_the_sampler_is_cheap_enough_to_read_at_every_stage(monkeypatch):
         listed.append(str(path))
         return real_listdir(path)
 
+    real_stat_fields = cpu_account.stat_fields
+
+    def spy_stat_fields(path):  # the stat files are read through cutbench.procs
+        opened.append(str(path))
+        return real_stat_fields(path)
+
     try:
         sampler = StageSampler(lambda: {"workload": [proc.pid], "receiver": [proc.pid]})
         sampler.sample()
         monkeypatch.setattr(cpu_account, "open", spy_open, raising=False)  # the module's open, not the builtin
         monkeypatch.setattr(cpu_account.os, "listdir", spy_listdir)
+        monkeypatch.setattr(cpu_account, "stat_fields", spy_stat_fields)
         for _ in range(50):
             sampler.sample()
     finally:

@@ -138,8 +138,8 @@ def test_cuts_per_hour_counts_the_valid_trials_cuts_over_the_span():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--jobs", "0"], r"^--jobs = 0"),
-    (["--cuts-per-trial", "9"], r"^--cuts-per-trial 9: expected 1 to 8 with --source random"),
+    (["--jobs", "0"], r"^--jobs 0 --cuts-per-trial 1 --source random: run\.jobs = 0: "),
+    (["--cuts-per-trial", "9"], r"^--jobs 1 --cuts-per-trial 9 --source random: plan\.cuts_per_trial = 9: must be <= 8"),
     (["--trials-per-job", "0"], r"^--trials-per-job 0: expected at least 1"),
     (["--max-seconds", "0"], r"^--max-seconds 0: "),
     (["--ballast-mib", "-1"], r"^--ballast-mib -1: "),
