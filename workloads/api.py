@@ -143,6 +143,8 @@ class Workload(Protocol):
     #   save_state(self, path: str) -> None / load_state(self, path: str) -> int
     #                                       the `app` baseline's hooks (op to resume after)
     #   finish(self) -> None                called after the last op, before report()
+    #   anchor(cls, params, base)           classmethod; params with the paths a scenario wrote relative to its
+    #                                       folder ``base`` made absolute (a program's files)
 
 
 # The Workload protocol's optional class attributes, each with the default a class that lacks it has:
