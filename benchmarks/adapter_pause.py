@@ -1,6 +1,6 @@
 """What semantic adapters cost a cut, and how fast a cut they cannot join is called off.
 
-Three measurements, each from real trials (``run_scenario``, real CRIU; the
+Three measurements, each from real trials (``cutbench.run``, real CRIU; the
 timeline's stage rows):
 
 1. **The pause prepare adds.** ``request_service`` with an external queue,

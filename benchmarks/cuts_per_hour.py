@@ -1,7 +1,7 @@
 """Cuts per hour at 1 GiB of device state as parallel trials grow, and where the time goes.
 
 For every ``--cuts-per-trial`` value K and every ``--jobs`` value N, one run
-(``run_scenario``, ``run.jobs = N``) of random kill trials of the
+(``cutbench.run``, ``run.jobs = N``) of random kill trials of the
 ``counter`` workload (``--array``, default CuPy, with ``--ballast-mib`` of
 ballast, default 1 GiB) under ``--backend`` (default ``cuda+criu``), each
 judged by the oracle. The plans come from one seed, so every N runs the same
@@ -485,15 +485,18 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
             state["budget_hit"] = True
             raise KeyboardInterrupt
 
+    interrupted = False
     try:
         stored = run(load_scenario(data), out=out / "runs", progress=progress)
-    except KeyboardInterrupt:  # the budget's stop or a Ctrl-C: the finished trials are stored, partial
-        stored = open_run(out / "runs" / "latest")
+    except KeyboardInterrupt as exc:  # the budget's stop or a Ctrl-C: the finished trials are stored, partial
+        run_dir = getattr(exc, "run_dir", None)
+        if run_dir is None:  # before the run had a directory: nothing of it to read
+            raise
+        stored, interrupted = open_run(run_dir), not state["budget_hit"]
     run_wall = time.monotonic() - t_start
     if not finishes:
         return {"summary": None, "per_trial": pd.DataFrame(), "stages": pd.DataFrame(), "cpu": pd.DataFrame(),
-                "run": stored.path, "interrupted": not stored.complete and not state["budget_hit"],
-                "budget_hit": state["budget_hit"]}
+                "run": stored.path, "interrupted": interrupted, "budget_hit": state["budget_hit"]}
     timeline = stored.timeline
     per_trial = breakdown(trial_walls(finishes, jobs, t_start), timeline)
     span = max(t for _, _, t in finishes) - t_start
@@ -516,8 +519,7 @@ def run_config(data: dict[str, Any], out: Path, jobs: int, max_seconds: float | 
                                                  host_busy_s=summary["host_busy_s_per_cut"],
                                                  accounted_s=summary["cpu_per_cut"].get("total"))
     return {"summary": summary, "per_trial": per_trial, "stages": stage_means(timeline, per_trial), "cpu": cpu,
-            "run": stored.path, "interrupted": not stored.complete and not state["budget_hit"],
-            "budget_hit": state["budget_hit"]}
+            "run": stored.path, "interrupted": interrupted, "budget_hit": state["budget_hit"]}
 
 
 def configuration_trials(jobs: int, trials: int, trials_per_job: int | None, min_trials: int = 1) -> int:

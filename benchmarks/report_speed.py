@@ -69,10 +69,16 @@ def main() -> None:
     args = ap.parse_args()
     run = Path(args.run).resolve()
     tables = {name: pd.read_parquet(run / f"{name}.parquet") for name in TABLES}
-    root = args.out or Path(tempfile.mkdtemp(prefix="cutbench-report-speed-"))
+    with tempfile.TemporaryDirectory(prefix="cutbench-report-speed-") as scratch:
+        measure(run, tables, args.sizes, args.out or Path(scratch))
+
+
+def measure(run: Path, tables: dict[str, pd.DataFrame], sizes: str, root: Path) -> None:
+    """Time ``cutbench report`` on a copy of ``run`` at each of ``sizes`` (comma-separated), copies under ``root``;
+    print one line per size."""
     print(f"run {run.name}: {len(tables['trials'])} trials, {len(tables['timeline'])} stage rows, "
           f"{len(tables['effects'])} deliveries; copies under {root}")
-    for k in (int(s) for s in args.sizes.split(",")):
+    for k in (int(s) for s in sizes.split(",")):
         copy = copy_of(run, tables, k, root)
         text_only = report_seconds(copy, plots=False)
         everything = report_seconds(copy, plots=True)

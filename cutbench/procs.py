@@ -378,10 +378,10 @@ def identity(pid: int | None = None) -> str:
     (a pid alone may be reused). Raises :class:`ProcessLookupError` for a process that is gone."""
     pid = os.getpid() if pid is None else pid
     try:
-        fields = stat_fields(f"/proc/{pid}/stat")[1]
-    except (FileNotFoundError, IndexError):
+        start = stat_fields(f"/proc/{pid}/stat")[1][19]
+    except (FileNotFoundError, IndexError):  # gone, or gone between the open and the read (an empty file)
         raise ProcessLookupError(pid) from None
-    return f"{pid}:{fields[19]}"
+    return f"{pid}:{start}"
 
 
 def identity_alive(ident: str) -> bool:

@@ -166,7 +166,10 @@ def release_network_lock(images: Path) -> None:
         return
     if found is not None and shutil.which("nft"):
         table = "CRIU-" + found.group().decode()[:21]
-        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30, process_group=0)
+        try:
+            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30, process_group=0)
+        except (OSError, subprocess.TimeoutExpired):  # the table stays: a slower host, not a lost reproducer
+            pass
 
 
 @dataclass

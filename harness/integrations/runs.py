@@ -227,6 +227,13 @@ class Run:
         return _analysis.reanalyze(self._store)
 
 
+def _interrupted(run_dir: Path) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` a run from code raises on after storing its partial run: ``run_dir`` names it."""
+    exc = KeyboardInterrupt(f"interrupted; the partial run is stored in {run_dir}")
+    setattr(exc, "run_dir", run_dir)  # an interrupt is no error type of ours: the path rides on the builtin one
+    return exc
+
+
 def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides: "list[str] | tuple[str, ...]" = (),
         variants: "list[str] | tuple[str, ...]" = (),
         progress: "Callable[[str, str, int, int], None] | None" = None) -> Run:
@@ -237,8 +244,9 @@ def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides:
     ``[[variants]]`` by name. ``progress(trial_id, outcome, done, total)`` is called in this thread as each
     trial finishes (a progress bar; a ``KeyboardInterrupt`` it raises stops the run as Ctrl-C does). Raises
     :class:`cutbench.errors.InvalidArgument` or ``Unavailable`` where the command exits 254 (a bad field,
-    nothing that can run here); a Ctrl-C stores the partial run (``results/latest`` under ``out`` points at
-    it) and is raised on as ``KeyboardInterrupt``. The run's exit code is ``Run.verdict``'s: nothing is printed.
+    nothing that can run here); a Ctrl-C stores the partial run and is raised on as ``KeyboardInterrupt``,
+    whose ``run_dir`` is the stored run's path (an interrupt before the run directory existed has none). The
+    run's exit code is ``Run.verdict``'s: nothing is printed.
     """
     from cutbench.harness.model.scenario import Scenario, load_scenario, select_variants
     from cutbench.harness.runner.run import run_scenario
@@ -253,7 +261,7 @@ def run(scenario: "str | Path | Any", *, out: str | Path = "results", overrides:
         lambda result, done, total: progress(result.spec.trial_id, result.verdict.outcome, done, total))
     outcome = run_scenario(select_variants(scen, tuple(variants)), out, progress=tell)
     if not outcome.complete:
-        raise KeyboardInterrupt(f"interrupted; the partial run is stored in {outcome.run.path}")
+        raise _interrupted(outcome.run.path)
     return open_run(outcome.run.path)
 
 
@@ -263,13 +271,13 @@ def matrix(probes: "list[str] | tuple[str, ...]" = (), tools: "list[str] | tuple
     ``cutbench matrix`` does, and return the stored run (its table is ``Run.matrix``).
 
     Bad names raise :class:`cutbench.errors.InvalidArgument` before anything runs; a Ctrl-C stores the partial
-    run and is raised on as ``KeyboardInterrupt``.
+    run and is raised on as ``KeyboardInterrupt`` (its ``run_dir`` names the run, as :func:`run`'s does).
     """
     from cutbench.harness.runner.matrix import run_matrix
 
     outcome, _ = run_matrix(tuple(probes), tuple(tools), tuple(faults), out, jobs=jobs)
     if not outcome.complete:
-        raise KeyboardInterrupt(f"interrupted; the partial run is stored in {outcome.run.path}")
+        raise _interrupted(outcome.run.path)
     return open_run(outcome.run.path)
 
 

@@ -182,8 +182,8 @@ def test_sigint_leaves_no_process_and_a_partial_readable_run(criu, tmp_path: Pat
 @pytest.mark.timeout(180)
 def test_a_run_started_from_code_takes_ctrl_c_as_the_command_does(criu, tmp_path: Path):
     """``cutbench.run`` from a Python program with Python's own SIGINT handler: Ctrl-C while CRIU dumps, and
-    again during the cleanup; the program sees ``KeyboardInterrupt`` naming the stored partial run, and nothing
-    of the run is left (``cutbench.interrupts.from_code``)."""
+    again during the cleanup; the program sees ``KeyboardInterrupt`` naming the stored partial run (its message and
+    its ``run_dir``), and nothing of the run is left (``cutbench.interrupts.from_code``)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "results"
@@ -191,12 +191,12 @@ def test_a_run_started_from_code_takes_ctrl_c_as_the_command_does(criu, tmp_path
                "try:\n"
                f"    cutbench.run({str(REPO / 'scenarios' / 'quick.toml')!r}, out={str(out)!r})\n"
                "except KeyboardInterrupt as exc:\n"
-               "    print('interrupted:', exc)\n"
+               "    print('interrupted:', exc, '| run_dir:', exc.run_dir)\n"
                "    sys.exit(42)\n")
     proc, run_id, stdout, stderr = _interrupt_at([sys.executable, "-c", program], tmp, out, "criu_dump",
                                                  [signal.SIGINT, signal.SIGINT])
     assert proc.returncode == 42, stderr[-3000:]
     run_dir = out / run_id
-    assert f"the partial run is stored in {run_dir}" in stdout
+    assert f"the partial run is stored in {run_dir} | run_dir: {run_dir}" in stdout
     _assert_nothing_left(run_id, tmp)
     assert RunDir.open(run_dir).meta()["status"] == "partial"
