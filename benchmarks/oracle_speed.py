@@ -8,9 +8,9 @@ ops never applied and a few effects carrying the previous op's payload. The
 reference is a ``ReplayReference`` (the class most workloads use), replayed
 to the last op before the clock starts: its replay is the workload's cost,
 its look-ups the oracle's. Pins the process to one CPU
-(``os.sched_setaffinity``), times ``oracle.judge`` (best of ``--repeat``) and
+(``os.sched_setaffinity``), times the oracle, ``cutbench.api.judge`` (best of ``--repeat``), and
 prints effects/s per size; up to ``--per-op-max`` effects it also times the
-plain per-op finders (``harness/checker/per_op.py``) on the same trial, checks
+plain per-op finders (``tests/fixtures/per_op.py``) on the same trial, checks
 both give the same verdict, and prints the ratio.
 
     .venv/bin/python benchmarks/oracle_speed.py [--sizes 100000,1000000] [--per-op-max 100000] [--repeat 3]
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cutbench.harness.checker import oracle  # noqa: E402
+from cutbench.api import judge  # noqa: E402
 from tests.fixtures import per_op  # noqa: E402
 from cutbench.workloads.common import ReplayReference  # noqa: E402
 
@@ -100,15 +100,15 @@ def main() -> None:
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"oracle.judge pinned to CPU {cpu}; best of {args.repeat}")
+    print(f"cutbench.api.judge pinned to CPU {cpu}; best of {args.repeat}")
     for n in sizes:
         reference = ReplayReference(Model)
         record, effects = synthetic_trial(n, reference)
-        seconds, verdict = best_of(args.repeat, lambda: oracle.judge(record, effects, reference))
+        seconds, verdict = best_of(args.repeat, lambda: judge(record, effects, reference))
         counts = {k: c for k, c in verdict.counts().items() if c}
         line = f"{n:>9} effects: oracle {seconds:7.3f} s = {n / seconds / 1e6:5.2f} M effects/s"
         if n <= args.per_op_max:
-            plain_s, plain = best_of(1, lambda: oracle.judge(record, effects, reference, finders=per_op.FINDERS))
+            plain_s, plain = best_of(1, lambda: judge(record, effects, reference, finders=per_op.FINDERS))
             if plain != verdict:
                 raise SystemExit(f"{n} effects: the per-op finders disagree with the oracle: {plain.counts()} vs {verdict.counts()}")
             line += f"   per-op {plain_s:7.2f} s = {n / plain_s / 1e3:6.1f} k effects/s   ×{plain_s / seconds:.0f}"

@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cutbench.harness.observer.streams import Observer  # noqa: E402
+from cutbench.api import Observer  # noqa: E402
 from cutbench.workloads import api  # noqa: E402
 from cutbench.workloads.program import Program  # noqa: E402
 

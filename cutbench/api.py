@@ -8,8 +8,11 @@ return, with what its methods return (``Comparison``, ``Reanalysis``,
 ``read_matrix`` (a stored matrix table); ``OUTCOMES`` and ``FINDING_KINDS``
 (the words a trial's verdict is written in); ``CPU_ROLES``, ``CPU_COLUMNS``
 and ``HARNESS_STAGES`` (the words of a run's timeline: its CPU columns, and the
-stages that are the harness running the workload, no tool's); the errors a
-run raises.
+stages that are the harness running the workload, no tool's); ``judge`` (the
+oracle: a trial's verdict from its record, the receiver's rows and the
+workload's reference, for effects recorded anywhere) and ``Observer`` (a
+program watched as a run watches it: what its scenario's effects rule sees);
+the errors a run raises.
 
 The two other audiences have their own door: a workload's author imports from
 :mod:`cutbench.workload`, a checkpoint tool's author from :mod:`cutbench.backend`.
@@ -24,8 +27,9 @@ check is off for the doors; ``tests/unit/test_layout.py`` counts them).
 """
 
 from cutbench.errors import CutbenchError, InvalidArgument, Unavailable
-from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES
+from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES, judge
 from cutbench.harness.integrations.runs import Comparison, Reanalysis, Run, RunVerdict, matrix, open_run, run
 from cutbench.harness.model.scenario import Scenario, load_scenario
 from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES, HARNESS_STAGES
+from cutbench.harness.observer.streams import Observer
 from cutbench.harness.store.rundir import read_matrix

@@ -154,3 +154,36 @@ def test_the_first_ten_minutes_example_reads_the_reference_run():
     assert out.returncode == 0, out.stderr
     assert "84 trials, complete" in out.stdout and "duplicate op 3: applied 2 times" in out.stdout
     assert "median seconds per stage" in out.stdout
+
+
+def test_the_oracle_and_the_observer_work_without_a_run(tmp_path):
+    """``cutbench.api.judge`` judges effects recorded anywhere against a reference; ``cutbench.api.Observer`` sees
+    a program's effects as a run's trial would, from its scenario's own parameters."""
+    import pandas as pd
+
+    from cutbench.api import Observer, judge, load_scenario
+
+    class Reference:  # what a workload's reference gives: the payload and checksum after each op
+        def payload(self, op: int) -> str:
+            return f"p{op}"
+
+        def checksum(self, op: int) -> str:
+            return f"c{op}"
+
+    effects = pd.DataFrame({"op_id": [1, 2, 3, 2], "digest": ["p1", "p2", "p3", "p2"], "epoch": [0, 0, 0, 1],
+                            "attempt": [1, 1, 1, 2], "decision": ["applied"] * 4})
+    record = {"status": "completed", "error": "", "report": {"host_op": 3, "checksum": "c3"}, "marker_op": 3,
+              "restores": 1, "cut_outcomes": [{"status": "restored", "stage": "", "error": ""}], "progress_op": 3,
+              "workload_domains": ["cpu", "receiver"], "covered_domains": ["cpu"]}
+    verdict = judge(record, effects, Reference())
+    assert verdict.outcome == "invalid" and [f.kind for f in verdict.findings] == ["duplicate"]
+    assert judge(record, effects.iloc[:3], Reference()).outcome == "valid"
+
+    params = load_scenario(REPO / "examples" / "programs" / "ticker" / "ticker.toml").params
+    for f in params["files"]:
+        shutil.copy2(f, tmp_path)
+    observer = Observer(params, tmp_path)
+    child = observer.start(["python3", "ticker.py", "--steps", "5", "--interval-ms", "0", "--save-every", "5"])
+    assert child.wait(60) == 0
+    observer.close()
+    assert [s.key for s in observer.seen] == [f"stdout#{i}" for i in range(1, 6)]
