@@ -60,11 +60,6 @@ step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:
 step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
 # The tool-failure reproducers (benchmarks/repro/): driver API and NVIDIA's utility, CRIU, no harness.
 step_repro() {
-  # CRIU's command, as the reproducers take it (the bundled CRIU is not on PATH).
-  local offline=${CRIU_OFFLINE:-.carry/criu-offline}
-  HUNT_CRIU=$($CB criu install $([ -d "$offline" ] && echo --from "$offline") --json | $PY -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["argv"]))')
-  [ -n "$HUNT_CRIU" ] || { echo "repro: no CRIU (cutbench criu install --json gave no argv)"; return 1; }
-  export HUNT_CRIU
   for s in ${REPRO:-leave_running_restore cuda_call_in_split_window host_callback_lock}; do
     timeout 300 $PY benchmarks/repro/$s.py --out "$RES/repro" ${REPRO_ARGS:-} 2>&1 | tail -60
   done

@@ -1,11 +1,12 @@
 """What the reproducers share: a CuPy child of the workloads' shape, the two CUDA witnesses, and CRIU.
 
-Nothing here comes from the harness: the driver calls go through
-cuda-bindings directly, the utility through its executable and CRIU through
-its command line, so a failure seen here is the tool's, whatever the harness
-does. CRIU is ``$HUNT_CRIU`` (its command as a JSON list, as the hunt's
-reproducers take it: ``cutbench criu install --json`` prints a bundled
-CRIU's as ``argv``) or ``criu`` on PATH.
+Nothing here comes from the harness's pipeline: the driver calls go through
+cuda-bindings directly and the utility through its executable, so a failure
+seen here is the tool's, whatever the harness does. From cutbench come what a
+backend's author has too (:mod:`cutbench.backend`): CRIU's command (the
+bundled ``.criu/`` or a CRIU >= 4.2 on PATH) and the release of the network
+lock a dump never restored leaves; and the environment ``cutbench doctor``
+reports.
 
 The child (:data:`CHILD`) runs ops ``1..N`` like the ``counter`` workload:
 ``launch`` enqueues ``state += op`` on the GPU, ``device_done`` synchronises,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from cutbench.backend import release_network_lock, require_criu  # noqa: E402
 from cutbench.procs import become_subreaper, is_zombie_or_gone  # noqa: E402
 
 CHILD = textwrap.dedent("""
@@ -146,30 +147,8 @@ def witnesses(names: list[str]) -> list[Any]:
 
 
 def criu_argv() -> list[str]:
-    """CRIU's command: ``$HUNT_CRIU`` (a JSON list) or ``criu`` on PATH; raises RuntimeError saying how to set it."""
-    if os.environ.get("HUNT_CRIU"):
-        return list(json.loads(os.environ["HUNT_CRIU"]))
-    if shutil.which("criu") is None:
-        raise RuntimeError("no criu on PATH: set HUNT_CRIU to CRIU's command as a JSON list (the `argv` that "
-                           "`cutbench criu install --json` prints)")
-    return ["criu"]
-
-
-def release_network_lock(images: Path) -> None:
-    """Delete the nftables table CRIU's network lock left for a stopped dump never restored: ``inet CRIU-<run
-    id>``, the id in the image's ``inventory.img`` cut to 21 characters. Only a restore of the image removes it
-    otherwise, and every later dump on the host reads it. (The hunt's kit does the same; these reproducers carry
-    their own, borrowing nothing of the harness.)"""
-    try:
-        found = re.search(rb"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}", (images / "inventory.img").read_bytes())
-    except OSError:
-        return
-    if found is not None and shutil.which("nft"):
-        table = "CRIU-" + found.group().decode()[:21]
-        try:
-            subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=30, process_group=0)
-        except (OSError, subprocess.TimeoutExpired):  # the table stays: a slower host, not a lost reproducer
-            pass
+    """CRIU's command, as cutbench runs it."""
+    return list(require_criu().argv)
 
 
 @dataclass
@@ -325,32 +304,14 @@ class Child:
 
 
 def environment() -> dict[str, Any]:
-    """What a verdict depends on here: kernel, Python, the GPU and its driver (``nvidia-smi``), CRIU's version,
-    the utility's path and the CUDA packages' versions."""
-    import importlib.metadata
-    import platform
-
-    def out(argv: list[str]) -> str:
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return (p.stdout + p.stderr).strip()
-
-    def version(package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
+    """What a verdict depends on here, as ``cutbench doctor --json`` reports it (kernel, CRIU, the GPU and its
+    driver, the checkpoint API, NVIDIA's utility, the packages): check name → its detail."""
+    p = subprocess.run([sys.executable, "-m", "cutbench", "doctor", "--json"], capture_output=True, text=True,
+                       timeout=300)
     try:
-        criu = out([*criu_argv(), "--version"])
-    except RuntimeError as exc:
-        criu = str(exc)
-    return {"kernel": platform.release(), "python": platform.python_version(), "criu": criu,
-            "gpu": out(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
-            "cuda-checkpoint": shutil.which("cuda-checkpoint") or "not on PATH",
-            "packages": {p: version(p) for p in ("cupy-cuda13x", "cupy-cuda12x", "cuda-bindings", "cuda-python")}}
+        return {c["name"]: c["detail"] for c in json.loads(p.stdout)}
+    except ValueError:
+        return {"doctor": f"exit {p.returncode}: {p.stderr.strip()[-500:]}"}
 
 
 def main(doc: str, name: str, run_case: Any, cases: tuple[tuple[Any, ...], ...] = ((),)) -> int:
