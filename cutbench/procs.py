@@ -184,6 +184,15 @@ class Child:
     # What ``wait4`` said of the process when this handle reaped it (CPU times and faults, its own reaped
     # children's included): its last figures, which /proc no longer has. None until then.
     rusage: Any = field(default=None, repr=False, compare=False)
+    # Every process seen in its tree (:meth:`track`), by identity: a child that left its process group (a
+    # session of its own, as a daemonised helper's) is killed and reaped with it all the same.
+    members: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def track(self) -> None:
+        """Remember the processes of this handle's tree as they are now (:func:`tree`), whatever their session
+        or group, so that :meth:`kill` takes them too: a tool about to image the tree calls it first, since the
+        tree's links are gone once the tool has killed it."""
+        self.members.update(tree(self.pid))
 
     def output_tail(self) -> str:
         """What the process wrote to stdout and stderr, where something kept it ("": a spawned process's stdio
@@ -235,8 +244,10 @@ class Child:
         return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def kill(self, timeout: float = 5.0) -> int | None:
-        """SIGKILL the process and its process group, then reap; return its status."""
+        """SIGKILL the process, its process group and every process of its tree (:meth:`track`), then reap;
+        return its status."""
         if self.returncode is None:
+            self.track()
             for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
                 try:
                     target()
@@ -278,12 +289,81 @@ class Child:
                     time.sleep(0.005)
                 else:
                     _reaped(pid, os.waitstatus_to_exitcode(status))
+        # The tree's members in groups of their own (a child that called setsid): CRIU restores every pid it
+        # dumped, so each must be gone, zombies reaped, before a restore, whatever its session.
+        self.members = set(kill_and_reap(self.members, timeout))
 
     def replaced_by(self, pid: int) -> None:
         """Point this handle at a restored process ``pid``."""
         self.history.append(self.pid)
         self.pid = pid
         self.returncode = self.rusage = None
+
+
+def tree(pid: int) -> set[str]:
+    """The identities (:func:`identity`) of ``pid`` and of every descendant it has now, whatever their session
+    or process group (read from ``/proc/PID/task/TID/children``, as CRIU finds the tree it dumps); empty when
+    ``pid`` is gone."""
+    found: set[str] = set()
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            found.add(identity(current))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except (ProcessLookupError, OSError, ValueError):
+            continue  # gone while it was read: its children, if any, are re-parented and read elsewhere
+    return found
+
+
+def kill_and_reap(members: set[str] | list[str], timeout: float = 2.0) -> list[str]:
+    """SIGKILL each process :func:`identity` names in ``members`` that still runs, reap those that are (or
+    become, as their parents die: this process is the subreaper) this process's children, and wait until
+    none of them holds its pid any longer; return those that still did at the deadline."""
+    left = list(members)
+    for ident in left:
+        if identity_alive(ident):
+            try:
+                os.kill(int(ident.split(":", 1)[0]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + timeout
+    while left:
+        for ident in left:
+            pid = int(ident.split(":", 1)[0])
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+                if got == pid:
+                    _reaped(pid, os.waitstatus_to_exitcode(status))
+            except ChildProcessError:
+                pass  # not (yet) ours: its parent reaps it, or it is re-parented to us when that parent dies
+        left = [ident for ident in left if holds_pid(ident)]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
+    return left
+
+
+def holds_pid(ident: str) -> bool:
+    """Whether the process :func:`identity` named still holds its pid: running, or a zombie not yet reaped."""
+    try:
+        return identity(int(ident.split(":", 1)[0])) == ident
+    except (ProcessLookupError, ValueError):
+        return False
+
+
+def holder(pid: int) -> str:
+    """The process that holds ``pid`` now, in words ("pid 5312 (python3 helper.py), a zombie, parent 5269"), or
+    "" when none does."""
+    try:
+        name, fields = stat_fields(f"/proc/{pid}/stat")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    command = " ".join(a.decode(errors="replace") for a in argv if a) or name
+    state = {"Z": ", a zombie", "T": ", stopped", "t": ", stopped by a tracer"}.get(fields[0], "")
+    return f"pid {pid} ({command}){state}, parent {fields[1]}, session {fields[3]}"
 
 
 def kill_namespace_inits(timeout: float = 2.0, *, cwd: str | Path | None = None) -> list[int]:
@@ -343,6 +423,19 @@ def processes_in(directory: str | Path, *, started_by_harness: bool = True) -> l
             continue
         found.append(int(proc.name))
     return found
+
+
+def kill_processes_in(directory: str | Path, timeout: float = 2.0) -> list[int]:
+    """SIGKILL and reap every process the harness started that still works in ``directory`` (:func:`processes_in`):
+    what of a trial escaped its tree (a helper that daemonised itself); return their pids."""
+    found = []
+    for pid in processes_in(directory):
+        try:
+            found.append(identity(pid))
+        except ProcessLookupError:
+            continue
+    kill_and_reap(found, timeout)
+    return [int(ident.split(":", 1)[0]) for ident in found]
 
 
 def _alive(pid: int) -> bool:

@@ -79,6 +79,9 @@ def execute_cut(
                     adapters.abort(ctx)
                     release()  # bounded failure: nothing was touched, the workload goes on
                     return CutOutcome("refused", "certify", refusal)
+                # The tree the tool is about to image, children in sessions of their own included: the fault takes
+                # each of them down with the target, so that no pid the restore needs is still held.
+                target.track()
                 try:
                     backend.checkpoint(target, ctx)
                 except (StageRefused, StageFailed) as exc:

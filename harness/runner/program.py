@@ -29,12 +29,14 @@ from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
 from cutbench.harness.runner.arming import TrialState, launcher
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
-from cutbench.procs import Child, spawn
+from cutbench.procs import Child, kill_processes_in, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
 # A cut's place and a program's progress in words, by the cut's phase (the units of ProgramRunner._measure).
 PLACES = {"effect": "effect {:.0f}", "time": "{:g} ms", "size": "{:.0f} bytes"}
+# How often the program's tree is read while it runs (a few /proc reads; the harness polls every POLL_S).
+TRACK_S = 0.05
 PROGRESS = {"effect": "{:.0f} effect(s)", "time": "{:.0f} ms since its start", "size": "{:.0f} bytes of {stream}"}
 
 
@@ -84,6 +86,7 @@ class ProgramRunner(TrialRunner):
             self.observer.port = self.spec.params["port"] or free_port()
         self.fresh_starts = 0
         self.started_at: float | None = None  # monotonic time of the first start (cuts of phase "time" count from it)
+        self.tracked_at = 0.0  # monotonic time of the last look at the program's tree (_track)
         self.served = False  # a server whose clients all finished (it is then stopped: a server never exits)
         # A container engine's launch where the backend starts the program in a container (docker, podman);
         # None: the observer starts it here, its pipes read (the control runs are, but for a program in its own image).
@@ -154,6 +157,7 @@ class ProgramRunner(TrialRunner):
                 if child is not None:
                     self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
                     child.kill_groups()
+                kill_processes_in(self.tdir)  # a helper that left the tree (daemonised) before it was seen in it
                 for target in self.cut_targets:
                     target.kill()
                 self.observer.close()
@@ -278,6 +282,14 @@ class ProgramRunner(TrialRunner):
             return False
         return True
 
+    def _track(self, child: Child) -> None:
+        """Remember the program's tree (:meth:`Child.track`) every :data:`TRACK_S`: its helpers, in a session of their
+        own or not, go with it at the end, even those whose parent ended before them."""
+        now = time.monotonic()
+        if now - self.tracked_at >= TRACK_S:
+            self.tracked_at = now
+            child.track()
+
     def _measure(self, phase: str) -> float:
         """How far the program is, in ``phase``'s unit: effects seen, ms since it first started, bytes of its
         effect stream read."""
@@ -310,6 +322,7 @@ class ProgramRunner(TrialRunner):
         last, last_change = moved(), time.monotonic()
         with self.timeline.stage("reach_cut", i) as extra:
             while True:
+                self._track(child)
                 now_at = self._measure(cut.phase)
                 if now_at >= goal:
                     time.sleep(cut.async_offset_ms / 1000.0)
@@ -339,6 +352,7 @@ class ProgramRunner(TrialRunner):
         rc: int | None = None
         with self.timeline.stage("run_to_end") as extra:
             while True:
+                self._track(child)
                 rc = child.poll()
                 if rc is not None:
                     extra["detail"] = f"exit {rc}"

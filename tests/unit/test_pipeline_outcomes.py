@@ -154,3 +154,48 @@ def test_a_dump_that_finds_its_workload_gone_blames_the_tool_unless_the_workload
     assert type(failure) is error and failure.stage == "docker_checkpoint"
     assert "not running" in failure.reason
     assert ("no claim about the tool" in failure.reason) == (exit_status == 0)
+
+
+# A workload whose child calls setsid and sleeps on: a session and a group of its own, as a daemonised helper's.
+SETSID_CHILD = ("import os, sys, time\n"
+                "if os.fork() == 0:\n"
+                "    os.setsid(); time.sleep(60); os._exit(0)\n"
+                "print('ready', flush=True); time.sleep(60)\n")
+
+
+def test_a_kill_takes_a_child_that_left_the_process_group_and_reaps_it(tmp_path: Path):
+    # CRIU restores every pid of the tree it dumped: a child in a session of its own that outlived the kill of its
+    # parent's group held its pid, and every restore failed "File exists", blamed on the tool.
+    import os
+
+    from cutbench import procs
+
+    read, write = os.pipe()
+    child = spawn([sys.executable, "-c", SETSID_CHILD], cwd=str(tmp_path), stdout=write)
+    os.close(write)
+    with os.fdopen(read) as out:
+        assert out.readline() == "ready\n"
+    members = procs.tree(child.pid)
+    (helper,) = [m for m in members if not m.startswith(f"{child.pid}:")]
+    helper_pid = int(helper.split(":")[0])
+    assert os.getsid(helper_pid) == helper_pid != os.getsid(child.pid)
+    child.kill()
+    # Gone and reaped (it was re-parented to the harness, the subreaper): its pid is free for a restore.
+    assert not procs.holds_pid(helper) and child.members == set()
+
+
+def test_a_restore_that_finds_a_pid_of_its_image_taken_names_the_holder_and_is_the_harness_own(tmp_path: Path):
+    from cutbench.harness.nemesis.backends.criu import restore_failure
+
+    holder = spawn([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
+    try:
+        ctx = CutContext(images_dir=tmp_path / "images", timeline=Timeline("t0"), cut_index=0,
+                         cut=Cut(op=1, phase="effect", fault="kill"))
+        words = f"criu restore exit 1: 5269: Error (criu/cr-restore.c:1237): Can't fork for {holder.pid}: File exists"
+        failure = restore_failure("criu_restore", words, ctx)
+        assert type(failure) is HarnessFault and "no claim about the tool" in failure.reason
+        assert f"pid {holder.pid} ({sys.executable} -c import time; time.sleep(30))" in failure.reason
+        # Any other failed restore is still the tool's.
+        assert type(restore_failure("criu_restore", "criu restore exit 1: Can't open file x", ctx)) is StageFailed
+    finally:
+        holder.kill()

@@ -231,6 +231,9 @@ class ContainerChild(Child):
         self.returncode = code
         return code
 
+    def track(self) -> None:
+        """Nothing to remember: the container holds the whole tree, and killing it kills every process in it."""
+
     def kill(self, timeout: float = 5.0) -> int | None:
         """Stop the container (SIGKILL to every process in it); return its exit status."""
         if self.returncode is None:

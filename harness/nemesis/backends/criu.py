@@ -22,12 +22,14 @@ subclass (a CRIU plugin that may track host pids) declares it itself.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 from cutbench.harness.nemesis.base import Capabilities, CutContext, dir_bytes
 from cutbench.harness.nemesis.probe_kit import release_network_lock
 from cutbench.errors import HUNG_MARK, HarnessFault, StageFailed, StageRefused, Unavailable, hung_reason
+from cutbench import procs
 from cutbench.procs import Child
 
 NETWORK_LOCK = "nftables"
@@ -186,13 +188,30 @@ def restore_failure(stage: str, reason: str, ctx: CutContext) -> StageFailed:
     """The outcome of a restore that failed for ``reason``: the tool's failure (:class:`StageFailed`), unless
     the words name a file of the trial's own directory (:func:`trial_file_in`): then the image held such a
     file open — the runtime's report being written, a log line, a workload that broke the rule — and it
-    changed after the dump, which is no claim about the tool (:class:`HarnessFault`: the trial is unknown)."""
+    changed after the dump, which is no claim about the tool (:class:`HarnessFault`: the trial is unknown);
+    or unless CRIU found a pid of the image taken (:func:`taken_pid`): it restores every process with the pid
+    it had, and which processes run beside the restore is the harness's and the machine's doing."""
+    taken = taken_pid(reason)
+    if taken is not None:
+        holder = procs.holder(taken) or "a process gone by the time the harness looked"
+        return HarnessFault(stage, f"pid {taken}, which the image's tree had, was taken at the restore, by {holder}: "
+                                   f"CRIU restores each process with its own pid, so no claim about the tool; {reason}")
     artefact = trial_file_in(reason, ctx)
     if artefact:
         return HarnessFault(stage, f"the image holds {artefact}, a file of the trial directory that changed after the "
                                    f"dump (the workload runtime's or the workload's own, open at the cut), so it "
                                    f"cannot be restored: {reason}")
     return StageFailed(stage, reason)
+
+
+# CRIU's words when a pid of the image is held by another process at the restore (criu/cr-restore.c).
+TAKEN_PID = re.compile(r"Can't fork for (\d+): File exists")
+
+
+def taken_pid(reason: str) -> int | None:
+    """The pid a failed restore's words say was taken ("Can't fork for 5312: File exists"), or None."""
+    found = TAKEN_PID.search(reason)
+    return int(found.group(1)) if found else None
 
 
 def trial_file_in(reason: str, ctx: CutContext) -> str:
