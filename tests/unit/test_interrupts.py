@@ -187,8 +187,19 @@ def test_a_signal_handler_in_the_main_thread_holds_its_interrupt_inside_a_shield
         signal.signal(signal.SIGUSR1, previous)
 
 
-def test_a_run_from_code_takes_the_first_ctrl_c_only_and_puts_the_default_handler_back(capsys):
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+@pytest.fixture
+def sigint(request):
+    """SIGINT's handler set to ``request.param`` for the test (Python's default, or ignored: a shell starts a
+    background job with SIGINT ignored, and the test runner inherits that), and put back after."""
+    previous = signal.signal(signal.SIGINT, request.param)
+    try:
+        yield request.param
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("sigint", [signal.default_int_handler], indirect=True)
+def test_a_run_from_code_takes_the_first_ctrl_c_only_and_puts_the_default_handler_back(sigint, capsys):
     done = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts.from_code():
@@ -200,6 +211,18 @@ def test_a_run_from_code_takes_the_first_ctrl_c_only_and_puts_the_default_handle
             done.append("never")
     assert done == ["cleanup"] and "cleaning up" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN], indirect=True)
+def test_a_run_from_code_whose_caller_ignores_sigint_goes_on_through_a_ctrl_c(sigint):
+    # The caller's choice stands (a job a shell started in the background): the run is not stopped, and SIGINT is
+    # still ignored after it.
+    done = []
+    with interrupts.from_code():
+        signal.raise_signal(signal.SIGINT)
+        _spin(0.05)
+        done.append("ran on")
+    assert done == ["ran on"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_a_handler_of_the_callers_own_is_left_alone():
