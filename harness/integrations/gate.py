@@ -152,9 +152,26 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     return GateResult(label, run_dir, v, max_invalid_rate, outcome.complete, failing, problems)
 
 
-def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
+def check(scenario: Scenario) -> None:
+    """Refuse what a run of ``scenario`` would refuse as bad input before any trial (a program's missing file or
+    command, a program under a tool it cannot run under), so that a gate says it at collection, in one line.
+    Raises :class:`InvalidArgument`; what this machine lacks is said when the arm runs."""
+    from cutbench.harness.runner.checks import check_backends, check_programs
+
+    for sub in scenario.variants or (scenario,):
+        try:
+            check_backends(sub)
+        except Unavailable:
+            pass  # the machine's, not the scenario's: the arm fails, or skips with --cutbench-allow-skip
+        check_programs([(sub.workload_class(), sub.params)])
+
+
+def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path,
+            references: dict[str, Any] | None = None) -> Any:
     """Run one arm of ``scenario``; return the runner's ``RunOutcome``.
 
+    ``references``: ground truth recorded by earlier arms, by reference key (a gate session's), used instead of
+    recording it again and updated with what this arm recorded.
     Raises :class:`Unavailable` when the arm's backend cannot run here or
     does not support the arm's fault.
     """
@@ -174,7 +191,13 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path) -> Any:
         return run_scenario(narrowed, results_root)
     slug = "-".join(x for x in (scenario.variant, arm.label()) if x).replace("/", "_").replace("+", "_")
     specs = [replace(s, variant=scenario.variant) for s in build_specs(narrowed, arms)]
-    return execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}", backends=backends)
+    outcome = execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}", backends=backends,
+                      references=references)
+    if references is not None:
+        from cutbench.workloads.api import RecordedReference
+
+        references.update({k: RecordedReference.from_dict(d) for k, d in outcome.run.references().items()})
+    return outcome
 
 
 @dataclass

@@ -34,6 +34,11 @@ from cutbench.errors import GateFailed
 
 MARKER = "cutbench"
 _RUN_FIXTURE = "cutbench_run"
+# Set when a test's ``cutbench_run`` takes its scenarios from ``--cutbench-scenario`` (it has no marker scenario):
+# the command line's scenarios then parametrize that test instead of adding gate items of their own.
+_CLI_PARAMETRIZED = pytest.StashKey[bool]()
+# Ground truth the session's arms recorded, by reference key: each program's two uninterrupted runs once a session.
+_REFERENCES = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -106,12 +111,14 @@ def _as_list(value: Any) -> list[str]:
 
 
 def _arm_params(patterns: list[str], base: Path | None, backends: list[str], overrides: list[str]) -> list[tuple[Path, str, str]]:
-    """``(scenario path, arm label, test id)`` for every arm of every matching scenario."""
+    """``(scenario path, arm label, test id)`` for every arm of every matching scenario, each scenario checked as a
+    run checks its input before any trial (:func:`cutbench.harness.integrations.gate.check`)."""
     from cutbench.harness.integrations import gate
 
     out = []
     for path in gate.find_scenarios(patterns, base):
         scenario = gate.load(path, backends, overrides)
+        gate.check(scenario)
         for label, _sub, _arm in gate.gate_points(scenario):
             out.append((path, label, f"{scenario.name}:{label}"))
     return out
@@ -135,7 +142,7 @@ def _run_gate(config: pytest.Config, path: Path, arm_label: str, backends: list[
 
         scenario = replace(scenario, jobs=jobs)
     try:
-        outcome = gate.run_arm(scenario, arm, _results_root(config))
+        outcome = gate.run_arm(scenario, arm, _results_root(config), config.stash.setdefault(_REFERENCES, {}))
     except Unavailable as exc:
         _cannot_run(config, f"cutbench: {arm_label} cannot run here: {exc}")
     if not outcome.complete:
@@ -175,20 +182,22 @@ class GateItem(pytest.Item):
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so they apply to gate items too
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     patterns = config.getoption("--cutbench-scenario")
-    if not patterns:
-        return
-    if any(_RUN_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
-        return  # the scenarios parametrize the user's own gate tests instead
+    if not patterns or config.stash.get(_CLI_PARAMETRIZED, False):
+        return  # none given, or they parametrize the user's own gate tests (which name no scenario) instead
+    # Beside a marked test that names its own scenario, the command line's scenarios are gated too: both apply.
     from cutbench.errors import CutbenchError
 
     try:
         params = _arm_params(patterns, None, config.getoption("--cutbench-backend"), [])
     except CutbenchError as exc:
         raise pytest.UsageError(f"--cutbench-scenario: {exc}") from None
-    for path, label, test_id in params:
-        # The node id reads like a file's test: ``scenarios/gate.toml::gate:criu/idempotent/kill``.
-        items.append(GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}",
-                                          scenario_path=path, arm_label=label))
+    added = [GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}", scenario_path=path,
+                                  arm_label=label)
+             # The node id reads like a file's test: ``scenarios/gate.toml::gate:criu/idempotent/kill``.
+             for path, label, test_id in params]
+    items.extend(added)
+    # Reported as collected, as a file's items are: the count pytest prints, and --collect-only's, include them.
+    config.hook.pytest_collectreport(report=pytest.CollectReport("", "passed", None, added))
 
 
 # -- marker + fixture parametrization ---------------------------------------------
@@ -200,7 +209,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     marker = metafunc.definition.get_closest_marker(MARKER)
     kwargs = marker.kwargs if marker else {}
-    patterns = _as_list(kwargs.get("scenario")) or config.getoption("--cutbench-scenario")
+    patterns = _as_list(kwargs.get("scenario"))
+    if not patterns and config.getoption("--cutbench-scenario"):
+        patterns = config.getoption("--cutbench-scenario")
+        config.stash[_CLI_PARAMETRIZED] = True
     if not patterns:
         metafunc.parametrize(_RUN_FIXTURE, [None], indirect=True, ids=["no-scenario"])
         return
@@ -211,7 +223,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         params = _arm_params(patterns, Path(str(metafunc.definition.path)).parent, backends, overrides)
     except CutbenchError as exc:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: cutbench marker: {exc}") from None
+        # A collection error of the test's module in one line, as the command line says it: no traceback.
+        raise pytest.Collector.CollectError(f"{metafunc.definition.nodeid}: cutbench marker: {exc}") from None
     metafunc.parametrize(_RUN_FIXTURE, [(p, label, backends, overrides) for p, label, _ in params], indirect=True,
                          ids=[test_id for _, _, test_id in params])
 

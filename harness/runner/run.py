@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,7 @@ def execute(
     mark_latest: bool = True,
     resume: "Resumed | None" = None,
     backends: Backends | None = None,
+    references: Mapping[str, workload_api.RecordedReference] | None = None,
 ) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
@@ -184,7 +186,9 @@ def execute(
     axes there). ``resume`` continues a stored run instead of making a new
     one: its finished trials are kept, ``specs`` are the ones still to run,
     and the tables are written over all of them (see :func:`resume_run`).
-    ``backends``: the run's, as its checks resolved them (a fresh set when none is handed).
+    ``backends``: the run's, as its checks resolved them (a fresh set when none is handed). ``references``:
+    ground truth recorded earlier on this machine (a gate's earlier arm), by reference key: the trials are judged
+    by it and the run stores it, instead of recording it again.
     """
     backends = backends or Backends()
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
@@ -230,6 +234,10 @@ def execute(
             if resume is not None:  # judged by the references the run recorded, as its first trials were
                 session.references.recordings.update(
                     {k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
+            known = references or {}
+            for key in reference_keys(executor.specs or []) & known.keys():  # stored as the run's own, not recorded
+                session.references.recordings[key] = known[key]
+                run.write_reference(key, known[key].to_dict())
             searchable = True
             if executor.specs is not None:
                 executor.specs, unjudgeable = record_references(session, executor.specs, executor.jobs, run, env)
@@ -328,6 +336,17 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
         else:
             keep.append(spec)
     return keep, list(skipped.values())
+
+
+def reference_keys(specs: list[TrialSpec]) -> set[str]:
+    """The reference keys (:func:`~cutbench.workloads.api.reference_key`) of the recorded-reference workloads among
+    ``specs``."""
+    keys = set()
+    for spec in specs:
+        cls = spec.workload_class()
+        if workload_api.records_reference(cls):
+            keys.add(workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array)))
+    return keys
 
 
 def check_program_references(specs: list[TrialSpec], session: Session, failures: dict[str, str]) -> None:

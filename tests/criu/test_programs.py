@@ -136,3 +136,37 @@ def test_the_search_finds_and_shrinks_a_cut_of_a_program(criu, tmp_path):
     assert (cut["op"], cut["phase"], cut["mode"]) == (5, "effect", "async") and arm["reproduced"], arm
     trials = pd.read_parquet((tmp_path / "latest").resolve() / "trials.parquet")
     assert (trials["outcome"] != "unknown").all(), trials[["cut_phase", "cut_op", "error"]].to_string()
+
+
+def test_a_gate_records_a_program_s_ground_truth_once_for_all_its_arms(criu, pytester: pytest.Pytester, tmp_path):
+    # Each arm is a run of its own, and each recorded the program's two uninterrupted runs again: four arms took the
+    # gate 48-60 s where the command took 28-35 s. The program says each start of it in a file outside its trials.
+    starts = tmp_path / "starts.log"
+    (pytester.path / "ticker.py").write_text((PROGRAMS / "ticker" / "ticker.py").read_text())
+    (pytester.path / "gate.toml").write_text(f"""
+name = "twice"
+[workload]
+name = "program"
+[workload.params]
+command = ["sh", "-c", "echo start >> {starts}; exec python3 ticker.py --steps 30 --interval-ms 15"]
+files = ["ticker.py"]
+effects = '^step (?P<index>\\d+) (?P<payload>\\w+)$'
+ops = 30
+[pipeline]
+backends = ["criu"]
+faults = ["kill", "leave_running"]
+[plan]
+source = "random"
+trials = 1
+cut_mode = "async"
+ops = [5, 10]
+phases = ["effect"]
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", "gate.toml",
+                                           "--cutbench-max-invalid-rate", "1", "--cutbench-out", str(tmp_path / "results"))
+    result.assert_outcomes(passed=2)
+    # Two uninterrupted runs for the session, then one start per trial (a CRIU restore is no start).
+    assert starts.read_text().count("start") == 4, result.stdout.str()[-3000:]
+    runs = [d for d in (tmp_path / "results").iterdir() if d.is_dir() and d.name != "latest"]
+    # Each arm's run stores the ground truth it was judged by (for analyze, replay and --resume).
+    assert len(runs) == 2 and all(len(list((d / "references").glob("*.json"))) == 1 for d in runs)

@@ -73,6 +73,68 @@ def test_bad_scenario_is_a_usage_error(pytester: pytest.Pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "no such file" in result.stderr.str()
 
 
+def test_the_command_line_s_scenario_is_gated_beside_a_marked_test_that_names_its_own(pytester: pytest.Pytester):
+    # A user gating a buggy build ran `pytest --cutbench-scenario buggy.toml` where a marked test names correct.toml:
+    # only the marker's ran, and nothing said so. Both apply, and the count pytest prints includes both.
+    (pytester.path / "correct.toml").write_text(FOUR_ARMS)
+    (pytester.path / "buggy.toml").write_text(FAILING_SCENARIO)
+    pytester.makepyfile(test_gate="""
+        import pytest
+
+        @pytest.mark.cutbench(scenario="correct.toml")
+        def test_gate(cutbench_run):
+            cutbench_run.check()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--cutbench-scenario",
+                                           "buggy.toml", "-k", "kill or failing")
+    lines = [line for line in result.stdout.lines if "::" in line]
+    assert lines == ["test_gate.py::test_gate[four:criu/at_least_once/kill]", "test_gate.py::test_gate[four:criu/idempotent/kill]",
+                     "buggy.toml::failing:criu/at_least_once/leave_running+100ms"], result.stdout.str()
+    # --collect-only counts the gate items it lists (it said "collected 0 items" and "no tests collected").
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "--cutbench-scenario", "buggy.toml")
+    assert "collected 5 items" in result.stdout.str() and "5 tests collected" in result.stdout.str(), result.stdout.str()
+
+
+def test_a_scenario_a_run_would_refuse_is_one_line_at_collection(pytester: pytest.Pytester):
+    # A program's file that is not there: the command line says it in one line before any trial, and so does the
+    # gate, with no traceback of pytest's or cutbench's (it printed 1,117 lines, the message last).
+    (pytester.path / "gate.toml").write_text(PROGRAM_NAMING.replace("FILES", '["job.txt"]'))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-scenario", "gate.toml")
+    said = "workload.params.files: " + str(pytester.path / "job.txt") + " not found"
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and f"ERROR: --cutbench-scenario: {said}" in result.stderr.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    pytester.makepyfile(test_gate="""
+        import pytest
+
+        @pytest.mark.cutbench(scenario="gate.toml")
+        def test_gate(cutbench_run):
+            cutbench_run.check()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    text = result.stdout.str()
+    assert f"test_gate.py::test_gate: cutbench marker: {said}" in text and "site-packages" not in text, text
+    assert len(text.splitlines()) < 20, text
+
+
+# A program gate whose workload.params.files is FILES (the ticker's command, which needs no file to be judged).
+PROGRAM_NAMING = """
+name = "program-gate"
+[workload]
+name = "program"
+params = { command = ["python3", "-c", "print('step 1 a')"], files = FILES, effects = '^step (?P<index>\\d+) (?P<payload>\\w+)$', ops = 1 }
+[pipeline]
+backends = ["criu"]
+faults = ["kill"]
+[plan]
+source = "random"
+trials = 1
+cut_mode = "async"
+ops = [1, 1]
+phases = ["effect"]
+"""
+
+
 def test_run_fixture_without_a_scenario_fails_clearly(pytester: pytest.Pytester):
     pytester.makepyfile(test_gate="def test_gate(cutbench_run):\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
