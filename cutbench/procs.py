@@ -300,20 +300,30 @@ class Child:
         self.returncode = self.rusage = None
 
 
-def tree(pid: int) -> set[str]:
-    """The identities (:func:`identity`) of ``pid`` and of every descendant it has now, whatever their session
-    or process group (read from ``/proc/PID/task/TID/children``, as CRIU finds the tree it dumps); empty when
-    ``pid`` is gone."""
-    found: set[str] = set()
-    todo = [pid]
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants, parents before children, whatever their session or process group (from
+    ``/proc/PID/task/TID/children``, as CRIU finds the tree it dumps); ``[root]`` when it is gone."""
+    out, todo = [], [root]
     while todo:
-        current = todo.pop()
+        pid = todo.pop(0)
+        out.append(pid)
+        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue  # gone while it was read: its children, if any, are re-parented and read elsewhere
+    return out
+
+
+def tree(pid: int) -> set[str]:
+    """The identities (:func:`identity`) of ``pid`` and of every descendant it has now (:func:`process_tree`), those
+    that are still there."""
+    found = set()
+    for member in process_tree(pid):
         try:
-            found.add(identity(current))
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except (ProcessLookupError, OSError, ValueError):
-            continue  # gone while it was read: its children, if any, are re-parented and read elsewhere
+            found.add(identity(member))
+        except ProcessLookupError:
+            continue
     return found
 
 

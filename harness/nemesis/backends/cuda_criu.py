@@ -28,10 +28,9 @@ import time
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.nemesis.backends.criu import CriuCheckpointer
 from cutbench.harness.nemesis.backends.cuda import CUDA_STAGES, CudaCheckpointer
-from cutbench.harness.nemesis.backends.cuda_discovery import process_tree
 from cutbench.harness.nemesis.backends.cuda_driver import DriverApi
 from cutbench.errors import HarnessFault, RemapRefused, StageFailed, StageRefused
-from cutbench.procs import Child
+from cutbench.procs import Child, process_tree
 
 GHOST_LIMIT = "512M"
 

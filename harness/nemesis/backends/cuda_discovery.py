@@ -2,7 +2,7 @@
 
 Owns :func:`bindings_unavailable_reason` (cuda-bindings installed and
 loading, the five checkpoint calls present, a driver that initialises and is
-new enough), :func:`process_tree` (a workload's processes, from ``/proc``),
+new enough), :func:`cutbench.procs.process_tree` (a workload's processes, from ``/proc``),
 :func:`find_cuda_processes` (those of a tree the driver knows, with the GPUs
 and memory NVML sees them use) and :class:`CudaProcs`, the record of them the
 stages carry through a cut.
@@ -18,12 +18,12 @@ without the bindings can import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cutbench.errors import HarnessFault, StageRefused
 from cutbench.harness.environment import gpu_mem, gpu_probe
 from cutbench.errors import CudaCallError
 from cutbench.harness.nemesis.backends.cuda_driver import DriverApi
+from cutbench.procs import process_tree
 
 
 def bindings_unavailable_reason() -> str | None:
@@ -47,20 +47,6 @@ def bindings_unavailable_reason() -> str | None:
     except Exception as exc:  # libcuda.so absent
         return f"no NVIDIA driver: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return None
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants, parents before children (from /proc/PID/task/*/children)."""
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-    return out
 
 
 @dataclass
@@ -99,4 +85,4 @@ def find_cuda_processes(root: int, driver: DriverApi) -> CudaProcs:
     return CudaProcs(pids, {p: sorted(usage.get(p, {})) for p in pids}, sum(sum(v.values()) for v in usage.values()), usage)
 
 
-__all__ = ["CudaProcs", "bindings_unavailable_reason", "find_cuda_processes", "process_tree"]
+__all__ = ["CudaProcs", "bindings_unavailable_reason", "find_cuda_processes"]
