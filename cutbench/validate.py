@@ -93,3 +93,24 @@ def check_text(where: str, value: Any, *, max_len: int, allow_empty: bool = Fals
     if not isinstance(value, str) or len(value) < low or len(value) > max_len:
         raise error(f"{where} must be a string of {low}..{max_len} characters, got {value!r:.80}")
     return value
+
+
+def check_option_lists(where: str, value: Any, reserved: Iterable[str] = (), *,
+                       error: Error = InvalidArgument) -> tuple[tuple[str, ...], ...]:
+    """A tool's command-line options: one list (``["--file-locks"]``) or a non-empty list of such lists
+    (``[[], ["--file-locks"]]``, one arm each), each option ``--name`` or ``--name=value`` and none of
+    ``reserved`` (what the caller sets itself); returned as a tuple of tuples, repeats dropped."""
+    fix = 'write each as "--name" or "--name=value", e.g. [[], ["--file-locks"]]'
+    if not isinstance(value, list):
+        raise error(f"{where} = {value!r:.80}: expected a list of options, or a list of such lists (one arm each); {fix}")
+    lists = value if value and all(isinstance(v, list) for v in value) else [value]  # [] is one arm without any
+    reserved = tuple(reserved)
+    for options in lists:
+        for option in options:
+            name = option.split("=", 1)[0] if isinstance(option, str) else ""
+            if not name.startswith("--") or len(name) < 3 or not all(c.isalnum() or c == "-" for c in name[2:]):
+                raise error(f"{where} contains {option!r:.80}: {fix}")
+            if name in reserved:
+                raise error(f"{where} contains {option!r:.80}: cutbench sets {name} itself, as each cut needs it "
+                            f"(docs/criu.md); leave it out")
+    return tuple(dict.fromkeys(tuple(options) for options in lists))

@@ -191,11 +191,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         params = _arm_params(patterns, None, config.getoption("--cutbench-backend"), [])
     except CutbenchError as exc:
         raise pytest.UsageError(f"--cutbench-scenario: {exc}") from None
-    added = [GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}", scenario_path=path,
-                                  arm_label=label)
+    added: list[pytest.Item | pytest.Collector] = [
+        GateItem.from_parent(session, name=test_id, nodeid=f"{path}::{test_id}", scenario_path=path, arm_label=label)
              # The node id reads like a file's test: ``scenarios/gate.toml::gate:criu/idempotent/kill``.
              for path, label, test_id in params]
-    items.extend(added)
+    items.extend(item for item in added if isinstance(item, pytest.Item))
     # Reported as collected, as a file's items are: the count pytest prints, and --collect-only's, include them.
     config.hook.pytest_collectreport(report=pytest.CollectReport("", "passed", None, added))
 

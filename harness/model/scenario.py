@@ -57,6 +57,8 @@ class Arm:
     restore_target: str = schema.default("pipeline.restore_targets")[0]
     # Recovery-cut certificates: off, audit (record) or enforce (refuse ineligible cuts).
     certify: str = schema.default("pipeline.certify")[0]
+    # CRIU's own options for every CRIU the backend runs (pipeline.criu_options; none for a backend that runs none).
+    criu_options: tuple[str, ...] = schema.default("pipeline.criu_options")[0]
     # The hypothesis source draws each cut's crash delay and split window from these (empty: the single value above).
     crash_choices: tuple[float, ...] = ()
     split_choices: tuple[float, ...] = ()
@@ -92,6 +94,8 @@ class Arm:
             s += f"/{self.restore_target}"
         if self.certify != CERTIFY_OFF:
             s += f"/{self.certify}"
+        if self.criu_options:
+            s += "/criu:" + "+".join(o.removeprefix("--") for o in self.criu_options)
         return s
 
 
@@ -100,7 +104,7 @@ class Arm:
 ARM_AXES: dict[str, str] = {
     "backend": "backends", "receiver_mode": "modes", "fault": "faults", "crash_after_ms": "crash_after_ms",
     "split_window_ms": "split_window_ms", "rank_skew_ms": "rank_skew_ms", "restore_target": "restore_targets",
-    "certify": "certify",
+    "certify": "certify", "criu_options": "criu_options",
 }
 
 
@@ -123,6 +127,7 @@ class Scenario:
     rank_skew_ms: tuple[float, ...] = schema.default("pipeline.rank_skew_ms")
     restore_targets: tuple[str, ...] = schema.default("pipeline.restore_targets")
     certify: tuple[str, ...] = schema.default("pipeline.certify")
+    criu_options: tuple[tuple[str, ...], ...] = schema.default("pipeline.criu_options")
     keep_images: bool = schema.default("pipeline.keep_images")
     images_dir: str = schema.default("pipeline.images_dir")
     # A measured support matrix (a `cutbench matrix` run directory or its matrix.parquet): the certificate's
@@ -163,12 +168,12 @@ class Scenario:
     variants: tuple["Scenario", ...] = ()
 
     def arms(self) -> list[Arm]:
-        """The cartesian product backend × mode × fault × crash delay × split window.
+        """The cartesian product backend × mode × fault × crash delay × split window × … (every arm axis).
 
         Crash delays only multiply ``leave_running``; split windows only multiply
         backends that have one (``cuda+criu``); rank skews and restore targets
-        only multiply backends that drive the CUDA driver (each backend declares
-        both in its ``capabilities``).
+        only multiply backends that drive the CUDA driver; CRIU's options only
+        backends that run CRIU (each backend declares these in its ``capabilities``).
         """
         out = []
         for backend, mode, fault in itertools.product(self.backends, self.modes, self.faults):
@@ -178,8 +183,10 @@ class Scenario:
             cuda = caps.drives_cuda
             skews = self.rank_skew_ms if cuda else (0.0,)
             targets = self.restore_targets if cuda else (SAME_GPU,)
-            for crash, split, skew, target, cert in itertools.product(crashes, splits, skews, targets, self.certify):
-                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert))
+            options = self.criu_options if "criu" in caps.tools else ((),)
+            for crash, split, skew, target, cert, opts in itertools.product(crashes, splits, skews, targets,
+                                                                            self.certify, options):
+                out.append(Arm(backend, mode, fault, float(crash), float(split), float(skew), target, cert, opts))
         return out
 
     def workload_class(self) -> "type[Workload]":
@@ -213,7 +220,7 @@ class Scenario:
             if name == "variants":
                 value = tuple(cls.from_dict(v) for v in value)
             elif isinstance(value, list):
-                value = tuple(value)
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)  # criu_options: lists of lists
             fields[name] = value
         return cls(**fields)
 

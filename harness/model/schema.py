@@ -28,7 +28,8 @@ from typing import Any
 from cutbench.harness.model.certificate import CERTIFY_MODES, CERTIFY_OFF
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS, SAME_GPU
 from cutbench.registry import CHECKPOINTERS
-from cutbench.validate import check_choice, check_choices, check_numbers, check_positive, check_range, check_type
+from cutbench.validate import (check_choice, check_choices, check_numbers, check_option_lists, check_positive,
+                               check_range, check_type)
 from cutbench.workloads.xp import ARRAY_BACKENDS
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
@@ -36,6 +37,11 @@ PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis", "periodic
 EXECUTORS: tuple[str, ...] = ("threads", "ray")  # what runs a run's trials (run.executor)
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
 ARRAYS: tuple[str, ...] = ARRAY_BACKENDS  # the workloads' runtime decides which array libraries exist
+
+# CRIU options every cut sets as it needs them (docs/criu.md, "What CRIU does here"): pipeline.criu_options refuses them.
+CRIU_OWN_OPTIONS: tuple[str, ...] = (
+    "--tree", "--images-dir", "--log-file", "--pidfile", "--restore-detached", "--leave-running", "--tcp-established",
+    "--tcp-close", "--network-lock", "--inherit-fd", "--shell-job", "--skip-in-flight", "--libdir", "--work-dir")
 
 # Upper bounds, so that a typo cannot exhaust memory or time in planning before the first trial.
 MAX_OPS = 1_000_000  # plan.ops and plan.interval_ops
@@ -56,6 +62,7 @@ MS = "ms"  # a number of milliseconds or a list of them, stored as a tuple of fl
 MAPPING = "mapping"  # an inline table of free keys (the workload's parameters)
 TABLE = "table"  # a top-level table: its fields are those whose section is its name
 CUSTOM = "custom"  # a form of its own: :func:`check` tests the type only, the parser the rest
+OPTION_LISTS = "option lists"  # a tool's options: one list, or a list of lists (one arm each), a tuple of tuples
 
 _TYPES: dict[str, tuple[type, ...]] = {
     TEXT: (str,), FLAG: (bool,), INTEGER: (int,), NUMBER: (int, float), CHOICE: (str,), CHOICES: (list,),
@@ -187,6 +194,13 @@ FIELDS: tuple[Field, ...] = (
           "recovery-cut certificates, an arm axis: {choices}; see [docs/certificates.md](../docs/certificates.md)",
           attr="certify", choices=CERTIFY_MODES, types=(list, str), type_text="string or list",
           meanings={"audit": "certify, restore anyway", "enforce": "refuse ineligible cuts"}, arm=True),
+    Field("pipeline", "criu_options", OPTION_LISTS, ((),),
+          "CRIU's own options, an arm axis: a list of options (`[\"--file-locks\"]`), or a list of such lists, one arm "
+          "each (`[[], [\"--file-locks\"]]`: with and without, side by side). Each `--name` or `--name=value`; they go to "
+          "every CRIU a backend runs (`criu`, `criu-cuda-plugin`, under the GPU tools, and Docker's and Podman's CRIU "
+          "options files), at dump and restore; a backend that runs no CRIU has one arm without them. The options a cut "
+          "sets itself (`--tcp-established`, `--leave-running`, …) are refused",
+          attr="criu_options", type_text="list, or list of lists", default_text="`[[]]` (none)", arm=True),
     Field("pipeline", "support_matrix", TEXT, "",
           "a measured CUDA support matrix (a `cutbench matrix` run directory or its `matrix.parquet`, path relative to "
           "where cutbench runs): certificates ask it about every CUDA feature the workload declares; a restore using a "
@@ -324,6 +338,8 @@ def check(f: Field, value: Any) -> Any:
         for v in values:
             check_range(where, v, f.low, f.high)
         return values
+    if f.kind == OPTION_LISTS:
+        return check_option_lists(where, value, CRIU_OWN_OPTIONS)
     if f.kind in (INTEGER, NUMBER):
         if f.positive:
             check_positive(where, value)

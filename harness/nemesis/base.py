@@ -53,6 +53,9 @@ class CutContext:
     certifier: Any = None
     # The workload's phases in execution order (to compare its control slots with the cut).
     phases: tuple[str, ...] = ()
+    # CRIU's own options for this cut's arm (pipeline.criu_options), at dump and at restore: for a backend whose
+    # capabilities.tools has "criu".
+    criu_options: tuple[str, ...] = ()
     # A program that knows nothing of cutbench (the ``program`` workload): how to start it again and its output
     # pipes for a restore (:class:`ProgramControl`); None for a workload of cutbench's, which ``control`` drives.
     program: "ProgramControl | None" = None
@@ -96,6 +99,9 @@ class Capabilities:
     # The coordinator joins the workload's semantic adapters to each cut (prepare, commit, abort, restored):
     # a tool that images the process. False for one whose cut is the application's own save or a restart.
     semantic_adapters: bool = True
+    # The tools it runs whose own options a scenario may pass ("criu": pipeline.criu_options reach each of its CRIU
+    # calls through CutContext.criu_options).
+    tools: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))

@@ -16,9 +16,12 @@ recorded falls back to ``epoch`` (:func:`sender_of`).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pandas as pd
+
+from cutbench.harness.model.schema import CRIU_OWN_OPTIONS
 
 
 FAULT_WORDS = {
@@ -126,6 +129,24 @@ def _cut_point(trial: dict[str, Any]) -> str:
     return f"op {op}/{phase}" if isinstance(phase, str) and phase else f"op {op}"
 
 
+# How CRIU names an option of its own that would have let it go on ("You can try --file-locks", "Use link-remap
+# option", "Try --ext-unix-sk"): the option's name is the group.
+SUGGESTS = re.compile(r"(?:[Tt]ry|[Uu]se)\s+(?:the\s+)?(?:--)?([a-z][a-z0-9-]*[a-z0-9])(?:\s+option)?")
+
+
+def suggested_option(error: str, given: str = "") -> str:
+    """The CRIU option that a stage's ``error`` suggests, said as the fix ("CRIU suggests its option --file-locks:
+    …"), or "" when it suggests none or the arm passed it already (``given``: the trial's ``criu_options``)."""
+    found = SUGGESTS.search(error)
+    if not found or "--" not in found.group(0) and not found.group(0).endswith("option"):  # "try again" is none
+        return ""
+    option = "--" + found.group(1)
+    if option in given.split() or option in CRIU_OWN_OPTIONS:  # passed already, or one every cut sets as it needs
+        return ""
+    return (f"CRIU suggests its option {option}: pipeline.criu_options = [[], [\"{option}\"]] runs the arm with and "
+            "without it, side by side")
+
+
 def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
     """Plain words for one trial row of ``trials.parquet`` and the receiver's rows (the trial's, or the run's whole
     ``effects`` table): what the cut did and why the verdict is what it is. Empty for a valid trial without findings."""
@@ -139,8 +160,10 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
     fault, mode = str(trial.get("fault") or ""), str(trial.get("receiver_mode") or "")
     where = _cut_point(trial)
     tool, error = trial.get("backend", "tool"), str(trial.get("error") or "no reason given").rstrip(". ")
+    fix = suggested_option(error, str(trial.get("criu_options") or ""))
+    fix = f" {fix}." if fix else ""
     if outcome == "refused":
-        return f"The {tool} checkpoint asked for at {where} was refused, and the workload ran on uncut: {error}."
+        return f"The {tool} checkpoint asked for at {where} was refused, and the workload ran on uncut: {error}.{fix}"
     if outcome == "unknown":
         return f"The harness could not judge the trial (cut at {where}), so it says nothing of {tool}: {error}."
     opening = f"The {tool} checkpoint was taken at {where}"
@@ -178,7 +201,7 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
     for f in by_kind.pop("restarted", []):
         sentences.append(f"The restore did not continue the run: {str(f.get('detail', '')).rstrip('. ')}.")
     for f in by_kind.pop("process_lost", []):
-        sentences.append(f"The workload did not survive the tool: {str(f.get('detail', '')).rstrip('. ')}.")
+        sentences.append(f"The workload did not survive the tool: {str(f.get('detail', '')).rstrip('. ')}.{fix}")
     for kind, found in by_kind.items():
         for f in found:
             sentences.append(f"{str(kind).replace('_', ' ').capitalize()}"

@@ -7,6 +7,7 @@ numbers from these functions so that they never disagree.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from cutbench.harness.nemesis import CHECKPOINTERS, Backends
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
-from cutbench.harness.reports.explain import explain, parse_findings
+from cutbench.harness.reports.explain import explain, parse_findings, suggested_option
 from cutbench.workloads.api import DOMAINS
 from cutbench.workloads.control import PHASES
 
@@ -250,6 +251,7 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
     lines += ["## By " + " and ".join(by), "", table.to_markdown(index=False), ""]
     for skipped in meta.get("skipped_arms", []):
         lines.append(f"- skipped {skipped['arm']}: {skipped['reason']}")
+    lines += render_refusals(trials)
     lines += render_certificates(trials)
     bad = failing_trials(trials, FAILING_LISTED)
     if not bad.empty:
@@ -267,6 +269,45 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
             if row.trial_id in pictures:
                 lines.append(f"  ![timeline of {row.trial_id}]({trial_picture(row.trial_id)})")
     return "\n".join(lines) + "\n"
+
+
+REFUSALS_LISTED = 10  # distinct refusal reasons summary.md lists
+
+
+def refusal_groups(trials: pd.DataFrame) -> list[dict[str, Any]]:
+    """The refused trials grouped by what the tool said (its words, with CRIU's pid prefixes taken out, which
+    differ from trial to trial), most frequent first: each ``{"reason", "trials", "arms", "fix"}``, ``fix`` the
+    tool's own suggestion as the scenario's fix (:func:`suggested_option`) or ""."""
+    if trials.empty or "outcome" not in trials:
+        return []
+    groups: dict[str, dict[str, Any]] = {}
+    for row in trials[trials["outcome"] == "refused"].to_dict("records"):
+        reason = " ".join(PID_PREFIX.sub("", str(row.get("error") or "no reason given")).split())
+        group = groups.setdefault(reason, {"reason": reason, "trials": [], "arms": [], "fix": ""})
+        group["trials"].append(row["trial_id"])
+        group["arms"] += [row["arm"]] if row["arm"] not in group["arms"] else []
+        group["fix"] = group["fix"] or suggested_option(reason, str(row.get("criu_options") or ""))
+    return sorted(groups.values(), key=lambda g: (-len(g["trials"]), g["trials"][0]))
+
+
+# CRIU's log lines begin with the pid of the criu process that wrote them ("5269: Error (criu/…)").
+PID_PREFIX = re.compile(r"(?<!exit )(?<![\w/])\d+: (?=Error|Warn)")
+
+
+def render_refusals(trials: pd.DataFrame) -> list[str]:
+    """``summary.md``'s section on the refused trials: each distinct reason in the tool's words, with its trials and
+    arms and the tool's own suggestion; nothing when no trial was refused."""
+    groups = refusal_groups(trials)
+    if not groups:
+        return []
+    lines = ["## Refused trials", ""]
+    for g in groups[:REFUSALS_LISTED]:
+        ids = ", ".join(g["trials"][:5]) + (f", … {len(g['trials']) - 5} more" if len(g["trials"]) > 5 else "")
+        lines.append(f"- {len(g['trials'])} trial{'s' * (len(g['trials']) > 1)} ({ids}; {', '.join(g['arms'])}): "
+                     f"{g['reason']}" + (f" — {g['fix']}" if g["fix"] else ""))
+    if len(groups) > REFUSALS_LISTED:
+        lines.append(f"- … {len(groups) - REFUSALS_LISTED} more reasons (trials.parquet's `error` column)")
+    return lines + [""]
 
 
 def certificate_grid(m: dict[str, Any]) -> list[dict[str, Any]]:

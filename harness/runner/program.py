@@ -266,7 +266,7 @@ class ProgramRunner(TrialRunner):
         ctx = CutContext(images_dir=Path(self.spec.images_dir) / f"cutbench-{self.s.run_id}-{self.spec.trial_id}-c{i}",
                          timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
                          prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
-                         program=ProgramHooks(self))
+                         criu_options=self.spec.arm.criu_options, program=ProgramHooks(self))
         outcome = execute_cut(backend, child, ctx, release=lambda: None, before_resume=self.observer.restoring,
                               keep_images=self.spec.keep_images, discard=self.s.images.discard)
         state.outcomes.append(asdict(outcome))

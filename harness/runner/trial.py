@@ -224,6 +224,7 @@ class TrialRunner(WorkloadProcess):
                 control=control,
                 certifier=self.coordinator.for_cut(i, cut),
                 phases=self.phases,
+                criu_options=spec.arm.criu_options,
             )
             following = NextCut(arming, i, seq, cut.fault)
             target = self._cut_target(control, child)

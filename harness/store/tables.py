@@ -71,6 +71,8 @@ def trial_row(result: TrialResult, stages: tuple[str, ...]) -> dict[str, Any]:
         "recomputed_ops": rec.facts.get("recomputed_ops"),
         "gpu_bytes": rec.facts.get("gpu_bytes"),
         "certify": spec.arm.certify,
+        # CRIU's own options the arm passed (pipeline.criu_options), space-separated; "" for none.
+        "criu_options": " ".join(spec.arm.criu_options),
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.
         "cert_eligible": _cert_eligible(rec.certificates),
         "cert_reason": "; ".join(c["reason"] for c in rec.certificates if c.get("reason")),

@@ -352,6 +352,23 @@ def test_a_program_whose_helper_leaves_its_process_group_is_restored_by_each_too
     assert left == [] and left_behind(latest_run(results_root)) == []
 
 
+def test_a_scenario_s_criu_options_reach_the_criu_each_engine_runs(criu, docker_engine, podman_engine, results_root):
+    # The SQLite worker (examples/programs/jobs) announcing to a file it appends to: its database's lock is dumped
+    # only with --file-locks, through runc's CRIU as through CRIU alone.
+    jobs = REPO / "examples" / "programs" / "jobs" / "jobs.toml"
+    trials = run(results_root, str(jobs), "--set", 'pipeline.backends=["criu", "docker", "podman"]',
+                 "--set", 'receiver.modes=["idempotent"]', "--set", 'workload.params.stream="file:announce.log"',
+                 "--set", 'workload.params.command=["python3", "worker.py", "--jobs", "40", "--interval-ms", "20", '
+                          '"--announce", "announce.log"]', "--set", "run.stage_timeout_s=90")
+    assert len(trials) == 6, trials[["arm", "outcome", "error"]].to_string()
+    for row in trials.to_dict("records"):
+        if row["criu_options"]:
+            assert row["outcome"] == "valid", (row["arm"], row["error"])
+        else:
+            assert row["outcome"] == "refused" and "--file-locks" in row["error"], (row["arm"], row["error"])
+    assert left_behind(latest_run(results_root)) == [] and not runc_options_left()
+
+
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_several_restores_of_one_container_in_one_trial(criu, docker_engine, podman_engine, results_root, engine):
     """Periodic checkpoints: the restored container is cut, killed and restored again, twice more."""

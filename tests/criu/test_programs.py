@@ -170,3 +170,20 @@ phases = ["effect"]
     runs = [d for d in (tmp_path / "results").iterdir() if d.is_dir() and d.name != "latest"]
     # Each arm's run stores the ground truth it was judged by (for analyze, replay and --resume).
     assert len(runs) == 2 and all(len(list((d / "references").glob("*.json"))) == 1 for d in runs)
+
+
+def test_a_tool_s_own_option_is_an_arm_axis_and_its_refusal_says_which(criu, tmp_path):
+    # A SQLite worker's open write-ahead-logged database holds a lock CRIU dumps only when told --file-locks: the
+    # scenario runs without and with it side by side (pipeline.criu_options), and the refusal names the option.
+    proc = cli("run", str(PROGRAMS / "jobs" / "jobs.toml"), "--out", str(tmp_path), "--json",
+               "--set", 'pipeline.backends=["criu"]', "--set", 'receiver.modes=["idempotent"]', timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = (tmp_path / "latest").resolve()
+    trials = pd.read_parquet(run_dir / "trials.parquet")
+    by = {r["criu_options"]: r for r in trials.to_dict("records")}
+    assert set(by) == {"", "--file-locks"}
+    assert by[""]["outcome"] == "refused" and "You can try --file-locks" in by[""]["error"]
+    assert by["--file-locks"]["outcome"] == "valid" and by["--file-locks"]["arm"] == "criu/idempotent/kill/criu:file-locks"
+    summary = (run_dir / "summary.md").read_text()
+    assert "## Refused trials" in summary and 'pipeline.criu_options = [[], ["--file-locks"]]' in summary
+    assert 'criu_options = [\n    [],\n    [\n        "--file-locks",' in (run_dir / "run.toml").read_text()

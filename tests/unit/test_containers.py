@@ -68,3 +68,12 @@ def test_container_names_are_valid_and_unique_per_trial():
     a = containers.container_name("/tmp/cutbench-20261201T1200Z-quick-ab12/t0001")
     b = containers.container_name("/tmp/cutbench-20261201T1200Z-quick-ab12/t0002")
     assert a != b and a.replace("-", "").replace(".", "").replace("_", "").isalnum()
+
+
+def test_a_scenario_s_criu_options_go_into_the_options_file_as_it_spells_them(tmp_path):
+    # pipeline.criu_options reach the CRIU runc runs for Docker and Podman through this file, at dump and restore.
+    path = tmp_path / "runc.conf"
+    containers.criu_options(path, log=tmp_path / "criu.log", restore_after="kill",
+                            extra=("--file-locks", "--ghost-limit=64M"))
+    lines = path.read_text().splitlines()
+    assert lines[-2:] == ["file-locks", "ghost-limit 64M"] and "tcp-established" in lines

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from cutbench.harness.reports.explain import explain, op_ranges
+from cutbench.harness.reports.explain import explain, op_ranges, suggested_option
 
 
 def row(**kw):
@@ -69,3 +69,34 @@ def test_rows_the_receiver_made_and_malformed_findings_do_not_break_the_words():
     assert "op 3/admit" in words and "incarnation -1" not in words and "3.0" not in words
     assert explain(row(findings="{not json", outcome="invalid", cut_op=None)).startswith("The criu checkpoint was taken at its cut point")
     assert explain(row(findings=json.dumps({"kind": "x"}), outcome="invalid")).endswith("crashed.")
+
+
+FILE_LOCKS = ("criu dump exit 1: 5269: Error (criu/file-lock.c:110): Some file locks are hold by dumping tasks! You can "
+              "try --file-locks to dump them. | 5269: Error (criu/cr-dump.c:1975): Dumping FAILED.")
+
+
+def test_a_refusal_whose_tool_suggests_an_option_says_so_and_how_to_pass_it():
+    refused = {"trial_id": "t0001", "outcome": "refused", "backend": "criu", "cut_op": 12, "cut_phase": "effect",
+               "error": FILE_LOCKS, "criu_options": ""}
+    assert 'CRIU suggests its option --file-locks: pipeline.criu_options = [[], ["--file-locks"]]' in explain(refused)
+    # Given already, or one each cut sets itself: no such advice.
+    assert "suggests" not in explain({**refused, "criu_options": "--file-locks"})
+    assert suggested_option("Error: try --tcp-established") == "" and suggested_option("please try again") == ""
+    remap = "Error (criu/files-reg.c:1354): Can't create link remap for /dev/shm/sem.mp-x. Use link-remap option."
+    assert "--link-remap" in suggested_option(remap)
+
+
+def test_the_summary_groups_the_refused_trials_by_the_tool_s_words():
+    from cutbench.harness.reports.summary import refusal_groups, render_refusals
+
+    rows = [{"trial_id": f"t000{i}", "outcome": "refused", "arm": arm, "criu_options": "", "error": error}
+            for i, (arm, error) in enumerate([("criu/a/kill", FILE_LOCKS), ("criu/b/kill", FILE_LOCKS.replace("5269", "5301")),
+                                              ("criu/a/kill", "criu dump exit 1: Error (x): other")], 1)]
+    trials = pd.DataFrame(rows + [{"trial_id": "t0004", "outcome": "valid", "arm": "criu/a/kill", "error": ""}])
+    groups = refusal_groups(trials)
+    # The two file-lock refusals differ only in CRIU's pid: one reason, both trials and arms, the suggestion.
+    assert [g["trials"] for g in groups] == [["t0001", "t0002"], ["t0003"]]
+    assert groups[0]["arms"] == ["criu/a/kill", "criu/b/kill"] and "--file-locks" in groups[0]["fix"]
+    assert groups[0]["reason"].startswith("criu dump exit 1: Error (criu/file-lock.c:110)")
+    text = "\n".join(render_refusals(trials))
+    assert text.startswith("## Refused trials") and "- 2 trials (t0001, t0002; criu/a/kill, criu/b/kill)" in text

@@ -159,8 +159,8 @@ def test_a_dump_that_finds_its_workload_gone_blames_the_tool_unless_the_workload
 # A workload whose child calls setsid and sleeps on: a session and a group of its own, as a daemonised helper's.
 SETSID_CHILD = ("import os, sys, time\n"
                 "if os.fork() == 0:\n"
-                "    os.setsid(); time.sleep(60); os._exit(0)\n"
-                "print('ready', flush=True); time.sleep(60)\n")
+                "    os.setsid(); print('ready', flush=True); time.sleep(60); os._exit(0)\n"
+                "time.sleep(60)\n")
 
 
 def test_a_kill_takes_a_child_that_left_the_process_group_and_reaps_it(tmp_path: Path):

@@ -23,6 +23,7 @@ from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import ARM_AXES, Arm, Scenario, parse_scenario
 from cutbench.harness.model.trial import TrialSpec
 from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.store.rundir import as_stored
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "scenarios" / "README.md"
@@ -76,7 +77,7 @@ def test_every_field_is_declared_once_and_well():
 
 
 def _as_toml(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+    return [_as_toml(v) for v in value] if isinstance(value, tuple) else value
 
 
 def test_scenario_takes_every_default_from_the_schema():
@@ -280,3 +281,30 @@ def test_a_trial_spec_carries_its_arm_as_the_one_type_and_stores_it_as_a_table()
         TrialSpec.from_dict({**stored, "backend": "restart"})
     with pytest.raises(InvalidArgument, match="arm: unknown field"):
         TrialSpec.from_dict({**stored, "arm": {**stored["arm"], "colour": "red"}})
+
+
+def test_criu_options_are_an_arm_axis_of_the_backends_that_run_criu():
+    # One list is one arm; a list of lists is one arm each ("with and without", side by side).
+    both = parse_scenario({"pipeline": {"backends": ["criu", "docker", "app"], "criu_options": [[], ["--file-locks"]]}})
+    assert both.criu_options == ((), ("--file-locks",))
+    arms = {(a.backend, a.criu_options) for a in both.arms()}
+    # app runs no CRIU: it has one arm, without them.
+    assert arms == {("criu", ()), ("criu", ("--file-locks",)), ("docker", ()), ("docker", ("--file-locks",)), ("app", ())}
+    assert Arm("criu", "idempotent", "kill", 0.0, 0.0, criu_options=("--file-locks", "--link-remap")).label() == \
+        "criu/idempotent/kill/criu:file-locks+link-remap"
+    assert parse_scenario({"pipeline": {"criu_options": []}}).criu_options == ((),)  # none, as [[]] says
+    one = parse_scenario({"pipeline": {"criu_options": ["--ghost-limit=64M"]}})
+    assert one.criu_options == (("--ghost-limit=64M",),) and one.arms()[0].criu_options == ("--ghost-limit=64M",)
+    # Kept through run.toml: a resumed run's arms are the same.
+    assert Scenario.from_dict(as_stored(both.to_dict())).arms() == both.arms()
+
+
+@pytest.mark.parametrize("value, says", [
+    ("--file-locks", "expected a list of options, or a list of such lists"),
+    ([["file-locks"]], "contains 'file-locks': write each as \"--name\" or \"--name=value\""),
+    ([["--ghost-limit", "64M"]], "contains '64M'"),
+    ([[], ["--leave-running"]], "contains '--leave-running': cutbench sets --leave-running itself"),
+])
+def test_a_bad_criu_option_names_the_field_and_the_fix(value, says):
+    with pytest.raises(InvalidArgument, match=re.escape(says)):
+        parse_scenario({"pipeline": {"criu_options": value}})

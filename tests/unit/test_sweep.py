@@ -14,7 +14,7 @@ QUICK = REPO / "scenarios" / "quick.toml"
 def test_every_arm_axis_of_the_scenario_widens_the_arms_and_makes_no_variant():
     assert sweep.ARM_AXES == {"pipeline.backends", "receiver.modes", "pipeline.faults", "pipeline.crash_after_ms",
                               "pipeline.split_window_ms", "pipeline.rank_skew_ms", "pipeline.restore_targets",
-                              "pipeline.certify"}
+                              "pipeline.certify", "pipeline.criu_options"}
     [point] = sweep.expand(QUICK, [sweep.parse_axis("pipeline.certify=off,audit")])
     assert point.variant == "" and point.scenario.certify == ("off", "audit")
     assert {arm.certify for arm in point.scenario.arms()} == {"off", "audit"}

@@ -164,7 +164,8 @@ def _outermost(paths: list[Path]) -> list[Path]:
     return kept
 
 
-def criu_options(path: Path, *, log: Path, restore_after: str | None = None, skip_in_flight: bool = False) -> None:
+def criu_options(path: Path, *, log: Path, restore_after: str | None = None, skip_in_flight: bool = False,
+                 extra: tuple[str, ...] = ()) -> None:
     """Write the CRIU options file at ``path`` for the next checkpoint (``restore_after=None``) or restore.
 
     CRIU writes its log to ``log`` (the engine's own copy is deleted with a
@@ -180,11 +181,15 @@ def criu_options(path: Path, *, log: Path, restore_after: str | None = None, ski
     dumps one): a client connection still waiting in a listening socket's
     queue is left out of the image, where CRIU would otherwise refuse the
     whole dump of a server that is accepting ("In-flight connection").
+
+    ``extra``: the scenario's CRIU options (``pipeline.criu_options``, ``--name`` or ``--name=value``), written as
+    the file spells them (``name value``).
     """
     tcp = "tcp-close" if restore_after == "leave_running" else "tcp-established"
     path.parent.mkdir(parents=True, exist_ok=True)
     skip = "skip-in-flight\n" if skip_in_flight else ""
-    path.write_text(f"# {OPTIONS_HEADER}\n{tcp}\n{skip}network-lock {NETWORK_LOCK}\nlog-file {log}\n")
+    own = "".join(option.removeprefix("--").replace("=", " ", 1) + "\n" for option in extra)
+    path.write_text(f"# {OPTIONS_HEADER}\n{tcp}\n{skip}network-lock {NETWORK_LOCK}\nlog-file {log}\n{own}")
 
 
 OPTIONS_HEADER = "CRIU options for a container checkpoint, written by cutbench for each stage"

@@ -73,7 +73,8 @@ class CriuCheckpointer:
     """CRIU dump/restore of the workload's process tree."""
 
     name = "criu"
-    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc"}))
+    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc"}),
+                                tools=frozenset({"criu"}))
     # Extra CRIU options for dump and restore (a subclass adds a plugin directory).
     extra_args: tuple[str, ...] = ()
     # Extra options for dump only (e.g. ``--ghost-limit``).
@@ -117,6 +118,7 @@ class CriuCheckpointer:
             ctx.facts["shell_job"] = 1
         args += self.extra_args
         args += self.dump_args
+        args += ctx.criu_options  # the scenario's, last: an option it repeats (--ghost-limit) is its value
         ctx.mark("criu_freeze")  # the CPU image is taken at this position
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)
@@ -137,7 +139,7 @@ class CriuCheckpointer:
         pidfile.unlink(missing_ok=True)
         tcp = "--tcp-established" if ctx.cut.fault == "kill" else "--tcp-close"
         args = ["restore", "-D", str(images), "-d", "--pidfile", str(pidfile), "-o", "restore.log", "-v2",
-                tcp, "--network-lock", NETWORK_LOCK, *self.extra_args]
+                tcp, "--network-lock", NETWORK_LOCK, *self.extra_args, *ctx.criu_options]
         if ctx.facts.get("shell_job"):
             args.append("--shell-job")
         # A program's output pipes, whose reader (the harness) is outside the tree: the restored program writes on

@@ -22,7 +22,8 @@ class CriuCudaPluginCheckpointer(CriuCheckpointer):
 
     name = "criu-cuda-plugin"
     # CRIU's plugin does the GPU side itself: the harness times only CRIU's stages.
-    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc", "cuda"}))
+    capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc", "cuda"}),
+                                tools=frozenset({"criu"}))
 
     @property
     def extra_args(self) -> tuple[str, ...]:  # type: ignore[override]

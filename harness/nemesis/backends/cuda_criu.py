@@ -44,6 +44,7 @@ class CudaCriuCheckpointer(CudaCheckpointer):
         drives_cuda=True,
         stages=CUDA_STAGES + ("split_window", "criu_dump", "criu_restore"),
         covers=frozenset({"cpu", "ipc", "cuda"}),
+        tools=frozenset({"criu"}),
     )
 
     def __init__(self, driver: DriverApi | None = None, criu: CriuCheckpointer | None = None):

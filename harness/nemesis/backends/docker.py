@@ -55,7 +55,8 @@ class DockerCheckpointer:
     """The ``docker`` backend (see module docstring)."""
 
     name = "docker"
-    capabilities = Capabilities(stages=("docker_checkpoint", "docker_restore"), covers=frozenset({"cpu", "ipc"}))
+    capabilities = Capabilities(stages=("docker_checkpoint", "docker_restore"), covers=frozenset({"cpu", "ipc"}),
+                                tools=frozenset({"criu"}))
 
     def __init__(self) -> None:
         self._client: Any = None
@@ -177,7 +178,7 @@ class DockerCheckpointer:
         ctx.images_dir.mkdir(parents=True, exist_ok=True)
         log = ctx.images_dir / "criu-dump.log"
         self._cuts[ctx.images_dir] = (cid, name)
-        with _runc_options(log=log, skip_in_flight=ctx.program is not None):
+        with _runc_options(log=log, skip_in_flight=ctx.program is not None, extra=ctx.criu_options):
             ctx.mark("criu_freeze")
             with ctx.timeline.stage("docker_checkpoint", ctx.cut_index) as extra:
                 reply = self._post(ctx, "docker_checkpoint", "/containers/{0}/checkpoints", cid,
@@ -195,7 +196,8 @@ class DockerCheckpointer:
         """Stage ``docker_restore``: start the stopped container from its checkpoint; returns the new pid."""
         cid, name = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
-        with (_runc_options(log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None),
+        with (_runc_options(log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None,
+                            extra=ctx.criu_options),
               ctx.timeline.stage("docker_restore", ctx.cut_index) as extra):
             reply = self._post(ctx, "docker_restore", "/containers/{0}/start", cid, params={"checkpoint": name})
             if _stale_upload(reply) and (action := self._retouch(cid, name, _message(reply))):
@@ -260,12 +262,13 @@ class DockerCheckpointer:
 
 
 @contextlib.contextmanager
-def _runc_options(*, log: Path, restore_after: str | None = None, skip_in_flight: bool = False) -> Iterator[None]:
+def _runc_options(*, log: Path, restore_after: str | None = None, skip_in_flight: bool = False,
+                  extra: tuple[str, ...] = ()) -> Iterator[None]:
     """runc's CRIU options file written for one engine call (see :func:`criu_options`) and removed after it, under
     the host-wide lock: the file is one per host, and the engine reads it during the call."""
     lock = _lock_options()
     try:
-        criu_options(RUNC_OPTIONS, log=log, restore_after=restore_after, skip_in_flight=skip_in_flight)
+        criu_options(RUNC_OPTIONS, log=log, restore_after=restore_after, skip_in_flight=skip_in_flight, extra=extra)
         yield
     finally:
         if not _foreign(RUNC_OPTIONS):

@@ -54,7 +54,8 @@ class PodmanCheckpointer:
     """The ``podman`` backend (see module docstring)."""
 
     name = "podman"
-    capabilities = Capabilities(stages=("podman_checkpoint", "podman_restore"), covers=frozenset({"cpu", "ipc"}))
+    capabilities = Capabilities(stages=("podman_checkpoint", "podman_restore"), covers=frozenset({"cpu", "ipc"}),
+                                tools=frozenset({"criu"}))
 
     def __init__(self) -> None:
         self._cuts: dict[Path, tuple[str, Path, Path]] = {}  # images_dir -> (container, archive, options file)
@@ -177,7 +178,7 @@ class PodmanCheckpointer:
         options = self._options[container]
         self._cuts[ctx.images_dir] = (container, archive, options)
         log = ctx.images_dir / "criu-dump.log"
-        criu_options(options, log=log, skip_in_flight=ctx.program is not None)
+        criu_options(options, log=log, skip_in_flight=ctx.program is not None, extra=ctx.criu_options)
         args = ["container", "checkpoint", "--tcp-established", "--print-stats", "--compress", "none",
                 "--export", str(archive)]
         if ctx.cut.fault != "kill":
@@ -201,7 +202,8 @@ class PodmanCheckpointer:
         """Stage ``podman_restore``: remove the crashed container, import its checkpoint; returns the new pid."""
         container, archive, options = self._cuts[ctx.images_dir]
         log = ctx.images_dir / "criu-restore.log"
-        criu_options(options, log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None)
+        criu_options(options, log=log, restore_after=ctx.cut.fault, skip_in_flight=ctx.program is not None,
+                     extra=ctx.criu_options)
         with ctx.timeline.stage("podman_restore", ctx.cut_index):
             self._discard(container)
             p = self.podman("container", "restore", "--import", str(archive), "--print-stats",
