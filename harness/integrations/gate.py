@@ -18,6 +18,7 @@ from typing import Any
 from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import Arm, Scenario, load_scenario, toml_value
+from cutbench.harness.reports.explain import explain, resume_flag
 from cutbench.harness.reports.summary import RunVerdict, failing_trials, findings_text, pct, replay_command, run_verdict
 
 MAX_LISTED = 10  # failing trials named in a message and in the JUnit properties
@@ -127,10 +128,14 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     if not 0.0 <= max_invalid_rate <= 1.0:
         raise InvalidArgument(f"max invalid rate = {max_invalid_rate!r}: expected a fraction between 0 and 1")
     trials = outcome.trials
-    v = run_verdict(trials, outcome.run.meta())
+    meta = outcome.run.meta()
+    v = run_verdict(trials, meta)
     run_dir = outcome.run.path
+    effects = outcome.run.table("effects") if not trials.empty else None
+    # In the command line's words (summary.md's): what the cut did and what went wrong, alike findings together.
     failing = [
-        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"], "findings": findings_text(r),
+        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"],
+         "findings": explain(r, effects, resume=resume_flag(meta, str(r.get("variant") or ""))) or findings_text(r),
          "replay": replay_command(run_dir, r["trial_id"])}
         for r in failing_trials(trials).to_dict("records")
     ]

@@ -188,7 +188,8 @@ class Run:
         """Trial ``trial_id``'s verdict in plain words, as the report gives it beside its timeline ("" when valid)."""
         self.trial(trial_id)
         row = self.trials[self.trials["trial_id"] == trial_id].iloc[0].to_dict()
-        return _explain.explain(row, self.effects_of(trial_id))
+        return _explain.explain(row, self.effects_of(trial_id),
+                                resume=_explain.resume_flag(self.meta, str(row.get("variant") or "")))
 
     # -- verdicts --------------------------------------------------------------
     @property

@@ -98,23 +98,59 @@ def _senders_of(effects: pd.DataFrame, ops: list[int]) -> dict[int, list[int]]:
     return {int(op): [e for e in senders(g) if e is not None] for op, g in applied.groupby("op_id")}
 
 
-def _shown(effects: pd.DataFrame, ops: list[int]) -> str:
-    """A program's effects ``ops`` by stream and index, ``"file:md.log effects 5600 … 5900 (4)"``; "" for a
-    workload's (its effects name no stream)."""
-    if not ops or effects.empty or not {"stream", "index", "op_id"} <= set(effects.columns):
-        return ""
-    rows = effects[effects["op_id"].isin(ops) & effects["stream"].notna()].drop_duplicates("op_id").sort_values("op_id")
+# A finding's effect as the detail names it, "… [r1#18]" (a program's: its stream and index).
+KEY = re.compile(r"\[([^\]#\[]+)#([^\]#\[]+)\]\s*$")
+# A server's streams are its requests ("r3", a retry "r3.1"): each one's reader is its client.
+REQUEST = re.compile(r"^r\d+(\.\d+)*$")
+STREAMS_LISTED = 3  # streams one sentence names; the rest are counted (the trial's JSON lists every finding)
+
+
+def _keys(found: list[dict[str, Any]], effects: pd.DataFrame) -> dict[int, tuple[str, str]]:
+    """A program's findings' effects as ``{op: (stream, index)}``: from the receiver's rows where the effect was
+    shown, else from the finding's detail ("[r1#18]": one never shown); {} for a workload's."""
+    ops = [int(f["op"]) for f in found if isinstance(f.get("op"), int)]
+    out: dict[int, tuple[str, str]] = {}
+    if ops and not effects.empty and {"stream", "index", "op_id"} <= set(effects.columns):
+        rows = effects[effects["op_id"].isin(ops) & effects["stream"].notna()].drop_duplicates("op_id")
+        out = {int(op): (str(stream), str(index)) for op, stream, index in zip(rows["op_id"], rows["stream"], rows["index"])}
+    for f in found:
+        said = KEY.search(str(f.get("detail", "")))
+        if said and isinstance(f.get("op"), int):
+            out.setdefault(int(f["op"]), (said.group(1), said.group(2)))
+    return out
+
+
+def positions(keys: list[tuple[str, str]]) -> str:
+    """Effects ``(stream, index)`` by stream in words: ``"r1 positions 16–31 and r2 position 4"``, at most
+    :data:`STREAMS_LISTED` streams named and the rest counted; "" for none."""
+    by_stream: dict[str, list[str]] = {}
+    for stream, index in keys:
+        by_stream.setdefault(stream, []).append(index)
     parts = []
-    for stream, group in rows.groupby("stream", sort=False):
-        index = [str(i) for i in group["index"]]
-        span = index[0] if len(index) == 1 else f"{index[0]} … {index[-1]}"
-        parts.append(f"{stream} effect{'s' * (len(index) > 1)} {span} ({len(index)})")
-    return " and ".join(parts)
+    for stream, indices in by_stream.items():
+        if all(i.isdigit() for i in indices):
+            words = op_ranges([int(i) for i in indices]).replace("ops ", "positions ").replace("op ", "position ")
+        else:
+            words = f"position {indices[0]}" if len(indices) == 1 else f"positions {indices[0]} … {indices[-1]}"
+        parts.append(f"{stream} {words}")
+    if len(parts) > STREAMS_LISTED:
+        rest = len(parts) - STREAMS_LISTED
+        parts = parts[:STREAMS_LISTED] + [f"{rest} more stream{'s' * (rest > 1)}"]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1] if parts else ""
 
 
-def _incarnations(epochs: list[int]) -> str:
-    """``[0, 1]`` as ``"the original (incarnation 0) and the restored process (incarnation 1)"``."""
-    said = [("the original" if e == 0 else "the restored process" if e == 1 else "a later restored process")
+def _reader(keys: list[tuple[str, str]]) -> str:
+    """Who a program's effects ``keys`` were meant for: a request's client, or the outside world."""
+    streams = {stream for stream, _ in keys}
+    if streams and all(REQUEST.match(s) for s in streams):
+        return "its client" if len(streams) == 1 else "their clients"
+    return "the outside world"
+
+
+def _incarnations(epochs: list[int], again: str = "restored") -> str:
+    """``[0, 1]`` as ``"the original (incarnation 0) and the restored process (incarnation 1)"`` (``again``:
+    "started-again" for a program its own restart or a requeue started anew)."""
+    said = [("the original" if e == 0 else f"the {again} process" if e == 1 else f"a later {again} process")
             + f" (incarnation {e})" for e in dict.fromkeys(epochs)]
     return " and ".join(said)
 
@@ -126,7 +162,13 @@ def _cut_point(trial: dict[str, Any]) -> str:
     except (TypeError, ValueError, OverflowError):
         return "its cut point"
     phase = trial.get("cut_phase")
+    if phase in PROGRAM_PLACES:  # a program's cut, placed by what it showed (docs/programs.md, "Cuts and tools")
+        return PROGRAM_PLACES[phase].format(op)
     return f"op {op}/{phase}" if isinstance(phase, str) and phase else f"op {op}"
+
+
+# Where a program's cut of a phase landed, in words (its op counts effects, cut_time_ms steps or cut_bytes steps).
+PROGRAM_PLACES = {"effect": "effect {}", "time": "time step {}", "size": "size step {}"}
 
 
 # How CRIU names an option of its own that would have let it go on ("You can try --file-locks", "Use link-remap
@@ -147,9 +189,11 @@ def suggested_option(error: str, given: str = "") -> str:
             "without it, side by side")
 
 
-def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
+def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None, *, resume: str = "") -> str:
     """Plain words for one trial row of ``trials.parquet`` and the receiver's rows (the trial's, or the run's whole
-    ``effects`` table): what the cut did and why the verdict is what it is. Empty for a valid trial without findings."""
+    ``effects`` table): what the cut did and why the verdict is what it is, alike findings in one sentence (the
+    trial's JSON lists each). ``resume``: a program's own restart flag (``workload.params.resume``), named where
+    the ``app`` backend started it again. Empty for a valid trial without findings."""
     effects = effects if effects is not None else pd.DataFrame()
     if "trial_id" in effects and trial.get("trial_id") is not None:  # a run's whole table: this trial's rows
         effects = effects[effects["trial_id"] == trial["trial_id"]]
@@ -166,23 +210,21 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
         return f"The {tool} checkpoint asked for at {where} was refused, and the workload ran on uncut: {error}.{fix}"
     if outcome == "unknown":
         return f"The harness could not judge the trial (cut at {where}), so it says nothing of {tool}: {error}."
-    opening = f"The {tool} checkpoint was taken at {where}"
-    if fault in FAULT_WORDS:
-        opening += f"; {FAULT_WORDS[fault]}"
-    sentences = [opening + "."]
+    keys = _keys(findings, effects)  # a program's effects by stream and position; {} for a workload's
+    sentences = [_opening(tool, fault, where, bool(keys), resume) + "."]
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         by_kind.setdefault(f["kind"], []).append(f)
     dup = [int(f["op"]) for f in by_kind.pop("duplicate", []) if isinstance(f.get("op"), int)]
-    shown = _shown(effects, dup)
-    if shown:  # a program's: what its outside world saw
+    started = bool(keys) and tool in ("app", "restart")  # a program started anew: the opening said how
+    if dup and all(op in keys for op in dup):  # a program's: what its outside world saw
         epochs = _senders_of(effects, dup)
-        who = _incarnations([e for op in dup for e in epochs.get(op, [])]) or "two incarnations"
-        sentences.append(f"The outside world saw {shown} twice or more, shown by {who}: "
-                         + ("the program started again from its beginning" if tool == "restart" else
-                            "the program started again from its own last checkpoint" if tool == "app" else
-                            "the restored program resumed from the image")
-                         + " and showed again what had been shown since.")
+        who = _incarnations([e for op in dup for e in epochs.get(op, [])], "started-again" if started else "restored")
+        sentences.append(f"The outside world saw {positions([keys[op] for op in dup])} twice or more, shown by "
+                         f"{who or 'two incarnations'}"
+                         + (": it showed again what it had shown since its last save." if tool == "app" else
+                            "." if tool == "restart" else
+                            ": the restored program resumed from the image and showed again what had been shown since."))
         dup = []
     if dup:
         epochs = _senders_of(effects, dup)
@@ -192,18 +234,75 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None) -> str:
                             "delivered" if fault != "none" else "the resumed process sent again what it had delivered")
                          + (f", and {MODE_WORDS[mode]}." if mode in MODE_WORDS else "."))
     missing = [int(f["op"]) for f in by_kind.pop("missing", []) if isinstance(f.get("op"), int)]
-    if missing:
-        sentences.append(f"The workload committed {op_ranges(missing)}, but the receiver never applied "
-                         f"{'it' if len(missing) == 1 else 'them'}: no incarnation delivered "
-                         f"{'it' if len(missing) == 1 else 'them'} after the restore.")
-    for f in by_kind.pop("mixed_epoch", []):
-        sentences.append(f"State of two moments at op {f.get('op')}: {str(f.get('detail', '')).rstrip('. ')}.")
+    them = "it" if len(missing) == 1 else "them"
+    if missing and all(op in keys for op in missing):
+        lost = [keys[op] for op in missing]
+        sentences.append(f"The effects at {positions(lost)} never reached {_reader(lost)}: no incarnation showed {them} "
+                         f"after the {'start' if tool in ('app', 'restart') else 'restore'}.")
+    elif missing:
+        sentences.append(f"The workload committed {op_ranges(missing)}, but the receiver never applied {them}: no "
+                         f"incarnation delivered {them} after the restore.")
+    sentences += _mixed(by_kind.pop("mixed_epoch", []), keys)
     for f in by_kind.pop("restarted", []):
-        sentences.append(f"The restore did not continue the run: {str(f.get('detail', '')).rstrip('. ')}.")
+        if not (started and tool == "restart"):  # a requeue starts from the beginning: the opening says so
+            sentences.append(f"The restore did not continue the run: {_detail(f)}.")
     for f in by_kind.pop("process_lost", []):
-        sentences.append(f"The workload did not survive the tool: {str(f.get('detail', '')).rstrip('. ')}.{fix}")
-    for kind, found in by_kind.items():
-        for f in found:
-            sentences.append(f"{str(kind).replace('_', ' ').capitalize()}"
-                             + (f" at op {f['op']}" if f.get("op") is not None else "") + f": {str(f.get('detail', '')).rstrip('. ')}.")
+        sentences.append(f"The workload did not survive the tool: {_detail(f)}.{fix}")
+    for kind, found in by_kind.items():  # alike findings in one sentence, the first one's detail for them all
+        ops = [int(f["op"]) for f in found if isinstance(f.get("op"), int)]
+        more = f" ({len(found) - 1} more alike)" if len(found) > 1 else ""
+        sentences.append(f"{str(kind).replace('_', ' ').capitalize()}" + (f" at {op_ranges(ops)}" if ops else "")
+                         + f": {_detail(found[0])}{more}.")
     return " ".join(sentences)
+
+
+def resume_flag(meta: dict[str, Any], variant: str = "") -> str:
+    """A program's own restart flag as its scenario (``run.toml``'s, the variant's where it has one) gives it
+    (``workload.params.resume``, "--resume"); "" for none."""
+    scenario = meta.get("scenario") or {}
+    for sub in scenario.get("variants") or ():
+        if variant and sub.get("variant") == variant:
+            scenario = sub
+    resume = (scenario.get("params") or {}).get("resume") or []
+    return " ".join(map(str, resume)) if isinstance(resume, (list, tuple)) else str(resume)
+
+
+def _detail(finding: dict[str, Any]) -> str:
+    return str(finding.get("detail", "")).rstrip(". ")
+
+
+def _opening(tool: str, fault: str, where: str, program: bool, resume: str) -> str:
+    """The first sentence: what the cut did. A program's own restart and a requeue are no checkpoint of a tool:
+    it was killed (or ran on and crashed) and started again, with its own restart flag or from its beginning."""
+    if program and tool in ("app", "restart"):
+        how = {"kill": f"killed at {where}", "leave_running": f"left running past {where}, then crashed"}.get(
+            fault, f"cut at {where}")
+        again = ("from its beginning" if tool == "restart" else f"with its own {resume}" if resume
+                 else "with its own restart flag")
+        return f"The program was {how}, and started again {again}"
+    opening = f"The {tool} checkpoint was taken at {where}"
+    return opening + (f"; {FAULT_WORDS[fault]}" if fault in FAULT_WORDS else "")
+
+
+def _mixed(found: list[dict[str, Any]], keys: dict[int, tuple[str, str]]) -> list[str]:
+    """Sentences for the ``mixed_epoch`` findings: a program's by stream and range, split into effects the
+    uninterrupted runs never showed and payloads other than theirs; a workload's alike ones in one sentence."""
+    if not found:
+        return []
+    ops = [int(f["op"]) for f in found if isinstance(f.get("op"), int)]
+    if ops and all(op in keys for op in ops):
+        never = [keys[int(f["op"])] for f in found if NOT_SHOWN_WORDS in str(f.get("detail", ""))]
+        other = [keys[int(f["op"])] for f in found if NOT_SHOWN_WORDS not in str(f.get("detail", ""))]
+        out = []
+        if never:
+            out.append(f"The effects at {positions(never)} are ones the uninterrupted runs never showed there.")
+        if other:
+            out.append(f"The effects at {positions(other)} carry payloads of another moment than the uninterrupted runs' "
+                       f"({_detail(next(f for f in found if NOT_SHOWN_WORDS not in str(f.get('detail', ''))))}).")
+        return out
+    more = f" ({len(found) - 1} more alike)" if len(found) > 1 else ""
+    return [f"State of two moments at {op_ranges(ops) if ops else 'the end'}: {_detail(found[0])}{more}."]
+
+
+# How the oracle says a program's effect is one the uninterrupted runs never showed (the reference's NOT_SHOWN).
+NOT_SHOWN_WORDS = "never showed"

@@ -28,7 +28,7 @@ from matplotlib.colors import to_rgb
 from cutbench import storage
 from cutbench.harness.checker.stats import certificate_matrix
 from cutbench.harness.reports import plots
-from cutbench.harness.reports.explain import explain, parse_findings, sender_of
+from cutbench.harness.reports.explain import explain, parse_findings, resume_flag, sender_of
 from cutbench.harness.reports import summary
 from cutbench.harness.store.rundir import RunDir
 
@@ -550,7 +550,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
             if st.empty:
                 continue
             opened = " open" if n < 3 else ""
-            words = explain({**row.to_dict(), "trial_id": tid}, fx)
+            words = explain({**row.to_dict(), "trial_id": tid}, fx, resume=resume_flag(meta, row.get("variant", "")))
             words = f'<p class="explain">{_e(words)}</p>' if words else ""
             out.append(f'<details id="trial-{_e(tid)}"{opened}><summary><b>{_e(tid)}</b> {_e(row["arm"])} — {_e(row["plan"])} → '
                        f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"

@@ -19,7 +19,7 @@ from cutbench.harness.nemesis import CHECKPOINTERS, Backends
 from cutbench.harness.checker.stats import certificate_matrix, invalid_rate
 from cutbench.harness.model.plan import CutPlan
 from cutbench.harness.model.trial import FINDING_KINDS, OUTCOMES
-from cutbench.harness.reports.explain import explain, parse_findings, suggested_option
+from cutbench.harness.reports.explain import explain, parse_findings, resume_flag, suggested_option
 from cutbench.workloads.api import DOMAINS
 from cutbench.workloads.control import PHASES
 
@@ -260,7 +260,8 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
             variant = f"{row.variant}: " if getattr(row, "variant", "") else ""
             lines.append(f"- `{row.trial_id}` {variant}{row.arm} {row.plan}: **{row.outcome}** {row.error or ''} "
                          f"— replay: `{replay_command(run_dir, row.trial_id)}`")
-            words = explain(row._asdict(), effects) if effects is not None else ""
+            words = explain(row._asdict(), effects, resume=resume_flag(meta, getattr(row, "variant", ""))) \
+                if effects is not None else ""
             if words:
                 lines.append(f"  {words}")
             if getattr(row, "last_words", ""):

@@ -100,3 +100,43 @@ def test_the_summary_groups_the_refused_trials_by_the_tool_s_words():
     assert groups[0]["reason"].startswith("criu dump exit 1: Error (criu/file-lock.c:110)")
     text = "\n".join(render_refusals(trials))
     assert text.startswith("## Refused trials") and "- 2 trials (t0001, t0002; criu/a/kill, criu/b/kill)" in text
+
+
+def shown(*rows):
+    """A program's receiver rows: ``(op, stream, index, epoch)`` each."""
+    return pd.DataFrame([{"trial_id": "t0001", "arrival_seq": i, "op_id": op, "stream": stream, "index": str(index),
+                          "epoch": ep, "sender": ep, "decision": "applied"} for i, (op, stream, index, ep) in enumerate(rows)])
+
+
+def test_a_program_s_findings_are_said_by_stream_and_range_in_a_few_sentences():
+    # A streaming server's trial under new_id had one sentence per op (96 of them): now by stream and range.
+    missing = [{"kind": "missing", "op": op, "detail": f"committed by the workload, never applied [r1#{op}]"}
+               for op in range(16, 32)]
+    never = [{"kind": "mixed_epoch", "op": 100 + i, "detail": "payload ab… ≠ reference (never shown… [an effect the "
+                                                               "uninterrupted runs never showed]"} for i in range(1, 9)]
+    fx = shown(*[(100 + i, "r1.1", i, 1) for i in range(1, 9)])
+    words = explain(row(findings=json.dumps(missing + never), cut_phase="effect", cut_op=16), fx)
+    assert words.count(".") <= 4, words
+    assert "taken at effect 16" in words
+    assert "The effects at r1 positions 16–31 never reached its client" in words
+    assert "The effects at r1.1 positions 1–8 are ones the uninterrupted runs never showed there" in words
+    assert "State of two moments" not in words and "receiver" not in words
+
+
+def test_a_program_started_again_by_its_own_flag_or_from_its_beginning_says_so():
+    dup = [{"kind": "duplicate", "op": op, "detail": "applied 2 times"} for op in (11, 12)]
+    fx = shown((11, "stdout", 11, 0), (12, "stdout", 12, 0), (11, "stdout", 11, 1), (12, "stdout", 12, 1))
+    app = explain(row(backend="app", fault="kill", findings=json.dumps(dup), cut_phase="effect", cut_op=12), fx,
+                  resume="--resume")
+    assert app.startswith("The program was killed at effect 12, and started again with its own --resume.")
+    assert "stdout positions 11–12 twice or more" in app and "checkpoint" not in app
+    restart = explain(row(backend="restart", fault="leave_running", findings=json.dumps(dup), cut_phase="effect",
+                          cut_op=12), fx)
+    assert restart.startswith("The program was left running past effect 12, then crashed, and started again from "
+                              "its beginning.")
+
+
+def test_alike_findings_of_a_workload_are_one_sentence():
+    mixed = [{"kind": "mixed_epoch", "op": op, "detail": f"payload {op} ≠ reference"} for op in (4, 5, 6, 9)]
+    words = explain(row(findings=json.dumps(mixed), fault="kill"), deliveries())
+    assert "State of two moments at ops 4–6 and 9: payload 4 ≠ reference (3 more alike)." in words
