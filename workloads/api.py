@@ -222,6 +222,11 @@ class RecordedReference:
     keys: dict[int, str] = field(default_factory=dict)
     # A program's artefacts compared by a callable (program.Artefact): where the reference run's copies are kept.
     artefacts_dir: str = ""
+    # A traced program's counted system calls, in order (the boundaries a cut of phase "syscall" numbers), each
+    # {n, call, target, bytes, head} (cutbench.harness.model.boundaries.Boundary); and where the second
+    # uninterrupted run's differed from them ("" where they did not, or where it was not traced).
+    boundaries: list[dict[str, Any]] = field(default_factory=list)
+    boundaries_differ: str = ""
 
     def payload(self, op: int) -> str:
         """The payload effect ``op`` carried in the uninterrupted run."""
@@ -271,7 +276,8 @@ class RecordedReference:
                                 f"holds no applied effect for op(s) {absent[:5]}")
         checksums = {int(k): str(v) for k, v in (report.get("checksums") or {}).items()}
         checksums[last] = str(report["checksum"])
-        return cls(workload, dict(params), array, payloads, checksums, dict(machine or {}), keys=keys)
+        return cls(workload, dict(params), array, payloads, checksums, dict(machine or {}), keys=keys,
+                   boundaries=list(report.get("boundaries") or []))
 
     def first_difference(self, other: "RecordedReference") -> str | None:
         """Where two recordings of one workload disagree first (an op's identity, payload or checksum), or None."""
@@ -305,7 +311,9 @@ class RecordedReference:
                 "machine": self.machine, "payloads": {str(k): v for k, v in sorted(self.payloads.items())},
                 "checksums": {str(k): v for k, v in sorted(self.checksums.items())},
                 **({"keys": {str(k): v for k, v in sorted(self.keys.items())}} if self.keys else {}),
-                **({"artefacts_dir": self.artefacts_dir} if self.artefacts_dir else {})}
+                **({"artefacts_dir": self.artefacts_dir} if self.artefacts_dir else {}),
+                **({"boundaries": self.boundaries} if self.boundaries else {}),
+                **({"boundaries_differ": self.boundaries_differ} if self.boundaries_differ else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> "RecordedReference":
@@ -318,7 +326,8 @@ class RecordedReference:
                        {int(k): str(v) for k, v in dict(data["checksums"]).items()},
                        dict(data.get("machine") or {}), int(data.get("runs", 1)),
                        {int(k): str(v) for k, v in dict(data.get("keys") or {}).items()},
-                       str(data.get("artefacts_dir") or ""))
+                       str(data.get("artefacts_dir") or ""), [dict(b) for b in data.get("boundaries") or []],
+                       str(data.get("boundaries_differ") or ""))
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"recorded reference: bad or missing field ({type(exc).__name__}: {exc})") from None
 

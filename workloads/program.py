@@ -156,7 +156,9 @@ class Program:
     # ("effect"), k x cut_time_ms after the program started ("time"), or once k x cut_bytes of its stream were
     # read ("size"; for a file stream: the file reached that size). A program cannot park, so every cut is
     # asynchronous: it lands there (plus the plan's async offset), wherever the program then is.
-    phases: ClassVar[tuple[str, ...]] = ("effect", "time", "size")
+    # Or just before its k-th counted system call ("syscall": the program traced, held there; asked for by name, so
+    # that plan.phases = "all" traces nothing).
+    phases: ClassVar[tuple[str, ...]] = ("effect", "time", "size", "syscall")
     arrays: ClassVar[tuple[str, ...]] = ("numpy",)  # no array library of cutbench's: the harness starts no CUDA for it
     ground_truth: ClassVar[str] = "recorded"
     # Started by the harness as it is (cutbench.harness.runner.program), not as a workload class in a workload process.
@@ -187,6 +189,9 @@ class Program:
         "domains": [],  # state domains it keeps beyond a plain process's (e.g. "disk")
         "cut_time_ms": 100.0,  # a cut at op k of phase "time" lands k x this after the program started
         "cut_bytes": 4096,  # a cut at op k of phase "size" lands once k x this many bytes of its stream were read
+        # The system calls that count, traced from its start (plan.syscalls, where plan.phases has "syscall"): [] for
+        # none, an untraced program.
+        "syscalls": [],
     }
 
     def __init__(self, rt: Any, params: dict[str, Any]) -> None:
@@ -203,7 +208,7 @@ class Program:
             raise WorkloadError("workload.params.command: give the program's command line as a list of words, "
                                 "e.g. command = [\"python3\", \"serve.py\"]")
         cls.artefacts(params)
-        for key in ("files", "resume", "domains"):
+        for key in ("files", "resume", "domains", "syscalls"):
             if not all(isinstance(v, str) and v for v in params[key]):
                 raise WorkloadError(f"workload.params.{key} = {params[key]!r}: a list of non-empty strings")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in params["env"].items()):

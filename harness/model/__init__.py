@@ -6,6 +6,7 @@ recovery-cut certificates (``certificate``: which logical cut a
 checkpoint's bytes belong to), the trial's spec, result and verdict types (``trial``) and
 the timed stage log (``timeline``), and each tool's documented lifecycle
 for ``cutbench hunt`` (``lifecycle``: states, steps, the documented answer
-to each with its source). It imports only the ground floor and the
+to each with its source), and a program's system-call boundaries
+(``boundaries``: which calls count, a boundary's name, two recordings compared). It imports only the ground floor and the
 workloads' declared contracts; it runs no process and writes no file.
 """

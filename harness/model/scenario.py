@@ -146,6 +146,8 @@ class Scenario:
     interval_ops: int = schema.default("plan.interval_ops")
     cut_mode: str = schema.default("plan.cut_mode")
     async_offset_ms: tuple[float, ...] = schema.default("plan.async_offset_ms")
+    # The system calls a program's cut of phase "syscall" counts (the parser gives them to workload.params.syscalls).
+    syscalls: tuple[str, ...] = schema.default("plan.syscalls")
     profile: str = schema.default("plan.profile")
     watchdog_s: float = schema.default("run.watchdog_s")
     trial_timeout_s: float = schema.default("run.trial_timeout_s")
@@ -293,16 +295,17 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         or not 1 <= plan_ops[0] <= plan_ops[1] <= LIMITS["plan.ops"]
     ):
         raise InvalidArgument(f"plan.ops = {plan_ops!r}: expected [first, last] with 1 <= first <= last <= {LIMITS['plan.ops']:,}")
-    ops_total = params.get("ops")
-    if isinstance(ops_total, int) and plan_ops[1] > ops_total:
-        raise InvalidArgument(f"plan.ops = {plan_ops!r}: last op exceeds workload.params.ops = {ops_total}")
     phases_allowed = _workload_phases(workload)
     phases = get("plan.phases")
-    if phases == "all":
-        phases = list(phases_allowed)
+    if phases == "all":  # a program's system-call cuts are asked for by name: they trace it
+        phases = [p for p in phases_allowed if p != SYSCALL]
     if isinstance(phases, str):
         raise InvalidArgument(f"plan.phases = {phases!r}: use \"all\" or a list of {', '.join(phases_allowed)}")
     phases = check_choices("plan.phases", phases, phases_allowed)
+    ops_total = params.get("ops")
+    # A syscall cut's op numbers the program's counted calls, checked against its uninterrupted runs' count.
+    if isinstance(ops_total, int) and plan_ops[1] > ops_total and SYSCALL not in phases:
+        raise InvalidArgument(f"plan.ops = {plan_ops!r}: last op exceeds workload.params.ops = {ops_total}")
     # An absent address is not an empty one: check_executor refuses any address given without Ray.
     executor, ray_address = check_executor(get("run.executor"), get("run.ray_address", None))
     own = {"name": name, "workload": workload, "params": params, "store": store, "plan_ops": (plan_ops[0], plan_ops[1]),
@@ -318,12 +321,30 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
         raise InvalidArgument(f"plan.cut_mode = {rest['cut_mode']!r}: a program cannot park at a point; set "
                               "plan.cut_mode = \"async\" (the cut lands after the k-th effect it shows, plus "
                               "plan.async_offset_ms)")
+    if SYSCALL in phases:
+        own["params"] = params = _syscall_cuts(params, rest)
     # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
     jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
     if program and params.get("port") and jobs != 1:
         raise InvalidArgument(f"workload.params.port = {params['port']}: trials that run at once cannot share one "
                               "port; set port = 0 (a free one per trial) or run.jobs = 1")
     return Scenario(**own, **rest, jobs=jobs, source_path=source_path, variants=variants)
+
+
+# A program's cut at its own system calls (docs/programs.md, "Cuts at system calls").
+SYSCALL = "syscall"
+
+
+def _syscall_cuts(params: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """A program's parameters for cuts of phase ``syscall``: the calls that count (``plan.syscalls``) given to the
+    program (its runs are traced, and its recorded reference keeps the boundaries); :class:`InvalidArgument` for a
+    plan that would cut it more than once (a restored or started-again program's later calls are not the
+    recording's to number)."""
+    if rest["cuts_per_trial"] != 1 or rest["plan_source"] == "periodic":
+        what = "plan.source = \"periodic\"" if rest["plan_source"] == "periodic" else f"plan.cuts_per_trial = {rest['cuts_per_trial']}"
+        raise InvalidArgument(f"{what}: a program is cut at its system calls once a trial (plan.phases has \"syscall\"); "
+                              "set plan.cuts_per_trial = 1 and plan.source = \"exhaustive\", \"random\" or \"hypothesis\"")
+    return {**params, "syscalls": list(rest["syscalls"])}
 
 
 # Tables a variant may overlay. The receiver store is the run's (one session, one store).

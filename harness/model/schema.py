@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutbench.harness.model.boundaries import CALLS, DEFAULT_CALLS
 from cutbench.harness.model.certificate import CERTIFY_MODES, CERTIFY_OFF
 from cutbench.harness.model.plan import FAULTS, RESTORE_TARGETS, SAME_GPU
 from cutbench.registry import CHECKPOINTERS
@@ -235,6 +236,11 @@ FIELDS: tuple[Field, ...] = (
                     "async": "start the pipeline `async_offset_ms` after the point, wherever the workload then is",
                     "mixed": "both"}),
     Field("plan", "async_offset_ms", MS, (0.0,), "offsets for `async` cuts", attr="async_offset_ms", low=0, high=MAX_MS),
+    Field("plan", "syscalls", CHOICES, DEFAULT_CALLS,
+          "for a program's cuts of phase `syscall`: the system calls that count, any of {choices}. A call counts on its "
+          "stdout or stderr, a socket, a file within its directory, and `exit_group` of its own process; a cut at op k "
+          "lands just before its k-th counted call. See [docs/programs.md](../docs/programs.md)",
+          attr="syscalls", choices=tuple(CALLS), default_text="every one of them"),
     Field("plan", "profile", CHOICE, "ci", "`hypothesis` only: {choices}", attr="profile", choices=PROFILES, meanings={
         "ci": "seeded, no shrinking, stops at the first failure",
         "research": "random, shrinking, example database under the run"}),

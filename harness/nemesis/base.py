@@ -53,6 +53,11 @@ class CutContext:
     certifier: Any = None
     # The workload's phases in execution order (to compare its control slots with the cut).
     phases: tuple[str, ...] = ()
+    # A program held at a system call (a cut of phase "syscall"): hands its tree over to the tool, stopped, with
+    # the tracer gone. The pipeline calls it before a tool that drives no CUDA begins; a GPU tool's CRIU half
+    # calls it (CriuCheckpointer.dump) after the CUDA lock, which needs the program's CUDA threads running.
+    # Idempotent; None for every other cut.
+    freeze: Any = None
     # CRIU's own options for this cut's arm (pipeline.criu_options), at dump and at restore: for a backend whose
     # capabilities.tools has "criu".
     criu_options: tuple[str, ...] = ()

@@ -83,6 +83,8 @@ def execute_cut(
                 # each of them down with the target, so that no pid the restore needs is still held.
                 target.track()
                 try:
+                    if ctx.freeze is not None and not backend.capabilities.drives_cuda:
+                        ctx.freeze()  # a program held at a system call: stopped whole for the tool, the tracer gone
                     backend.checkpoint(target, ctx)
                 except (StageRefused, StageFailed) as exc:
                     adapters.abort(ctx)

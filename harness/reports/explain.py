@@ -162,6 +162,8 @@ def _cut_point(trial: dict[str, Any]) -> str:
     except (TypeError, ValueError, OverflowError):
         return "its cut point"
     phase = trial.get("cut_phase")
+    if phase == "syscall":  # the boundary by name, where the row has it
+        return f"boundary {op}" + (f" ({trial['boundary']})" if trial.get("boundary") else "")
     if phase in PROGRAM_PLACES:  # a program's cut, placed by what it showed (docs/programs.md, "Cuts and tools")
         return PROGRAM_PLACES[phase].format(op)
     return f"op {op}/{phase}" if isinstance(phase, str) and phase else f"op {op}"

@@ -106,6 +106,19 @@ def check_programs(workloads: list[tuple[type, dict[str, Any]]]) -> None:
                 raise InvalidArgument(str(exc)) from None
 
 
+def check_tracing(workloads: list[tuple[type, dict[str, Any]]]) -> None:
+    """Refuse, before anything runs, cuts at a program's system calls (``workload.params.syscalls``, from
+    ``plan.phases`` with "syscall") on a machine that cannot trace one: :class:`Unavailable` with the reason and
+    the fix (:func:`cutbench.harness.observer.syscalls.unavailable_reason`, tried once)."""
+    if not any(workload_api.optional(w, "program") and params.get("syscalls") for w, params in workloads):
+        return
+    from cutbench.harness.observer.syscalls import unavailable_reason
+
+    why = unavailable_reason()
+    if why:
+        raise Unavailable(f"plan.phases has \"syscall\", but this machine cannot trace a program's system calls: {why}")
+
+
 def check_importable(workloads: list[tuple[str, tuple[str, ...]]]) -> None:
     """Refuse, before anything runs, a workload (``(name, workload_path)`` pairs) that a workload process cannot import.
 

@@ -22,22 +22,26 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import HarnessFault, WorkloadError
+from cutbench.harness.model import boundaries
+from cutbench.harness.model.boundaries import Boundary
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.interrupts import interruptible, shielded
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
+from cutbench.harness.observer.syscalls import Tracer, stopped_command
 from cutbench.harness.runner.arming import TrialState, launcher
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
 from cutbench.procs import Child, kill_processes_in, spawn
 from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
-# A cut's place and a program's progress in words, by the cut's phase (the units of ProgramRunner._measure).
-PLACES = {"effect": "effect {:.0f}", "time": "{:g} ms", "size": "{:.0f} bytes"}
 # How often the program's tree is read while it runs (a few /proc reads; the harness polls every POLL_S).
 TRACK_S = 0.05
-PROGRESS = {"effect": "{:.0f} effect(s)", "time": "{:.0f} ms since its start", "size": "{:.0f} bytes of {stream}"}
+# A cut's place and a program's progress in words, by the cut's phase (the units of ProgramRunner._measure).
+PLACES = {"effect": "effect {:.0f}", "time": "{:g} ms", "size": "{:.0f} bytes", "syscall": "boundary {:.0f}"}
+PROGRESS = {"effect": "{:.0f} effect(s)", "time": "{:.0f} ms since its start", "size": "{:.0f} bytes of {stream}",
+            "syscall": "{:.0f} counted system call(s)"}
 
 
 class ProgramHooks:
@@ -91,19 +95,37 @@ class ProgramRunner(TrialRunner):
         # A container engine's launch where the backend starts the program in a container (docker, podman);
         # None: the observer starts it here, its pipes read (the control runs are, but for a program in its own image).
         self.engine_launch: Callable[..., Child] | None = None
+        # Its system calls' tracer (workload.params.syscalls: a cut of phase "syscall", or the control runs that
+        # record the boundaries), on its first start only; None when it is not traced.
+        self.tracer: Tracer | None = None
+        self.reference: workload_api.RecordedReference | None = None  # the uninterrupted runs' (a trial's, not theirs)
 
     def _hwm(self) -> int | None:
         return len(self.observer.seen)
 
     def launch(self, extra_args: list[str]) -> Child:
-        """Start the program (its command and ``extra_args``) as the next incarnation."""
-        command = program_api.Program.command_for(self.spec.params, self.observer.port)
-        child = self.observer.start([*command, *extra_args], self.engine_launch)
+        """Start the program (its command and ``extra_args``) as the next incarnation; its first start traced
+        where its system calls count (:meth:`_traced`)."""
+        command = [*program_api.Program.command_for(self.spec.params, self.observer.port), *extra_args]
+        calls = self.spec.params.get("syscalls") or []
+        traced = bool(calls) and self.started_at is None
+        child = self.observer.start(stopped_command(command) if traced else command, self.engine_launch)
+        if traced:
+            self._traced(child, calls)
         if self.started_at is None:
             self.started_at = time.monotonic()
         if not extra_args:
             self.fresh_starts += 1
         return child
+
+    def _traced(self, child: Child, calls: Sequence[str]) -> None:
+        """Trace the started (stopped) program: recording every counted call (an uninterrupted run), or to hold
+        it before the counted call of the plan's first ``syscall`` cut."""
+        cuts = [c for c in self.spec.cut_plan().cuts if c.phase == "syscall"]
+        self.tracer = Tracer(child, calls=calls, directory=self.tdir, stop_at=cuts[0].op if cuts else 0)
+        with self.timeline.stage("trace"):
+            self.tracer.wait_stopped()
+            self.tracer.start()
 
     def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
         """Start, cut, restore and watch the program; return what the outside world saw (record and effects)."""
@@ -122,7 +144,7 @@ class ProgramRunner(TrialRunner):
             try:
                 with interruptible():
                     if not self.plain_launch:
-                        reference = self.s.references.get(self.cls, spec.params, spec.array)
+                        reference = self.reference = self.s.references.get(self.cls, spec.params, spec.array)
                         order = {key: op for op, key in reference.keys.items()}
                     for name in params["files"]:
                         source = Path(name)
@@ -152,6 +174,8 @@ class ProgramRunner(TrialRunner):
             except Exception as exc:  # harness-side failure: no verdict possible
                 state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
             finally:  # whole, whatever stopped the body: the program's processes go
+                if self.tracer is not None:
+                    self.tracer.close()  # what it still held goes on (and is killed below)
                 if child is not None and child.alive():
                     child.kill()
                 if child is not None:
@@ -183,7 +207,10 @@ class ProgramRunner(TrialRunner):
         host_op = len(order) if (order and completed) else distinct
         report = {"host_op": host_op, "checksum": checksum, "effects_seen": len(self.observer.seen),
                   "effect_lines": self.observer.lines, "incarnations": self.observer.incarnation + 1,
-                  **({"artefacts": compared} if compared else {})} if completed else None
+                  **({"artefacts": compared} if compared else {}),
+                  # An uninterrupted run's counted calls: the boundaries a syscall cut's op numbers.
+                  **({"boundaries": [b.to_dict() for b in self.tracer.boundaries]}
+                     if self.tracer is not None and self.plain_launch else {})} if completed else None
         effects = self.observer.frame(self.receiver_trial, order, spec.receiver_mode)
         again = int((effects["attempt"] > 1).sum()) if len(effects) else 0
         if again:
@@ -267,9 +294,15 @@ class ProgramRunner(TrialRunner):
                          timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
                          prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
                          criu_options=self.spec.arm.criu_options, program=ProgramHooks(self))
-        outcome = execute_cut(backend, child, ctx, release=lambda: None, before_resume=self.observer.restoring,
-                              keep_images=self.spec.keep_images, discard=self.s.images.discard)
+        held = self.tracer if self.tracer is not None and self.tracer.held is not None and cut.phase == "syscall" else None
+        if held is not None:
+            ctx.freeze = held.freeze  # the tool gets the tree stopped, the tracer gone (before CRIU seizes it)
+        outcome = execute_cut(backend, child, ctx, release=(lambda: held.release(child)) if held else lambda: None,
+                              before_resume=self.observer.restoring, keep_images=self.spec.keep_images,
+                              discard=self.s.images.discard)
         state.outcomes.append(asdict(outcome))
+        if held is not None and held.held is not None:
+            state.facts.update(self._boundary_facts(cut.op, held.held))
         for key, value in ctx.facts.items():
             state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
         if outcome.status == "restored":
@@ -282,6 +315,16 @@ class ProgramRunner(TrialRunner):
             return False
         return True
 
+    def _boundary_facts(self, k: int, landed: Boundary) -> dict[str, str]:
+        """A syscall cut's facts: the boundary by name (``boundary``, from the uninterrupted runs' calls), and where
+        the call the program was held before is not the recording's k-th (``boundary_landed``)."""
+        recorded = [Boundary.from_dict(b) for b in (self.reference.boundaries if self.reference is not None else [])]
+        facts = {"boundary": boundaries.name(recorded, k) or f"before {landed.words()}"}
+        if recorded and k <= len(recorded) and not recorded[k - 1].same_call(landed):
+            facts["boundary_landed"] = (f"held before {landed.words()}, where the uninterrupted runs' call {k} was "
+                                        f"{recorded[k - 1].words()}")
+        return facts
+
     def _track(self, child: Child) -> None:
         """Remember the program's tree (:meth:`Child.track`) every :data:`TRACK_S`: its helpers, in a session of their
         own or not, go with it at the end, even those whose parent ended before them."""
@@ -292,7 +335,10 @@ class ProgramRunner(TrialRunner):
 
     def _measure(self, phase: str) -> float:
         """How far the program is, in ``phase``'s unit: effects seen, ms since it first started, bytes of its
-        effect stream read."""
+        effect stream read, counted system calls made (the one it is held before included)."""
+        if phase == "syscall":
+            tracer = self.tracer
+            return 0.0 if tracer is None else float(len(tracer.boundaries) + (tracer.held is not None))
         if phase == "time":
             assert self.started_at is not None
             return (time.monotonic() - self.started_at) * 1000.0
@@ -324,7 +370,14 @@ class ProgramRunner(TrialRunner):
             while True:
                 self._track(child)
                 now_at = self._measure(cut.phase)
-                if now_at >= goal:
+                if cut.phase == "syscall" and self.tracer is not None and self.tracer.held is not None:
+                    extra["detail"] = f"held before counted call {cut.op}: {self.tracer.held.words()}"
+                    return ""  # held there: no offset, the cut is exact
+                if cut.phase == "syscall" and (self.tracer is None or self.tracer.error or self.tracer.wait_ended(0)):
+                    return (f"the program was not held before counted call {cut.op}: "
+                            f"{self.tracer.error if self.tracer and self.tracer.error else f'it made {now_at:.0f}'}"
+                            f"{self.observer.last_line()}")
+                if cut.phase != "syscall" and now_at >= goal:
                     time.sleep(cut.async_offset_ms / 1000.0)
                     extra["detail"] = f"async +{cut.async_offset_ms:g}ms after {place}"
                     return ""

@@ -46,7 +46,8 @@ from cutbench.harness.reports.summary import render_search
 from cutbench.harness.runner.adaptive import Driver, hypothesis_driver
 from cutbench.harness.runner.executors import ProgressFn, TrialLog, choose_executor
 from cutbench.harness.runner.shared import ReceiverWatch
-from cutbench.harness.runner.checks import check_backends, check_importable, check_programs, check_storage
+from cutbench.harness.runner.checks import (check_backends, check_importable, check_programs, check_storage,
+                                           check_tracing)
 from cutbench.harness.runner.runmeta import Resumed, RunMeta
 from cutbench.harness.runner.session import Session
 from cutbench.harness.store.rundir import RunDir, read_matrix, store_run
@@ -193,8 +194,10 @@ def execute(
     backends = backends or Backends()
     check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
                      [(scenario.workload, workload_api.import_roots(scenario.workload_class()))])
-    check_programs([(s.workload_class(), s.params) for s in specs] if isinstance(specs, list) else
-                   [(scenario.workload_class(), scenario.params)])
+    programs = ([(s.workload_class(), s.params) for s in specs] if isinstance(specs, list) else
+                [(scenario.workload_class(), scenario.params)])
+    check_programs(programs)
+    check_tracing(programs)
     check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
                   results_root if resume is None else resume.run.path, workdir)
     env = environment.collect()
@@ -367,6 +370,16 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
         if recorded is not None and len(recorded.payloads) < spec.params["ops"]:
             raise InvalidArgument(f"workload.params.ops = {spec.params['ops']}: the program shows "
                                   f"{len(recorded.payloads)} effects uninterrupted; set ops (and plan.ops) at most that")
+        beyond = [c.op for c in spec.cut_plan().cuts if c.phase == "syscall" and recorded is not None
+                  and c.op > len(recorded.boundaries)]
+        if beyond:
+            assert recorded is not None
+            raise InvalidArgument(f"plan.ops: a cut at counted system call {max(beyond)}, but the program makes "
+                                  f"{len(recorded.boundaries)} calls of plan.syscalls uninterrupted (on its stdout or "
+                                  f"stderr, a socket, files in its directory); set plan.ops within [1, "
+                                  f"{len(recorded.boundaries)}]" if recorded.boundaries else
+                                  "plan.phases has \"syscall\", but the program makes no call of plan.syscalls on its "
+                                  "stdout or stderr, a socket or a file in its directory: it has no boundary to cut at")
 
 
 def run_sweep(path: str | Path, axes: list[Axis], results_root: str | Path, *, overrides: list[str] | None = None,

@@ -71,6 +71,8 @@ def trial_row(result: TrialResult, stages: tuple[str, ...]) -> dict[str, Any]:
         "recomputed_ops": rec.facts.get("recomputed_ops"),
         "gpu_bytes": rec.facts.get("gpu_bytes"),
         "certify": spec.arm.certify,
+        # A program's cut at its system calls: the boundary by name ("after write(stdout) `done 17`, before …").
+        "boundary": rec.facts.get("boundary", ""),
         # CRIU's own options the arm passed (pipeline.criu_options), space-separated; "" for none.
         "criu_options": " ".join(spec.arm.criu_options),
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.

@@ -119,6 +119,8 @@ class CriuCheckpointer:
         args += self.extra_args
         args += self.dump_args
         args += ctx.criu_options  # the scenario's, last: an option it repeats (--ghost-limit) is its value
+        if ctx.freeze is not None:
+            ctx.freeze()  # a program held at a system call: stopped whole, the tracer gone, before CRIU seizes it
         ctx.mark("criu_freeze")  # the CPU image is taken at this position
         with ctx.timeline.stage("criu_dump", ctx.cut_index) as extra:
             proc = run_criu(args, timeout=ctx.stage_timeout_s)

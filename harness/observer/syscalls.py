@@ -1,0 +1,200 @@
+"""A program's system calls, from the harness's side: start it stopped, trace it, hold it at a boundary.
+
+:class:`Tracer` runs :mod:`cutbench.harness.observer.tracer` (a process of its own) on a program that
+:func:`stopped_command` started stopped, and reads what it says: every counted call (the boundaries, which the
+uninterrupted runs record), and, for a cut of phase ``syscall``, that it holds the program just before its k-th
+counted call. The runner then hands the program over to the tool (:meth:`Tracer.freeze`: the whole tree in a
+group stop, the tracer gone) and lets it go on as the fault says (:meth:`Tracer.release`). Nothing of the
+tracer stays in the program: it only ever ptrace-attached, and detached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cutbench.errors import HarnessFault
+from cutbench.harness.model.boundaries import Boundary
+from cutbench.procs import Child, package_env, process_tree, stat_fields, spawn
+
+# The program's command behind this: it stops itself (a group stop) before it becomes the program, so that the
+# tracer seizes it before its first call. Its pid is the program's (``exec``).
+WRAPPER = ("sh", "-c", 'kill -STOP $$; exec "$@"', "sh")
+# How long a started program may take to stop itself, and the tracer to seize it or to let it go.
+START_S = 10.0
+
+
+def stopped_command(command: Sequence[str]) -> list[str]:
+    """``command`` behind :data:`WRAPPER`: it starts stopped, as :class:`Tracer` needs."""
+    return [*WRAPPER, *command]
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot trace a program's system calls (with the fix), or None: tried on a throwaway one."""
+    if platform.machine() != "x86_64":
+        return (f"tracing a program's system calls needs an x86-64 machine (this one is {platform.machine()}): the "
+                "tracer rewinds a thread onto its `syscall` instruction; use plan.phases without \"syscall\"")
+    probe = spawn(stopped_command(["sh", "-c", "echo traced"]), cwd="/")
+    tracer = None
+    try:
+        tracer = Tracer(probe, calls=("write",), directory="/", stop_at=0)
+        tracer.wait_stopped()
+        tracer.start()
+        probe.wait(START_S)
+        if not tracer.wait_ended(START_S):
+            return "the tracer did not finish tracing `sh -c 'echo traced'` within 10 s"
+        if tracer.error:
+            return (f"{tracer.error} (ptrace needs root or CAP_SYS_PTRACE, and kernel.yama.ptrace_scope < 3; "
+                    "PTRACE_GET_SYSCALL_INFO needs Linux >= 5.3)")
+        return None
+    except HarnessFault as exc:
+        return exc.reason
+    finally:
+        if tracer is not None:
+            tracer.close()
+        probe.kill()
+
+
+class Tracer:
+    """The tracer process on one start of a program (see the module docstring).
+
+    ``calls``: the names that count (``plan.syscalls``); ``directory``: the program's, whose files count;
+    ``stop_at``: hold it before that counted call (0: only record); ``count_from``: calls counted before.
+    """
+
+    def __init__(self, child: Child, *, calls: Sequence[str], directory: str | Path, stop_at: int = 0,
+                 count_from: int = 0):
+        self.child = child
+        self.calls, self.directory, self.stop_at, self.count_from = tuple(calls), str(directory), stop_at, count_from
+        self.boundaries: list[Boundary] = []
+        self.held: Boundary | None = None
+        self.error = ""
+        self.frozen = False
+        self.released = False
+        self._held = threading.Event()
+        self._done = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+        self.pid = child.pid
+
+    def wait_stopped(self) -> None:
+        """Wait until the started program stopped itself (the wrapper); raise :class:`HarnessFault` when it did
+        not (it ended, or never got there)."""
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            try:
+                state = stat_fields(f"/proc/{self.pid}/stat")[1][0]
+            except OSError:
+                state = "gone"
+            if state == "T":
+                return
+            if state in ("Z", "gone") or self.child.peek() is not None:
+                raise HarnessFault("trace", f"the program ended before it could be traced (pid {self.pid})")
+            time.sleep(0.002)
+        raise HarnessFault("trace", f"the program (pid {self.pid}) did not stop itself within {START_S:g} s to be traced")
+
+    def start(self) -> None:
+        """Start the tracer on the stopped program; it continues the program."""
+        argv = [sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(self.pid),
+                "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
+                "--count-from", str(self.count_from)]
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=package_env(), start_new_session=True)
+        self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if "error" in said:
+                self.error = str(said["error"])
+            elif "held" in said:
+                self.held = Boundary.from_dict(said)
+                self._held.set()
+            elif "frozen" in said:
+                self.frozen = bool(said["frozen"])
+            elif "n" in said:
+                self.boundaries.append(Boundary.from_dict(said))
+        self._done.set()
+        self._held.set()  # whoever waits for the hold learns it will not come
+
+    def wait_held(self, timeout: float) -> bool:
+        """Whether the program is held at the boundary (within ``timeout`` s); False when it is not (yet): the
+        tracer ended (the program made fewer calls), or the time ran out."""
+        self._held.wait(timeout)
+        return self.held is not None
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Whether the tracer ended within ``timeout`` s (it reads no more)."""
+        return self._done.wait(timeout)
+
+    def _command(self, word: str) -> None:
+        """Send the held tracer ``word`` and wait for it to detach; raise :class:`HarnessFault` when it does not."""
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(word + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+        if not self.wait_ended(START_S):
+            raise HarnessFault("trace", f"the tracer did not {word} the program (pid {self.pid}) within {START_S:g} s")
+
+    def freeze(self) -> None:
+        """Hand the held program over to a tool: its whole tree stopped (a group stop), the tracer detached and
+        gone. Once; later calls do nothing."""
+        if self.held is None or self.frozen or self.released:
+            return
+        self._command("freeze")
+        if not self.frozen:
+            raise HarnessFault("trace", f"the tracer ended without stopping the program (pid {self.pid}): "
+                                        f"{self.error or self._stderr()}")
+
+    def release(self, target: Child) -> None:
+        """Let the program go on: continue ``target``'s tree (the original, or a restored copy, which a tool
+        restored stopped) when frozen, else detach the tracer from it (the held call runs now). Never raises."""
+        if self.frozen:
+            for pid in process_tree(target.pid):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            return
+        if self.held is not None and not self.released:
+            self.released = True
+            try:
+                self._command("release")
+            except HarnessFault:
+                pass
+
+    def _stderr(self) -> str:
+        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
+            return "no word from it"
+        return (self._proc.stderr.read() or "no word from it").strip()[-500:]
+
+    def close(self) -> None:
+        """End the tracer (the kernel detaches what it still traces, which runs on) and wait for it."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        if self._reader is not None:
+            self._reader.join(2.0)
