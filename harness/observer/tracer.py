@@ -100,7 +100,9 @@ class Tracer:
         self.started = False  # the wrapper's exec seen: the program's own calls count from here
         self.rewind: dict[int, int] = {}  # tid -> the number of the call skipped at its entry, to run again
         self.held: int | None = None  # the tid held at the boundary
-        self.pipes = {self._link(root, fd): name for fd, name in ((1, "stdout"), (2, "stderr"))}
+        # Its stdout and stderr, where they are pipes to a reader (the harness's): /dev/null shows nothing.
+        self.pipes = {link: name for link, name in ((self._link(root, fd), name) for fd, name in ((1, "stdout"), (2, "stderr")))
+                      if link.startswith("pipe:")}
         self.info = SyscallInfo()
         self.command: str | None = None
 

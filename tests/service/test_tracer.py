@@ -1,0 +1,127 @@
+"""The system-call tracer on real programs (``harness/observer/syscalls.py``, ``tracer.py``): ptrace, no CRIU.
+
+What a cut of phase ``syscall`` rests on: the counted calls are the ones that make an effect visible or durable
+on the program's own targets; a program held before its k-th call has not made it, stopped whole and untraced it
+is a process any tool can seize, and continued it makes that call exactly once; while held, its other threads run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from cutbench.harness.observer.syscalls import Tracer, stopped_command, unavailable_reason
+from cutbench.procs import spawn, stat_fields
+
+# Two lines on stdout, a saved file (write, fsync, rename into place), a scratch file unlinked; writes to
+# /dev/null and outside its directory, which count for nothing.
+PROGRAM = """
+import os, sys
+for i in (1, 2):
+    os.write(1, b"line %d\\n" % i)
+with open("state.tmp", "w") as f:
+    f.write("saved"); f.flush(); os.fsync(f.fileno())
+os.rename("state.tmp", "state")
+open("scratch", "w").close(); os.unlink("scratch")
+os.write(os.open(os.devnull, os.O_WRONLY), b"nothing")
+with open(sys.argv[1], "w") as f:
+    f.write("outside")
+"""
+
+# A writer thread keeps appending (outside its directory: it does not count) while the main thread writes its
+# lines: the held thread alone stops.
+THREADED = """
+import os, sys, threading, time
+def beat():
+    while True:
+        with open(sys.argv[1], "a") as f:
+            f.write("x")
+        time.sleep(0.01)
+threading.Thread(target=beat, daemon=True).start()
+time.sleep(0.2)
+for i in range(1, 4):
+    os.write(1, b"line %d\\n" % i)
+time.sleep(0.3)
+"""
+
+CALLS = ("write", "fsync", "rename", "unlink", "unlinkat", "exit_group")
+
+
+def start(tmp_path: Path, source: str, *, stop_at: int = 0, calls=CALLS, args=()):
+    (tmp_path / "prog.py").write_text(source)
+    read, write = os.pipe()
+    child = spawn(stopped_command([sys.executable, "prog.py", *args]), cwd=str(tmp_path), stdout=write)
+    os.close(write)
+    tracer = Tracer(child, calls=calls, directory=tmp_path, stop_at=stop_at)
+    tracer.wait_stopped()
+    tracer.start()
+    return child, tracer, os.fdopen(read)
+
+
+def test_this_machine_can_trace():
+    assert unavailable_reason() is None
+
+
+def test_the_counted_calls_are_those_on_the_program_s_own_targets(tmp_path: Path):
+    work = tmp_path / "work"
+    work.mkdir()
+    child, tracer, out = start(work, PROGRAM, args=[str(tmp_path / "elsewhere")])
+    try:
+        assert child.wait(20) == 0 and tracer.wait_ended(10)
+    finally:
+        tracer.close()
+        out.close()
+    said = [b.words() for b in tracer.boundaries]
+    assert said == ["write(stdout) `line 1`", "write(stdout) `line 2`", "write(file:state.tmp) `saved`",
+                    "fsync(file:state.tmp)", "rename(file:state.tmp -> file:state)", "unlink(file:scratch)",
+                    "exit_group"], said
+
+
+def test_a_held_program_has_not_made_its_call_and_makes_it_once_when_continued(tmp_path: Path):
+    child, tracer, out = start(tmp_path, PROGRAM, stop_at=3, args=[str(tmp_path / "elsewhere")])
+    try:
+        assert tracer.wait_held(20) and tracer.held.words() == "write(file:state.tmp) `saved`"
+        tracer.freeze()
+        # Stopped whole, nothing of the tracer left in it: a tool can seize it.
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        assert stat_fields(f"/proc/{child.pid}/stat")[1][0] == "T"
+        assert "TracerPid:\t0" in status and "Seccomp:\t0" in status
+        time.sleep(0.2)
+        assert out.readline() == "line 1\n" and out.readline() == "line 2\n"
+        assert (tmp_path / "state.tmp").read_text() == ""  # opened, not yet written
+        tracer.release(child)
+        assert child.wait(20) == 0
+        assert (tmp_path / "state").read_text() == "saved" and out.read() == ""
+    finally:
+        tracer.close()
+        child.kill()
+        out.close()
+
+
+def test_a_released_program_goes_on_from_its_call_and_its_other_threads_run_while_it_is_held(tmp_path: Path):
+    work, beat = tmp_path / "work", tmp_path / "beat"
+    work.mkdir()
+    child, tracer, out = start(work, THREADED, stop_at=2, calls=("write",), args=[str(beat)])
+    try:
+        assert tracer.wait_held(20) and tracer.held.words() == "write(stdout) `line 2`"
+        before = beat.stat().st_size
+        time.sleep(0.3)
+        assert beat.stat().st_size > before  # the writer thread ran on
+        tracer.release(child)
+        assert child.wait(20) == 0
+        assert out.read() == "line 1\nline 2\nline 3\n"
+    finally:
+        tracer.close()
+        child.kill()
+        out.close()
+
+
+def test_a_program_that_ends_before_its_call_ends_the_tracer_without_a_hold(tmp_path: Path):
+    child, tracer, out = start(tmp_path, "import os\nos.write(1, b'only\\n')\n", stop_at=5, calls=("write",))
+    try:
+        assert not tracer.wait_held(20) and child.wait(10) == 0 and len(tracer.boundaries) == 1
+    finally:
+        tracer.close()
+        out.close()
