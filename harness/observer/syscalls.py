@@ -1,7 +1,7 @@
-"""A program's system calls, from the harness's side: start it stopped, trace it, hold it at a boundary.
+"""A program's system calls, from the harness's side: start it waiting, trace it, hold it at a boundary.
 
 :class:`Tracer` runs :mod:`cutbench.harness.observer.tracer` (a process of its own) on a program that
-:func:`stopped_command` started stopped, and reads what it says: every counted call (the boundaries, which the
+:func:`waiting_command` started waiting, and reads what it says: every counted call (the boundaries, which the
 uninterrupted runs record), and, for a cut of phase ``syscall``, that it holds the program just before its k-th
 counted call. The runner then hands the program over to the tool (:meth:`Tracer.freeze`: the whole tree in a
 group stop, the tracer gone) and lets it go on as the fault says (:meth:`Tracer.release`). Nothing of the
@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -23,18 +25,23 @@ from pathlib import Path
 
 from cutbench.errors import HarnessFault
 from cutbench.harness.model.boundaries import Boundary
-from cutbench.procs import Child, package_env, process_tree, stat_fields, spawn
+from cutbench.procs import Child, package_env, process_tree, spawn
 
-# The program's command behind this: it stops itself (a group stop) before it becomes the program, so that the
-# tracer seizes it before its first call. Its pid is the program's (``exec``).
-WRAPPER = ("sh", "-c", 'kill -STOP $$; exec "$@"', "sh")
-# How long a started program may take to stop itself, and the tracer to seize it or to let it go.
+# The program's command behind this: it waits on a fifo (its first argument) before it becomes the program, so
+# that the tracer seizes it before its first call. Its pid is the program's (``exec``). A fifo, not a SIGSTOP of
+# its own: in a container the wrapper is the init of a PID namespace, which cannot stop itself.
+WRAPPER = ("sh", "-c", 'read _ < "$0"; exec "$@"')
+START_FIFO = ".cutbench-start"  # in the program's directory (in its container too)
+# How long a started program may take to wait for its start, and the tracer to seize it or to let it go.
 START_S = 10.0
 
 
-def stopped_command(command: Sequence[str]) -> list[str]:
-    """``command`` behind :data:`WRAPPER`: it starts stopped, as :class:`Tracer` needs."""
-    return [*WRAPPER, *command]
+def waiting_command(command: Sequence[str], directory: str | Path) -> list[str]:
+    """``command`` behind :data:`WRAPPER`, waiting on a fifo made in ``directory`` until :meth:`Tracer.start`."""
+    fifo = Path(directory) / START_FIFO
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    return [*WRAPPER, str(fifo), *command]
 
 
 def unavailable_reason() -> str | None:
@@ -42,11 +49,11 @@ def unavailable_reason() -> str | None:
     if platform.machine() != "x86_64":
         return (f"tracing a program's system calls needs an x86-64 machine (this one is {platform.machine()}): the "
                 "tracer rewinds a thread onto its `syscall` instruction; use plan.phases without \"syscall\"")
-    probe = spawn(stopped_command(["sh", "-c", "echo traced"]), cwd="/")
+    scratch = tempfile.mkdtemp(prefix="cutbench-trace-")
+    probe = spawn(waiting_command(["sh", "-c", "echo traced"], scratch), cwd=scratch)
     tracer = None
     try:
-        tracer = Tracer(probe, calls=("write",), directory="/", stop_at=0)
-        tracer.wait_stopped()
+        tracer = Tracer(probe, calls=("write",), directory=scratch, stop_at=0)
         tracer.start()
         probe.wait(START_S)
         if not tracer.wait_ended(START_S):
@@ -61,6 +68,7 @@ def unavailable_reason() -> str | None:
         if tracer is not None:
             tracer.close()
         probe.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class Tracer:
@@ -79,30 +87,16 @@ class Tracer:
         self.error = ""
         self.frozen = False
         self.released = False
+        self._seized = threading.Event()
         self._held = threading.Event()
         self._done = threading.Event()
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
         self.pid = child.pid
 
-    def wait_stopped(self) -> None:
-        """Wait until the started program stopped itself (the wrapper); raise :class:`HarnessFault` when it did
-        not (it ended, or never got there)."""
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            try:
-                state = stat_fields(f"/proc/{self.pid}/stat")[1][0]
-            except OSError:
-                state = "gone"
-            if state == "T":
-                return
-            if state in ("Z", "gone") or self.child.peek() is not None:
-                raise HarnessFault("trace", f"the program ended before it could be traced (pid {self.pid})")
-            time.sleep(0.002)
-        raise HarnessFault("trace", f"the program (pid {self.pid}) did not stop itself within {START_S:g} s to be traced")
-
     def start(self) -> None:
-        """Start the tracer on the stopped program; it continues the program."""
+        """Start the tracer on the waiting program, and once it has seized it, let it become the program; raise
+        :class:`HarnessFault` when the tracer cannot (the program gone, ptrace refused)."""
         argv = [sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(self.pid),
                 "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
                 "--count-from", str(self.count_from)]
@@ -110,6 +104,26 @@ class Tracer:
                                       text=True, env=package_env(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)
         self._reader.start()
+        if not self._seized.wait(START_S) or self.error or self._done.is_set():
+            self.close()
+            raise HarnessFault("trace", f"the tracer could not seize the program (pid {self.pid}): "
+                                        f"{self.error or self._stderr()}")
+        fifo = Path(self.directory) / START_FIFO
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # once the wrapper has it open to read
+                break
+            except OSError as exc:
+                if self._done.is_set() or time.monotonic() > deadline:
+                    self.close()
+                    raise HarnessFault("trace", f"the program (pid {self.pid}) does not wait on {fifo}: {exc}") from None
+                time.sleep(0.001)
+        try:
+            os.write(descriptor, b"\n")
+        finally:
+            os.close(descriptor)
+            fifo.unlink(missing_ok=True)
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -120,6 +134,8 @@ class Tracer:
                 continue
             if "error" in said:
                 self.error = str(said["error"])
+            elif "seized" in said:
+                self._seized.set()
             elif "held" in said:
                 self.held = Boundary.from_dict(said)
                 self._held.set()
@@ -129,6 +145,7 @@ class Tracer:
                 self.boundaries.append(Boundary.from_dict(said))
         self._done.set()
         self._held.set()  # whoever waits for the hold learns it will not come
+        self._seized.set()
 
     def wait_held(self, timeout: float) -> bool:
         """Whether the program is held at the boundary (within ``timeout`` s); False when it is not (yet): the

@@ -4,8 +4,10 @@ Run as a process of its own, one per start of a program (``python -m cutbench.ha
 :class:`~cutbench.harness.observer.syscalls.Tracer`): its ``waitpid`` then sees its tracees only (the harness is a
 subreaper whose other children it must never reap), and its ptrace stops cost the harness's threads nothing.
 
-The program starts stopped (its command behind ``sh -c 'kill -STOP $$; exec "$@"'``). The tracer seizes it
-(``PTRACE_SEIZE``, following its threads and children), continues it, and counts each call of ``--calls`` on
+The program starts waiting (its command behind ``sh -c 'read _ < "$0"; exec "$@"' FIFO``: a fifo in its
+directory, which works in a container too, where the wrapper is the init of a PID namespace and cannot stop
+itself). The tracer seizes it (``PTRACE_SEIZE``, following its threads and children) and says so; the harness
+writes the fifo, the wrapper becomes the program, and the tracer counts each call of ``--calls`` on
 a target that counts: its stdout or stderr pipe, a socket, a file within ``--dir`` (its database, its journal,
 its checkpoint file), and the root process's ``exit_group``. Each counted call is one line of JSON on stdout
 (``{"n": 17, "call": "write", "target": "stdout", "bytes": 41, "head": "done 17 ab…"}``).
@@ -189,11 +191,11 @@ class Tracer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def seize(self) -> None:
-        """Seize the stopped wrapper, start tracing its calls and continue it."""
+        """Seize the waiting wrapper and start tracing its calls; the harness then lets it become the program."""
         ptrace(PTRACE_SEIZE, self.root, 0, OPTIONS)
         self.tracees.add(self.root)
-        ptrace(PTRACE_INTERRUPT, self.root)
-        os.kill(self.root, signal.SIGCONT)
+        ptrace(PTRACE_INTERRUPT, self.root)  # its first stop, where its calls start to be traced
+        say(seized=self.root)
 
     def run(self) -> int:
         """Trace until the tree is gone or a command detached from it; return the exit status for the process."""
@@ -355,7 +357,7 @@ class Tracer:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pid", type=int, required=True, help="the stopped wrapper to seize")
+    parser.add_argument("--pid", type=int, required=True, help="the waiting wrapper to seize")
     parser.add_argument("--calls", required=True, help="comma-separated names of the calls that count")
     parser.add_argument("--dir", required=True, help="the program's directory: the files within it count")
     parser.add_argument("--stop-at", type=int, default=0, help="hold the program before this counted call (0: never)")

@@ -77,6 +77,13 @@ def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
     engine, which keeps a container's stdout and stderr (its log) where nothing here could read them as they
     come. Raises :class:`InvalidArgument` naming the parameter and what works."""
     engine = optional(backend, "launch") is not None
+    if engine and scenario.params.get("syscalls"):
+        # Measured with Docker 20.10 and Podman 4.3 (runc, cgroup v1): the engine's CRIU freezes the container's
+        # cgroup, and with the program stopped at its call in it the checkpoint never returned (docs/programs.md).
+        raise InvalidArgument(f"plan.phases has \"syscall\" under {name!r}: a container engine's checkpoint freezes "
+                              "the container's cgroup, and a program held stopped at a system call in it is never "
+                              "checkpointed (the engine's call hangs); cut it at its system calls under criu, or in "
+                              "its container at effects (plan.phases = [\"effect\"])")
     image = scenario.params["image"]
     if image and not engine:
         raise InvalidArgument(f"workload.params.image = {image!r}: a program in its own image runs under a container "

@@ -29,7 +29,7 @@ from cutbench.interrupts import interruptible, shielded
 from cutbench.harness.nemesis.base import CutContext
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
-from cutbench.harness.observer.syscalls import Tracer, stopped_command
+from cutbench.harness.observer.syscalls import Tracer, waiting_command
 from cutbench.harness.runner.arming import TrialState, launcher
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
 from cutbench.procs import Child, kill_processes_in, spawn
@@ -109,9 +109,15 @@ class ProgramRunner(TrialRunner):
         command = [*program_api.Program.command_for(self.spec.params, self.observer.port), *extra_args]
         calls = self.spec.params.get("syscalls") or []
         traced = bool(calls) and self.started_at is None
-        child = self.observer.start(stopped_command(command) if traced else command, self.engine_launch)
+        child = self.observer.start(waiting_command(command, self.tdir) if traced else command, self.engine_launch)
         if traced:
-            self._traced(child, calls)
+            try:
+                self._traced(child, calls)
+            except BaseException:  # no handle of it reaches the trial: it goes here, with its tracer
+                if self.tracer is not None:
+                    self.tracer.close()
+                child.kill()
+                raise
         if self.started_at is None:
             self.started_at = time.monotonic()
         if not extra_args:
@@ -124,7 +130,6 @@ class ProgramRunner(TrialRunner):
         cuts = [c for c in self.spec.cut_plan().cuts if c.phase == "syscall"]
         self.tracer = Tracer(child, calls=calls, directory=self.tdir, stop_at=cuts[0].op if cuts else 0)
         with self.timeline.stage("trace"):
-            self.tracer.wait_stopped()
             self.tracer.start()
 
     def observe(self) -> tuple[TrialRecord, pd.DataFrame]:

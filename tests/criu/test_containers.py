@@ -369,6 +369,20 @@ def test_a_scenario_s_criu_options_reach_the_criu_each_engine_runs(criu, docker_
     assert left_behind(latest_run(results_root)) == [] and not runc_options_left()
 
 
+def test_a_program_in_a_container_is_not_cut_at_its_system_calls_and_says_why(criu, docker_engine, podman_engine,
+                                                                              tmp_path):
+    # The engine's CRIU freezes the container's cgroup, and with the program held stopped at its call the
+    # checkpoint never returned (measured with both engines): refused before any trial, naming what works.
+    from tests.fixtures.run_fixtures import cli
+
+    for engine in ("docker", "podman"):
+        proc = cli("run", str(REPO / "examples" / "programs" / "jobs" / "syscalls.toml"), "--out", str(tmp_path),
+                   "--variant", "announce-commit", "--set", f'pipeline.backends=["{engine}"]',
+                   "--set", 'workload.params.stream="file:announce.log"')
+        assert proc.returncode == 254, proc.stderr[-2000:]
+        assert f"plan.phases has \"syscall\" under '{engine}': a container engine's checkpoint freezes" in proc.stderr
+
+
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_several_restores_of_one_container_in_one_trial(criu, docker_engine, podman_engine, results_root, engine):
     """Periodic checkpoints: the restored container is cut, killed and restored again, twice more."""

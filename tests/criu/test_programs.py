@@ -5,6 +5,7 @@ measured (docs/programs.md, "What the examples show")."""
 from __future__ import annotations
 
 import json
+import subprocess
 import re
 
 import pandas as pd
@@ -187,3 +188,35 @@ def test_a_tool_s_own_option_is_an_arm_axis_and_its_refusal_says_which(criu, tmp
     summary = (run_dir / "summary.md").read_text()
     assert "## Refused trials" in summary and 'pipeline.criu_options = [[], ["--file-locks"]]' in summary
     assert 'criu_options = [\n    [],\n    [\n        "--file-locks",' in (run_dir / "run.toml").read_text()
+
+
+def test_a_program_cut_at_its_system_calls_shows_each_order_s_defect_at_its_boundaries(criu, tmp_path):
+    # Every boundary of job 5 of the SQLite worker (its calls 43-47), in both orders, through CRIU and its own
+    # --resume: each trial lands on its boundary, so the defect is caught at exactly the boundaries it lives at.
+    proc = cli("run", str(PROGRAMS / "jobs" / "syscalls.toml"), "--out", str(tmp_path), "--json",
+               "--set", 'receiver.modes=["at_least_once"]', "--set", "plan.ops=[43, 47]", timeout=900)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    trials = pd.read_parquet((tmp_path / "latest").resolve() / "trials.parquet")
+    assert len(trials) == 20 and (trials["outcome"] != "unknown").all(), trials[["arm", "cut_op", "error"]].to_string()
+    # CRIU restores the process at the boundary: every one valid, in either order.
+    assert (trials[trials["backend"] == "criu"]["outcome"] == "valid").all()
+    app = trials[trials["backend"] == "app"]
+    broken = {v: {(int(r["cut_op"]), r["boundary"]): {f["kind"] for f in json.loads(r["findings"])}
+                  for r in g.to_dict("records") if r["outcome"] == "invalid"} for v, g in app.groupby("variant")}
+    # Announced, not yet in the write-ahead log: started again it does job 5 again and announces it twice.
+    assert sorted(op for op, _ in broken["announce-commit"]) == [44, 45, 46]
+    assert all(kinds == {"duplicate"} for kinds in broken["announce-commit"].values())
+    assert ("after write(stdout) `done 5 " in next(name for op, name in broken["announce-commit"] if op == 44))
+    # In the write-ahead log (a killed process's pwrite64 is in the page cache), not yet announced: never announced.
+    assert sorted(op for op, _ in broken["commit-announce"]) == [45, 46]
+    assert all(kinds == {"missing"} for kinds in broken["commit-announce"].values())
+    assert [name for op, name in broken["commit-announce"] if op == 46][0].endswith(
+        "before write(stdout) `done 5 92e9316162a676c39a125e4a7…`")
+
+
+def test_a_plan_beyond_the_program_s_counted_calls_is_refused_before_any_trial(criu, tmp_path):
+    proc = cli("run", str(PROGRAMS / "jobs" / "syscalls.toml"), "--out", str(tmp_path), "--variant", "announce-commit",
+               "--set", "plan.ops=[500, 500]", "--set", 'pipeline.backends=["criu"]', timeout=300)
+    assert proc.returncode == 254, proc.stderr[-2000:]
+    assert "plan.ops: a cut at counted system call 500, but the program makes 90 calls of plan.syscalls" in proc.stderr
+    assert subprocess.run(["pgrep", "-f", "worker.py"], capture_output=True).stdout == b""

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cutbench.harness.observer.syscalls import Tracer, stopped_command, unavailable_reason
+from cutbench.harness.observer.syscalls import Tracer, unavailable_reason, waiting_command
 from cutbench.procs import spawn, stat_fields
 
 # Two lines on stdout, a saved file (write, fsync, rename into place), a scratch file unlinked; writes to
@@ -52,11 +52,15 @@ CALLS = ("write", "fsync", "rename", "unlink", "unlinkat", "exit_group")
 def start(tmp_path: Path, source: str, *, stop_at: int = 0, calls=CALLS, args=()):
     (tmp_path / "prog.py").write_text(source)
     read, write = os.pipe()
-    child = spawn(stopped_command([sys.executable, "prog.py", *args]), cwd=str(tmp_path), stdout=write)
+    child = spawn(waiting_command([sys.executable, "prog.py", *args], tmp_path), cwd=str(tmp_path), stdout=write)
     os.close(write)
     tracer = Tracer(child, calls=calls, directory=tmp_path, stop_at=stop_at)
-    tracer.wait_stopped()
-    tracer.start()
+    try:
+        tracer.start()
+    except BaseException:
+        child.kill()
+        os.close(read)
+        raise
     return child, tracer, os.fdopen(read)
 
 
