@@ -358,7 +358,8 @@ class Tracer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pid", type=int, required=True, help="the waiting wrapper to seize")
-    parser.add_argument("--calls", required=True, help="comma-separated names of the calls that count")
+    parser.add_argument("--calls", default=",".join(CALLS), help="comma-separated names of the calls that count "
+                                                                   "(default: all of them)")
     parser.add_argument("--dir", required=True, help="the program's directory: the files within it count")
     parser.add_argument("--stop-at", type=int, default=0, help="hold the program before this counted call (0: never)")
     parser.add_argument("--count-from", type=int, default=0, help="the calls counted before (a restored program's)")

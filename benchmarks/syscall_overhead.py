@@ -1,0 +1,105 @@
+"""What tracing a program's system calls costs it: the same program run uninterrupted, untraced and traced
+(recording its counted calls, as a scenario with ``plan.phases = ["syscall"]`` records its ground truth),
+alternated in one run; the ratio of the medians is the figure (goal <= 1.05).
+
+    python benchmarks/syscall_overhead.py examples/programs/ticker/ticker.toml [--repeat 5] [--json OUT]
+
+The program is the scenario's (``[workload.params]``: command, files, env), started in a fresh directory each
+time. Traced, it starts waiting on a fifo and the tracer (``python -m cutbench.harness.observer.tracer``, its
+command-line interface) seizes it before it becomes the program, as a run does; the clock starts when the
+program is let go, untraced or traced alike, and stops at its exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+WRAPPER = ("sh", "-c", 'read _ < "$0"; exec "$@"')
+
+
+def program(scenario: Path) -> tuple[list[str], list[Path], dict[str, str]]:
+    """The scenario's command, files (absolute) and environment."""
+    params = tomllib.loads(scenario.read_text())["workload"]["params"]
+    files = [(scenario.parent / f).resolve() for f in params.get("files", [])]
+    return list(params["command"]), files, {**os.environ, **params.get("env", {})}
+
+
+def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: bool) -> tuple[float, int]:
+    """One uninterrupted run in a fresh directory: its wall time (from its release to its exit) and the calls the
+    tracer counted (0 untraced)."""
+    work = Path(tempfile.mkdtemp(prefix="cutbench-overhead-"))
+    try:
+        for f in files:
+            (shutil.copytree if f.is_dir() else shutil.copy2)(f, work / f.name)
+        fifo = work / ".cutbench-start"
+        os.mkfifo(fifo)
+        child = subprocess.Popen([*WRAPPER, str(fifo), *command], cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        tracer = None
+        if traced:
+            tracer = subprocess.Popen([sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(child.pid),
+                                       "--dir", str(work)],  # every call plan.syscalls names by default
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert tracer.stdout is not None
+            first = json.loads(tracer.stdout.readline())
+            if "seized" not in first:
+                raise SystemExit(f"the tracer could not seize the program: {first}")
+            # Its lines read as they come, as a run reads them: a full pipe would stop the tracer and the program.
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(tracer.stdout), daemon=True)
+            reader.start()
+        start = time.perf_counter()
+        with open(fifo, "w") as go:  # the wrapper has it open to read: it becomes the program now
+            go.write("\n")
+        rc = child.wait()
+        elapsed = time.perf_counter() - start
+        counted = 0
+        if tracer is not None:
+            tracer.wait()
+            reader.join()
+            counted = sum(1 for line in lines if '"n"' in line)
+        if rc != 0:
+            raise SystemExit(f"{' '.join(command)} exited {rc} in {work}")
+        return elapsed, counted
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", type=Path, help="a program's scenario (its [workload.params] are run)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each, alternated")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+    command, files, env = program(args.scenario)
+    plain: list[float] = []
+    traced: list[float] = []
+    counted = 0
+    for _ in range(args.repeat):
+        plain.append(once(command, files, env, traced=False)[0])
+        t, counted = once(command, files, env, traced=True)
+        traced.append(t)
+    ratio = statistics.median(traced) / statistics.median(plain)
+    figures = {"scenario": str(args.scenario), "repeat": args.repeat, "counted_calls": counted,
+               "untraced_s": plain, "traced_s": traced, "median_untraced_s": statistics.median(plain),
+               "median_traced_s": statistics.median(traced), "ratio": ratio}
+    print(f"{args.scenario}: {counted} counted calls; untraced median {figures['median_untraced_s']:.3f} s, traced "
+          f"{figures['median_traced_s']:.3f} s: ratio {ratio:.3f} ({args.repeat} runs each, alternated)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
