@@ -58,6 +58,10 @@ class CutContext:
     # calls it (CriuCheckpointer.dump) after the CUDA lock, which needs the program's CUDA threads running.
     # Idempotent; None for every other cut.
     freeze: Any = None
+    # The other way, for a GPU tool: thaw(pid) continues the frozen program pid but for the thread held at its
+    # call, which is held again (its CUDA restore, unlock or resume needs the CUDA threads running). A GPU tool
+    # calls it after its CRIU half and before its CUDA half; None for every other cut.
+    thaw: Any = None
     # CRIU's own options for this cut's arm (pipeline.criu_options), at dump and at restore: for a backend whose
     # capabilities.tools has "criu".
     criu_options: tuple[str, ...] = ()

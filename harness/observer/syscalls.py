@@ -79,9 +79,10 @@ class Tracer:
     """
 
     def __init__(self, child: Child, *, calls: Sequence[str], directory: str | Path, stop_at: int = 0,
-                 count_from: int = 0):
+                 count_from: int = 0, attached: bool = False):
         self.child = child
         self.calls, self.directory, self.stop_at, self.count_from = tuple(calls), str(directory), stop_at, count_from
+        self.attached = attached  # the program itself, stopped at its held call (a restored copy): see rehold
         self.boundaries: list[Boundary] = []
         self.held: Boundary | None = None
         self.error = ""
@@ -99,7 +100,7 @@ class Tracer:
         :class:`HarnessFault` when the tracer cannot (the program gone, ptrace refused)."""
         argv = [sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(self.pid),
                 "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
-                "--count-from", str(self.count_from)]
+                "--count-from", str(self.count_from), *(["--attached"] if self.attached else [])]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=package_env(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)
@@ -108,6 +109,8 @@ class Tracer:
             self.close()
             raise HarnessFault("trace", f"the tracer could not seize the program (pid {self.pid}): "
                                         f"{self.error or self._stderr()}")
+        if self.attached:
+            return
         fifo = Path(self.directory) / START_FIFO
         deadline = time.monotonic() + START_S
         while True:
@@ -177,6 +180,30 @@ class Tracer:
         if not self.frozen:
             raise HarnessFault("trace", f"the tracer ended without stopping the program (pid {self.pid}): "
                                         f"{self.error or self._stderr()}")
+
+    def rehold(self, pid: int) -> "Tracer":
+        """Continue the frozen program ``pid`` (a restored copy, or the original a tool let run on), its threads
+        running again, and hold its held thread at its call once more; return the tracer that holds it now.
+
+        A GPU tool's CUDA restore is served by the program's CUDA threads, which a group stop stops (the CUDA
+        lock likewise): between its CRIU half and its CUDA half the program is let go but for the thread held
+        at the boundary, which re-enters its call first and is held there. Raises :class:`HarnessFault` when it
+        cannot be held again."""
+        if not self.frozen or self.held is None:
+            raise HarnessFault("trace", f"pid {pid} is not a program frozen at a system call")
+        again = Tracer(Child(pid=pid), calls=self.calls, directory=self.directory, stop_at=self.held.n,
+                       count_from=self.held.n - 1, attached=True)
+        again.start()
+        for member in process_tree(pid):
+            try:
+                os.kill(member, signal.SIGCONT)
+            except OSError:
+                pass
+        if not again.wait_held(START_S):
+            again.close()
+            raise HarnessFault("trace", f"the program (pid {pid}) was not held at its call again: "
+                                        f"{again.error or 'it made another call first'}")
+        return again
 
     def release(self, target: Child) -> None:
         """Let the program go on: continue ``target``'s tree (the original, or a restored copy, which a tool

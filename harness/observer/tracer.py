@@ -190,11 +190,16 @@ class Tracer:
         return sum(int.from_bytes(raw[i + 8:i + 16], "little") for i in range(0, len(raw) - 15, 16))
 
     # -- the loop ------------------------------------------------------------------------------------
-    def seize(self) -> None:
-        """Seize the waiting wrapper and start tracing its calls; the harness then lets it become the program."""
-        ptrace(PTRACE_SEIZE, self.root, 0, OPTIONS)
-        self.tracees.add(self.root)
-        ptrace(PTRACE_INTERRUPT, self.root)  # its first stop, where its calls start to be traced
+    def seize(self, *, attached: bool = False) -> None:
+        """Seize the waiting wrapper and start tracing its calls; the harness then lets it become the program.
+        ``attached``: seize every thread of a program that is the program already (a restored copy, stopped, its
+        held thread rewound onto its call): its calls count from ``count_from``, and the harness continues it."""
+        tids = [int(t) for t in os.listdir(f"/proc/{self.root}/task")] if attached else [self.root]
+        for tid in tids:
+            ptrace(PTRACE_SEIZE, tid, 0, OPTIONS)
+            self.tracees.add(tid)
+            ptrace(PTRACE_INTERRUPT, tid)  # its first stop, where its calls start to be traced
+        self.started = attached
         say(seized=self.root)
 
     def run(self) -> int:
@@ -363,11 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, help="the program's directory: the files within it count")
     parser.add_argument("--stop-at", type=int, default=0, help="hold the program before this counted call (0: never)")
     parser.add_argument("--count-from", type=int, default=0, help="the calls counted before (a restored program's)")
+    parser.add_argument("--attached", action="store_true",
+                        help="--pid is the program itself, stopped (a restored copy held again at its call)")
     args = parser.parse_args(argv)
     calls = {CALLS[name][0] for name in args.calls.split(",") if name}
     tracer = Tracer(args.pid, calls, args.dir, args.stop_at, args.count_from)
     try:
-        tracer.seize()
+        tracer.seize(attached=args.attached)
     except OSError as exc:
         say(error=f"cannot trace pid {args.pid}: {exc}")
         return 1

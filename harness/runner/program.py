@@ -302,7 +302,13 @@ class ProgramRunner(TrialRunner):
         held = self.tracer if self.tracer is not None and self.tracer.held is not None and cut.phase == "syscall" else None
         if held is not None:
             ctx.freeze = held.freeze  # the tool gets the tree stopped, the tracer gone (before CRIU seizes it)
-        outcome = execute_cut(backend, child, ctx, release=(lambda: held.release(child)) if held else lambda: None,
+            ctx.thaw = self._thaw
+
+        def release() -> None:  # the program goes on from its call: the original, or the restored copy
+            if self.tracer is not None:
+                self.tracer.release(child)
+
+        outcome = execute_cut(backend, child, ctx, release=release if held else lambda: None,
                               before_resume=self.observer.restoring, keep_images=self.spec.keep_images,
                               discard=self.s.images.discard)
         state.outcomes.append(asdict(outcome))
@@ -319,6 +325,12 @@ class ProgramRunner(TrialRunner):
             state.down = outcome.status == "failed"
             return False
         return True
+
+    def _thaw(self, pid: int) -> None:
+        """A GPU tool's CRIU half is done: the frozen program ``pid`` runs again but for its held call
+        (:meth:`Tracer.rehold`), and the tracer that holds it now is the one a release lets go."""
+        assert self.tracer is not None
+        self.tracer = self.tracer.rehold(pid)
 
     def _boundary_facts(self, k: int, landed: Boundary) -> dict[str, str]:
         """A syscall cut's facts: the boundary by name (``boundary``, from the uninterrupted runs' calls), and where

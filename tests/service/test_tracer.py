@@ -129,3 +129,32 @@ def test_a_program_that_ends_before_its_call_ends_the_tracer_without_a_hold(tmp_
     finally:
         tracer.close()
         out.close()
+
+
+def test_a_frozen_program_runs_again_but_for_its_held_call_and_makes_it_once_when_released(tmp_path: Path):
+    # What a GPU tool's CUDA restore needs between its CRIU half and its CUDA half: the program's threads running,
+    # the thread held at the boundary held there still.
+    work, beat = tmp_path / "work", tmp_path / "beat"
+    work.mkdir()
+    child, tracer, out = start(work, THREADED, stop_at=2, calls=("write",), args=[str(beat)])
+    again = None
+    try:
+        assert tracer.wait_held(20)
+        tracer.freeze()
+        frozen = beat.stat().st_size
+        time.sleep(0.2)
+        assert beat.stat().st_size == frozen  # stopped whole
+        again = tracer.rehold(child.pid)
+        assert again.held is not None and again.held.words() == "write(stdout) `line 2`"
+        time.sleep(0.3)
+        assert beat.stat().st_size > frozen  # its other thread runs again
+        assert stat_fields(f"/proc/{child.pid}/stat")[1][0] != "T"
+        again.release(child)
+        assert child.wait(20) == 0
+        assert out.read() == "line 1\nline 2\nline 3\n"
+    finally:
+        tracer.close()
+        if again is not None:
+            again.close()
+        child.kill()
+        out.close()

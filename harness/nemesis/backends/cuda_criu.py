@@ -77,6 +77,8 @@ class CudaCriuCheckpointer(CudaCheckpointer):
             if not all(s == "running" for s in states):
                 raise StageFailed(exc.stage, f"{exc.reason}; CUDA states after: {states}") from exc
             raise
+        if ctx.thaw is not None and ctx.cut.fault != "kill":
+            ctx.thaw(target.pid)  # a program held at a system call: its CUDA threads run again, the call stays held
         if ctx.cut.fault == "none":
             self.resume_cuda(target.pid, ctx)  # suspend/resume: back on the GPU before it is released
         elif ctx.cut.fault == "leave_running":
@@ -95,6 +97,8 @@ class CudaCriuCheckpointer(CudaCheckpointer):
         """
         pid = self.criu.restore(ctx)
         try:
+            if ctx.thaw is not None:
+                ctx.thaw(pid)  # restored stopped at its held call: its CUDA threads run again for the CUDA restore
             procs = self.stages.procs
             if procs is None:
                 raise HarnessFault("cuda_restore", "no record of the checkpointed CUDA processes")
