@@ -214,6 +214,8 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None, *, resum
         return f"The harness could not judge the trial (cut at {where}), so it says nothing of {tool}: {error}."
     keys = _keys(findings, effects)  # a program's effects by stream and position; {} for a workload's
     sentences = [_opening(tool, fault, where, bool(keys), resume) + "."]
+    if trial.get("boundary_landed"):  # its run's calls were not the recording's there
+        sentences.append(f"It was {str(trial['boundary_landed']).rstrip('. ')}.")
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         by_kind.setdefault(f["kind"], []).append(f)

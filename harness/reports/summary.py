@@ -230,6 +230,9 @@ def render(meta: dict[str, Any], trials: pd.DataFrame, effects: pd.DataFrame | N
         lines.append(f"- CRIU {crit.get('version')} ({crit.get('source')})")
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         lines.append(f"- sweep axis `{axis}`: {', '.join(map(str, values))}")
+    for key, where in (meta.get("boundaries_differ") or {}).items():
+        lines.append(f"- the uninterrupted runs' counted system calls differ ({key}) at {where}: a cut there or "
+                     "beyond lands on the call its own run makes (its trial's `boundary_landed` says which)")
     for event in meta.get("receiver_restarts", []):
         again = ", ".join(event.get("trials_rerun", [])) or "none"
         lines.append(f"- the receiver died (exit status {event.get('exit_status')}) and "

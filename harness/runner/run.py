@@ -259,6 +259,11 @@ def execute(
                     meta.n_trials_planned = log.total = 0
                     run.write_meta(meta.render())
                     searchable = False
+            differ = {key: rec.boundaries_differ for key, rec in session.references.recordings.items()
+                      if rec.boundaries_differ}
+            if differ:  # said in run.toml and the summary: a syscall cut there lands where its own run's call is
+                meta.extra["boundaries_differ"] = differ
+                run.write_meta(meta.render())
             if searchable:
                 meta.extra.update(executor.run(session, log))
         complete = True

@@ -73,6 +73,8 @@ def trial_row(result: TrialResult, stages: tuple[str, ...]) -> dict[str, Any]:
         "certify": spec.arm.certify,
         # A program's cut at its system calls: the boundary by name ("after write(stdout) `done 17`, before …").
         "boundary": rec.facts.get("boundary", ""),
+        # Where the call it was held before is not the uninterrupted runs' k-th (their calls differ there).
+        "boundary_landed": rec.facts.get("boundary_landed", ""),
         # CRIU's own options the arm passed (pipeline.criu_options), space-separated; "" for none.
         "criu_options": " ".join(spec.arm.criu_options),
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.
