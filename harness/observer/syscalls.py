@@ -50,17 +50,19 @@ def unavailable_reason() -> str | None:
         return (f"tracing a program's system calls needs an x86-64 machine (this one is {platform.machine()}): the "
                 "tracer rewinds a thread onto its `syscall` instruction; use plan.phases without \"syscall\"")
     scratch = tempfile.mkdtemp(prefix="cutbench-trace-")
-    probe = spawn(waiting_command(["sh", "-c", "echo traced"], scratch), cwd=scratch)
+    probe = spawn(waiting_command(["sh", "-c", "echo traced > out"], scratch), cwd=scratch)
     tracer = None
     try:
         tracer = Tracer(probe, calls=("write",), directory=scratch, stop_at=0)
         tracer.start()
         probe.wait(START_S)
         if not tracer.wait_ended(START_S):
-            return "the tracer did not finish tracing `sh -c 'echo traced'` within 10 s"
+            return "the tracer did not finish tracing `sh -c 'echo traced > out'` within 10 s"
         if tracer.error:
             return (f"{tracer.error} (ptrace needs root or CAP_SYS_PTRACE, and kernel.yama.ptrace_scope < 3; "
                     "PTRACE_GET_SYSCALL_INFO needs Linux >= 5.3)")
+        if not tracer.boundaries:
+            return "the tracer counted no call of `sh -c 'echo traced > out'` (its write to a file of its directory)"
         return None
     except HarnessFault as exc:
         return exc.reason

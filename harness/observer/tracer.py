@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import json
 import os
 import select
@@ -107,6 +108,7 @@ class Tracer:
                       if link.startswith("pipe:")}
         self.info = SyscallInfo()
         self.command: str | None = None
+        self.said_error = False
 
     @staticmethod
     def _link(pid: int, fd: int) -> str:
@@ -259,7 +261,10 @@ class Tracer:
         """Handle a syscall stop; True when ``tid`` is now held at the boundary."""
         try:
             ptrace(PTRACE_GET_SYSCALL_INFO, tid, ctypes.sizeof(self.info), ctypes.c_void_p(ctypes.addressof(self.info)))
-        except OSError:
+        except OSError as exc:
+            if exc.errno != errno.ESRCH and not self.said_error:  # gone meanwhile is no error; a kernel without it is
+                self.said_error = True
+                say(error=f"PTRACE_GET_SYSCALL_INFO: {exc}")
             return False
         if self.info.op == SYSCALL_EXIT:
             nr = self.rewind.pop(tid, None)
