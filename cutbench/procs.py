@@ -307,11 +307,15 @@ def process_tree(root: int) -> list[int]:
     while todo:
         pid = todo.pop(0)
         out.append(pid)
-        for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            tasks = sorted(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue  # gone: its children, if any, are re-parented and read elsewhere
+        for task in tasks:
             try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
+                todo += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
             except (OSError, ValueError):
-                continue  # gone while it was read: its children, if any, are re-parented and read elsewhere
+                continue  # gone while it was read
     return out
 
 
