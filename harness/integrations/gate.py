@@ -81,7 +81,8 @@ class GateResult:
     verdict: RunVerdict
     max_invalid_rate: float
     complete: bool
-    failing: list[dict[str, Any]] = field(default_factory=list)  # trial_id, plan, outcome, findings, replay
+    # trial_id, plan, outcome, findings (kinds and ops, for JUnit's properties), words (as summary.md says it), replay
+    failing: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -97,7 +98,7 @@ class GateResult:
                 + ", ".join(f"{k} {n}" for k, n in v.counts.items()))
         lines = [head] + [f"  - {p}" for p in self.problems]
         for f in self.failing[:MAX_LISTED]:
-            lines.append(f"  {f['trial_id']} {f['plan']}: {f['outcome']} — {f['findings']}")
+            lines.append(f"  {f['trial_id']} {f['plan']}: {f['outcome']} — {f['words']}")
             lines.append(f"    replay: {f['replay']}")
         if len(self.failing) > MAX_LISTED:
             lines.append(f"  … {len(self.failing) - MAX_LISTED} more failing trials (see the report)")
@@ -134,8 +135,8 @@ def evaluate(outcome: Any, max_invalid_rate: float, label: str) -> GateResult:
     effects = outcome.run.table("effects") if not trials.empty else None
     # In the command line's words (summary.md's): what the cut did and what went wrong, alike findings together.
     failing = [
-        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"],
-         "findings": explain(r, effects, resume=resume_flag(meta, str(r.get("variant") or ""))) or findings_text(r),
+        {"trial_id": r["trial_id"], "plan": r["plan"], "outcome": r["outcome"], "findings": findings_text(r),
+         "words": explain(r, effects, resume=resume_flag(meta, str(r.get("variant") or ""))) or findings_text(r),
          "replay": replay_command(run_dir, r["trial_id"])}
         for r in failing_trials(trials).to_dict("records")
     ]

@@ -149,7 +149,8 @@ def test_the_marker_and_the_trial_fixture_gate_the_buggy_variant_and_fail(criu, 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cutbench-out", str(out))
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
-    assert "missing op 2" in text and "ended unknown" not in text, text
+    # In summary.md's words: what the cut did and what the receiver missed.
+    assert "committed op 2, but the receiver never applied it" in text and "ended unknown" not in text, text
     stored = [json.loads(p.read_text()) for p in out.glob("*/trials/t0001.json") if not p.parents[1].is_symlink()]
     assert len(stored) == 2 and {s["spec"]["workload"] for s in stored} == {"orderbook:BuggyBook"}
     assert all(s["spec"]["workload_path"] == [str(pytester.path / "mywl")] for s in stored)
