@@ -356,11 +356,11 @@ def test_a_scenario_s_criu_options_reach_the_criu_each_engine_runs(criu, docker_
     # The SQLite worker (examples/programs/jobs) announcing to a file it appends to: its database's lock is dumped
     # only with --file-locks, through runc's CRIU as through CRIU alone.
     jobs = REPO / "examples" / "programs" / "jobs" / "jobs.toml"
-    trials = run(results_root, str(jobs), "--set", 'pipeline.backends=["criu", "docker", "podman"]',
+    trials = run(results_root, str(jobs), "--set", 'pipeline.backends=["docker", "podman"]',  # criu: test_programs
                  "--set", 'receiver.modes=["idempotent"]', "--set", 'workload.params.stream="file:announce.log"',
                  "--set", 'workload.params.command=["python3", "worker.py", "--jobs", "40", "--interval-ms", "20", '
                           '"--announce", "announce.log"]', "--set", "run.stage_timeout_s=90")
-    assert len(trials) == 6, trials[["arm", "outcome", "error"]].to_string()
+    assert len(trials) == 4, trials[["arm", "outcome", "error"]].to_string()
     for row in trials.to_dict("records"):
         if row["criu_options"]:
             assert row["outcome"] == "valid", (row["arm"], row["error"])
