@@ -81,10 +81,12 @@ class Tracer:
     """
 
     def __init__(self, child: Child, *, calls: Sequence[str], directory: str | Path, stop_at: int = 0,
-                 count_from: int = 0, attached: bool = False):
+                 count_from: int = 0, attached: bool = False, hold_tid: int = 0):
         self.child = child
         self.calls, self.directory, self.stop_at, self.count_from = tuple(calls), str(directory), stop_at, count_from
         self.attached = attached  # the program itself, stopped at its held call (a restored copy): see rehold
+        self.hold_tid = hold_tid  # with attached: the thread whose call is held (the others' pass)
+        self.held_tid = 0  # the thread held at the boundary
         self.boundaries: list[Boundary] = []
         self.held: Boundary | None = None
         self.error = ""
@@ -102,7 +104,8 @@ class Tracer:
         :class:`HarnessFault` when the tracer cannot (the program gone, ptrace refused)."""
         argv = [sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(self.pid),
                 "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
-                "--count-from", str(self.count_from), *(["--attached"] if self.attached else [])]
+                "--count-from", str(self.count_from), *(["--attached"] if self.attached else []),
+                *(["--hold-tid", str(self.hold_tid)] if self.hold_tid else [])]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=package_env(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)
@@ -143,6 +146,7 @@ class Tracer:
                 self._seized.set()
             elif "held" in said:
                 self.held = Boundary.from_dict(said)
+                self.held_tid = int(said.get("tid") or 0)
                 self._held.set()
             elif "frozen" in said:
                 self.frozen = bool(said["frozen"])
@@ -193,8 +197,10 @@ class Tracer:
         cannot be held again."""
         if not self.frozen or self.held is None:
             raise HarnessFault("trace", f"pid {pid} is not a program frozen at a system call")
+        # The same thread (CRIU restores its tid): the program's other threads ran on while it was held, and their
+        # calls come after the boundary.
         again = Tracer(Child(pid=pid), calls=self.calls, directory=self.directory, stop_at=self.held.n,
-                       count_from=self.held.n - 1, attached=True)
+                       count_from=self.held.n - 1, attached=True, hold_tid=self.held_tid)
         again.start()
         for member in process_tree(pid):
             try:

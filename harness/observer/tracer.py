@@ -96,8 +96,12 @@ def say(**fields: object) -> None:
 class Tracer:
     """The loop over the tree's stops (see the module docstring)."""
 
-    def __init__(self, root: int, calls: set[int], directory: str, stop_at: int, count_from: int):
+    def __init__(self, root: int, calls: set[int], directory: str, stop_at: int, count_from: int,
+                 hold_tid: int = 0):
         self.root, self.calls, self.stop_at, self.count = root, calls, stop_at, count_from
+        # A restored copy held again (--attached): only this thread's call is the held one; the program's other
+        # threads are past the boundary already (they ran on while it was held), and their calls pass.
+        self.hold_tid = hold_tid
         self.directory = os.path.realpath(directory)
         self.tracees: set[int] = set()
         self.started = False  # the wrapper's exec seen: the program's own calls count from here
@@ -279,7 +283,7 @@ class Tracer:
         if self.info.op != SYSCALL_ENTRY or not self.started:
             return False
         nr = int(self.info.nr)
-        if nr not in self.calls:
+        if nr not in self.calls or (self.hold_tid and tid != self.hold_tid):
             return False
         pid = self._tgid(tid)
         what = self.target(pid, nr, list(self.info.args))
@@ -375,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count-from", type=int, default=0, help="the calls counted before (a restored program's)")
     parser.add_argument("--attached", action="store_true",
                         help="--pid is the program itself, stopped (a restored copy held again at its call)")
+    parser.add_argument("--hold-tid", type=int, default=0, help="with --attached: the thread whose call is held")
     args = parser.parse_args(argv)
     calls = {CALLS[name][0] for name in args.calls.split(",") if name}
-    tracer = Tracer(args.pid, calls, args.dir, args.stop_at, args.count_from)
+    tracer = Tracer(args.pid, calls, args.dir, args.stop_at, args.count_from, args.hold_tid)
     try:
         tracer.seize(attached=args.attached)
     except OSError as exc:
