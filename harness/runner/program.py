@@ -37,7 +37,7 @@ from cutbench.workloads import api as workload_api
 from cutbench.workloads import program as program_api
 
 # How often the program's tree is read while it runs (a few /proc reads; the harness polls every POLL_S).
-TRACK_S = 0.05
+TRACK_S = 0.5
 # A cut's place and a program's progress in words, by the cut's phase (the units of ProgramRunner._measure).
 PLACES = {"effect": "effect {:.0f}", "time": "{:g} ms", "size": "{:.0f} bytes", "syscall": "boundary {:.0f}"}
 PROGRESS = {"effect": "{:.0f} effect(s)", "time": "{:.0f} ms since its start", "size": "{:.0f} bytes of {stream}",
