@@ -5,8 +5,10 @@ measured (docs/programs.md, "What the examples show")."""
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import re
+
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -216,8 +218,17 @@ def test_a_program_cut_at_its_system_calls_shows_each_order_s_defect_at_its_boun
 
 
 def test_a_plan_beyond_the_program_s_counted_calls_is_refused_before_any_trial(criu, tmp_path):
+    mark = f"CUTBENCH_TEST_{os.getpid()}"  # in the program's environment: its processes, not another test's
     proc = cli("run", str(PROGRAMS / "jobs" / "syscalls.toml"), "--out", str(tmp_path), "--variant", "announce-commit",
-               "--set", "plan.ops=[500, 500]", "--set", 'pipeline.backends=["criu"]', timeout=300)
+               "--set", "plan.ops=[500, 500]", "--set", 'pipeline.backends=["criu"]',
+               "--set", f'workload.params.env={{ {mark} = "1" }}', timeout=300)
     assert proc.returncode == 254, proc.stderr[-2000:]
     assert "plan.ops: a cut at counted system call 500, but the program makes 90 calls of plan.syscalls" in proc.stderr
-    assert subprocess.run(["pgrep", "-f", "worker.py"], capture_output=True).stdout == b""
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"{mark}=1".encode() in (entry / "environ").read_bytes():
+                left.append(int(entry.name))
+        except OSError:
+            continue
+    assert left == []

@@ -187,8 +187,13 @@ def test_a_kill_takes_a_child_that_left_the_process_group_and_reaps_it(tmp_path:
 def test_a_restore_that_finds_a_pid_of_its_image_taken_names_the_holder_and_is_the_harness_own(tmp_path: Path):
     from cutbench.harness.nemesis.backends.criu import restore_failure
 
+    import time
+
     holder = spawn([sys.executable, "-c", "import time; time.sleep(30)"], cwd=str(tmp_path))
     try:
+        deadline = time.monotonic() + 10  # its command line is there once it runs
+        while b"sleep" not in Path(f"/proc/{holder.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         ctx = CutContext(images_dir=tmp_path / "images", timeline=Timeline("t0"), cut_index=0,
                          cut=Cut(op=1, phase="effect", fault="kill"))
         words = f"criu restore exit 1: 5269: Error (criu/cr-restore.c:1237): Can't fork for {holder.pid}: File exists"
