@@ -121,6 +121,12 @@ class TrialSpec:
         spec gets its workload here. Raises :class:`~cutbench.errors.WorkloadError` when it cannot be loaded."""
         return workload_api.load(self.workload, self.workload_path)
 
+    def reference_key(self) -> str:
+        """The key of this spec's ground truth (:func:`~cutbench.workloads.api.reference_key`: its workload, its
+        parameters and the array backend they resolve to), which a recorded reference is stored and found by."""
+        cls = self.workload_class()
+        return workload_api.reference_key(cls.name, self.params, workload_api.resolve_array(cls, self.array))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return asdict(self)

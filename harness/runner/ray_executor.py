@@ -187,7 +187,7 @@ class RayCluster:
             extra = {"support": {spec.backend: support}} if support and workload_api.declared_features(cls) else {}  # any params
             if not workload_api.records_reference(cls):
                 return {**base, "spec": spec.to_dict(), **extra}
-            key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+            key = spec.reference_key()
             known = (recordings or {}).get(key)
             return {**base, "spec": spec.to_dict(), **extra, **({"references": {key: known.to_dict()}} if known else {})}
 

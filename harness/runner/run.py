@@ -335,12 +335,11 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
     keep: list[TrialSpec] = []
     skipped: dict[str, dict[str, str]] = {}
     for spec in specs:
-        cls = spec.workload_class()
-        key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+        key = spec.reference_key()
         if key in failures:
             label = f"{spec.variant} {spec.arm.label()}".strip()
-            skipped.setdefault(label, {"arm": label, "reason": f"workload {cls.name!r} cannot be judged here: "
-                                                                 f"{failures[key]}"})
+            skipped.setdefault(label, {"arm": label, "reason": f"workload {spec.workload_class().name!r} cannot be "
+                                                                 f"judged here: {failures[key]}"})
         else:
             keep.append(spec)
     return keep, list(skipped.values())
@@ -349,12 +348,7 @@ def record_references(session: Session, specs: list[TrialSpec], jobs: int, run: 
 def reference_keys(specs: list[TrialSpec]) -> set[str]:
     """The reference keys (:func:`~cutbench.workloads.api.reference_key`) of the recorded-reference workloads among
     ``specs``."""
-    keys = set()
-    for spec in specs:
-        cls = spec.workload_class()
-        if workload_api.records_reference(cls):
-            keys.add(workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array)))
-    return keys
+    return {spec.reference_key() for spec in specs if workload_api.records_reference(spec.workload_class())}
 
 
 def check_program_references(specs: list[TrialSpec], session: Session, failures: dict[str, str]) -> None:
@@ -367,7 +361,7 @@ def check_program_references(specs: list[TrialSpec], session: Session, failures:
         cls = spec.workload_class()
         if not workload_api.optional(cls, "program"):
             continue
-        key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+        key = spec.reference_key()
         why = failures.get(key)
         if why is not None and "not deterministic" not in why:
             raise InvalidArgument(f"program {spec.params['command']!r}: {why}")

@@ -206,9 +206,8 @@ class References:
         """
         todo: dict[str, TrialSpec] = {}
         for spec in specs:
-            cls = spec.workload_class()
-            if workload_api.records_reference(cls):
-                key = workload_api.reference_key(cls.name, spec.params, workload_api.resolve_array(cls, spec.array))
+            if workload_api.records_reference(spec.workload_class()):
+                key = spec.reference_key()
                 if key not in self.recordings:
                     todo.setdefault(key, spec)
         failures: dict[str, str] = {}
