@@ -46,9 +46,9 @@ from cutbench.harness.model.boundaries import CALLS
 
 # ptrace requests and options (linux/ptrace.h).
 PTRACE_CONT, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH, PTRACE_SYSCALL = 7, 12, 13, 17, 24
-PTRACE_GETEVENTMSG, PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_GET_SYSCALL_INFO = 0x4201, 0x4206, 0x4207, 0x420E
+PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_GET_SYSCALL_INFO = 0x4206, 0x4207, 0x420E
 OPTIONS = 0x1 | 0x2 | 0x4 | 0x8 | 0x10  # TRACESYSGOOD, TRACEFORK, TRACEVFORK, TRACECLONE, TRACEEXEC
-EVENT_FORK, EVENT_VFORK, EVENT_CLONE, EVENT_EXEC, EVENT_STOP = 1, 2, 3, 4, 128
+EVENT_EXEC, EVENT_STOP = 4, 128
 SYSCALL_ENTRY, SYSCALL_EXIT = 1, 2
 WALL = 0x40000000  # __WALL: threads too
 STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
@@ -244,12 +244,9 @@ class Tracer:
             if self._syscall(tid):
                 return  # held: it stays stopped
             self._resume(tid)
-        elif event in (EVENT_FORK, EVENT_VFORK, EVENT_CLONE):
-            self._resume(tid)
-        elif event == EVENT_EXEC:
-            self.started = self.started or self._tgid(tid) == self.root  # the wrapper became the program
-            self._resume(tid)
-        elif event == EVENT_STOP:  # a new tracee's first stop, the seize's interrupt, a group stop
+        elif event:  # a fork, clone or exec; a new tracee's first stop, the seize's interrupt, a group stop
+            if event == EVENT_EXEC:
+                self.started = self.started or self._tgid(tid) == self.root  # the wrapper became the program
             self._resume(tid)
         else:
             self._resume(tid, sig)  # a signal for the program: delivered as it would be
