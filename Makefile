@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUTBENCH := $(BIN)/cutbench
 DEMO_SCENARIO ?= $(shell $(BIN)/python -m cutbench.harness.environment.gpu_probe --pick-scenario 2>/dev/null || echo scenarios/quick.toml)
 
-.PHONY: venv criu postgres chromium containers gromacs demo lint test clean
+.PHONY: venv criu postgres chromium containers gromacs slurm demo lint test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ chromium:
 # The program tests run GROMACS as it is (examples/programs/gromacs): Debian's gromacs.
 gromacs:
 	@sh .ci/provision-gromacs.sh
+
+# The slurm backend's tests preempt jobs on a real Slurm: Debian's slurmctld, slurmd and MUNGE, installed here
+# when absent (the tests start and stop the project's own one-node cluster).
+slurm:
+	@sh .ci/provision-slurm.sh
 
 # The docker and podman backend tests run real engines: Debian's docker.io and
 # podman, installed here when absent (the tests start and stop their dockerd).
@@ -63,8 +68,9 @@ lint: venv
 # engines, Ray, a module's shared fixture) on one worker.
 TEST_WORKERS ?= 2
 
-test: lint criu postgres chromium containers gromacs
+test: lint criu postgres chromium containers gromacs slurm
 	CUTBENCH_REQUIRE_POSTGRES=1 CUTBENCH_REQUIRE_BROWSER=1 CUTBENCH_REQUIRE_CONTAINERS=1 CUTBENCH_REQUIRE_GROMACS=1 \
+		CUTBENCH_REQUIRE_SLURM=1 \
 		$(BIN)/pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 clean:

@@ -193,6 +193,17 @@ def check_postgres() -> Check:
                  "apt-get install postgresql (or `make postgres`); SQLite is the default store")
 
 
+def check_slurm() -> Check:
+    """Which Slurm cluster the slurm backend reaches (SLURM_CONF, the project's local one, the client's default)."""
+    from cutbench.harness.provision import slurm
+
+    why = slurm.unavailable_reason()
+    if why is None:
+        return Check("slurm", OK, slurm.status().removeprefix("slurm: "))
+    return Check("slurm", MISSING, f"{why.split('; fix:')[0]}: the slurm backend cannot run",
+                 why.split("; fix: ", 1)[1] if "; fix: " in why else "")
+
+
 def check_packages() -> list[Check]:
     """Installed versions of the Python packages cutbench uses."""
     out = []
@@ -262,6 +273,7 @@ def run_checks(prefix: Path | None = None) -> list[Check]:
     checks += check_gpu()
     checks.append(check_criu_cuda_plugin(prefix, install))
     checks.append(check_postgres())
+    checks.append(check_slurm())
     checks.append(check_images_dir())
     checks += check_packages()
     return checks

@@ -417,6 +417,37 @@ def engine_status() -> None:
         say(line)
 
 
+@cli.group()
+def slurm() -> None:
+    """The Slurm cluster of the slurm backend: a local one of the project's own, or yours (SLURM_CONF)."""
+
+
+@slurm.command("up")
+def slurm_up() -> None:
+    """Start a local Slurm of one node (munged, slurmctld, slurmd; partitions low and high) unless it answers."""
+    from cutbench.harness.provision import slurm as cluster
+
+    started = cluster.start()
+    say(("started: " if started else "already running: ") + cluster.status())
+    say(f"its clients: export SLURM_CONF={cluster.slurm_paths().conf}")
+
+
+@slurm.command("down")
+def slurm_down() -> None:
+    """Cancel the local Slurm's jobs and stop its daemons."""
+    from cutbench.harness.provision import slurm as cluster
+
+    say("stopped" if cluster.stop() else f"no Slurm of the project was running ({cluster.slurm_paths().root})")
+
+
+@slurm.command("status")
+def slurm_status() -> None:
+    """Which cluster the slurm backend reaches, whether it answers, its partitions."""
+    from cutbench.harness.provision import slurm as cluster
+
+    say(cluster.status())
+
+
 @cli.command("list")
 @click.argument("what", type=click.Choice(["workloads", "backends", "scenarios"]))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects.")
