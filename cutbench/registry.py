@@ -108,4 +108,5 @@ CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", {
     "app": "cutbench.harness.nemesis.backends.app:AppCheckpointer",
     "docker": "cutbench.harness.nemesis.backends.docker:DockerCheckpointer",
     "podman": "cutbench.harness.nemesis.backends.podman:PodmanCheckpointer",
+    "slurm": "cutbench.harness.nemesis.backends.slurm:SlurmCheckpointer",
 })

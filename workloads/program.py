@@ -58,6 +58,20 @@ HTTP_DEFAULTS: dict[str, Any] = {
     "retry": "give_up",  # after a broken stream: give up, send it again with the same id, or as a new request
 }
 
+# Under the ``slurm`` backend: the program runs as a batch job, started by the job script ``script`` (its command
+# as the script's arguments; docs/slurm.md), in partition ``partition``; the cut is a preemption (``preempt``): a job
+# of ``hold_s`` seconds in the higher partition ``preemptor`` that needs the node ("partition"), or
+# ``scontrol requeue`` ("requeue"). A job that is not running within ``pending_s`` is a refused trial.
+SLURM_DEFAULTS: dict[str, Any] = {
+    "script": "",
+    "partition": "low",
+    "preemptor": "high",
+    "preempt": "partition",
+    "hold_s": 1.0,
+    "pending_s": 60.0,
+}
+PREEMPTIONS: tuple[str, ...] = ("partition", "requeue")
+
 # What an entry of ``streams`` holds: the stream, and its rule (one of the two).
 STREAM_KEYS: tuple[str, ...] = ("stream", "effects", "parser")
 
@@ -172,6 +186,7 @@ class Program:
         "files": [],  # copied into the program's directory before it starts (relative: to the scenario's folder)
         "stream": "stdout",  # "stdout", "stderr", "file:PATH" (a file it appends to), "socket" or "http" (it serves)
         "http": {},  # for stream "http": the load generator's settings (HTTP_DEFAULTS)
+        "slurm": {},  # under the slurm backend: its job script, partitions and preemption (SLURM_DEFAULTS)
         # For stream "http": where it listens; for "socket": where cutbench listens for it. Written for "{port}" in
         # its command (0: a free one).
         "port": 0,
@@ -220,6 +235,8 @@ class Program:
                                 "'file:PATH' (a file the program appends to, relative to its directory), 'socket' "
                                 "(it connects to cutbench on 127.0.0.1:{port}) or 'http' (a server cutbench's clients "
                                 "stream from)")
+        if params["slurm"]:
+            cls.slurm_settings(params)
         if stream == HTTP:
             cls.http_settings(params)
             if not any("{port}" in word for word in command):
@@ -292,6 +309,32 @@ class Program:
             raise WorkloadError(f"workload.params.http.retry = {out['retry']!r}: allowed {', '.join(RETRY_POLICIES)}")
         return out
 
+    @staticmethod
+    def slurm_settings(params: dict[str, Any]) -> dict[str, Any]:
+        """The ``slurm`` backend's settings: ``params["slurm"]`` over :data:`SLURM_DEFAULTS`, checked; raises
+        :class:`WorkloadError` naming the bad one and its fix."""
+        given = params.get("slurm") or {}
+        unknown = sorted(set(given) - set(SLURM_DEFAULTS))
+        if unknown:
+            raise WorkloadError(f"workload.params.slurm: unknown {unknown}; allowed {', '.join(SLURM_DEFAULTS)}")
+        out = {**SLURM_DEFAULTS, **given}
+        if not isinstance(out["script"], str) or not out["script"]:
+            raise WorkloadError("workload.params.slurm.script: the job script that starts the program, e.g. "
+                                'script = "examples/slurm/requeue-resume.sh" (docs/slurm.md)')
+        for key in ("partition", "preemptor"):
+            if not isinstance(out[key], str) or not out[key]:
+                raise WorkloadError(f"workload.params.slurm.{key} = {out[key]!r}: a partition's name")
+        if out["partition"] == out["preemptor"]:
+            raise WorkloadError(f"workload.params.slurm: partition and preemptor are both {out['partition']!r}; the "
+                                "preemptor is a partition of higher priority that can take the node")
+        if out["preempt"] not in PREEMPTIONS:
+            raise WorkloadError(f"workload.params.slurm.preempt = {out['preempt']!r}: allowed {', '.join(PREEMPTIONS)}")
+        for key in ("hold_s", "pending_s"):
+            value = out[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise WorkloadError(f"workload.params.slurm.{key} = {value!r}: a number of seconds > 0")
+        return out
+
     @classmethod
     def domains_for(cls, params: dict[str, Any]) -> frozenset[str]:
         """The domains the scenario says the program keeps beyond a plain process's."""
@@ -303,6 +346,8 @@ class Program:
         the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
         out = dict(params)
         out["files"] = [str((base / f).resolve()) for f in params["files"]]
+        if isinstance(params["slurm"], dict) and isinstance(params["slurm"].get("script"), str) and params["slurm"]["script"]:
+            out["slurm"] = {**params["slurm"], "script": str((base / params["slurm"]["script"]).resolve())}
         parsers = params["parser"] or any(isinstance(e, dict) and e.get("parser") for e in params["streams"])
         if (parsers or any(a.compare for a in cls.artefacts(params))) and not params["parser_path"]:
             out["parser_path"] = str(base.resolve())

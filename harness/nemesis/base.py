@@ -219,6 +219,12 @@ OPTIONAL: dict[str, Any] = {
     "pid_namespace": False,
     "launch": None,  # launch(argv, *, cwd, labels, env, image) -> Child: it starts the workload itself (see Checkpointer)
     "has_image": None,  # has_image(image) -> bool: whether the engine holds a program's own image
+    # check_program(params): raise InvalidArgument, before any trial, for a program the tool cannot run as given
+    # (a partition its cluster lacks).
+    "check_program": None,
+    # Its launch writes the program's stdout and stderr to files the observer reads (a batch job's output files):
+    # a program watched through its pipes can run under it.
+    "output_files": False,
 }
 
 

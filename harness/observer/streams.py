@@ -143,13 +143,18 @@ class Observer(ServerClients):
 
         ``launch`` (a container engine's ``launch(argv, *, cwd, env)``) starts it in a container instead: its
         engine keeps its stdout and stderr, so its effects come from a file, a socket or its server only
-        (checked before any trial), and its last words from the engine."""
+        (checked before any trial), and its last words from the engine. A batch system's launch names the files
+        its stdout and stderr go to (the handle's ``files``): those are read as the pipes."""
         if launch is not None:
             image = self.params["image"]  # its own image: its own PATH; else the host's /usr, and the harness's PATH
             env = dict(self.params["env"]) if image else {"PATH": os.environ.get("PATH", os.defpath), **self.params["env"]}
             child = launch(argv, cwd=str(self.directory), env=env, image=image)
             self.incarnation += 1
             self.pipe_inodes, self._words = {}, child.output_tail
+            # A batch job's stdout and stderr are files (SlurmChild.files): read as its pipes would be.
+            for name, path in getattr(child, "files", {}).items():
+                if name in self.watched:
+                    self.files[name] = path
             self._tail()
             return child
         # Before any pipe: a factory that raises leaks none.

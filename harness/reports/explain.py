@@ -227,7 +227,7 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None, *, resum
         sentences.append(f"The outside world saw {positions([keys[op] for op in dup])} twice or more, shown by "
                          f"{who or 'two incarnations'}"
                          + (": it showed again what it had shown since its last save." if tool == "app" else
-                            "." if tool == "restart" else
+                            "." if tool in ("restart", "slurm") else
                             ": the restored program resumed from the image and showed again what had been shown since."))
         dup = []
     if dup:
@@ -242,7 +242,7 @@ def explain(trial: dict[str, Any], effects: pd.DataFrame | None = None, *, resum
     if missing and all(op in keys for op in missing):
         lost = [keys[op] for op in missing]
         sentences.append(f"The effects at {positions(lost)} never reached {_reader(lost)}: no incarnation showed {them} "
-                         f"after the {'start' if tool in ('app', 'restart') else 'restore'}.")
+                         f"after the {'start' if tool in ('app', 'restart', 'slurm') else 'restore'}.")
     elif missing:
         sentences.append(f"The workload committed {op_ranges(missing)}, but the receiver never applied {them}: no "
                          f"incarnation delivered {them} after the restore.")
@@ -284,6 +284,8 @@ def _opening(tool: str, fault: str, where: str, program: bool, resume: str) -> s
         again = ("from its beginning" if tool == "restart" else f"with its own {resume}" if resume
                  else "with its own restart flag")
         return f"The program was {how}, and started again {again}"
+    if program and tool == "slurm":  # the job script decides what comes back: the preemption is all cutbench did
+        return f"Slurm preempted the program's job at {where} (what came back of it is its job script's doing)"
     opening = f"The {tool} checkpoint was taken at {where}"
     return opening + (f"; {FAULT_WORDS[fault]}" if fault in FAULT_WORDS else "")
 

@@ -19,16 +19,16 @@ from cutbench.procs import Child, spawn
 from cutbench.workloads.control import ControlFile
 
 
-def launcher(backend: Any, labels: dict[str, str]) -> Callable[..., Child]:
+def launcher(backend: Any, labels: dict[str, str], params: dict[str, Any] | None = None) -> Callable[..., Child]:
     """How the trial starts its workload: :func:`~cutbench.procs.spawn`, or the backend's own ``launch(argv, *,
-    cwd, labels)`` (a container engine), given the run's and the trial's ``labels`` for the container (a
-    ``launch`` without that parameter gets none)."""
+    cwd, labels, params)`` (a container engine, a batch system), given the run's and the trial's ``labels`` for
+    the container and the program's ``params`` (a ``launch`` without such a parameter gets none)."""
     launch = optional(backend, "launch")
     if launch is None:
         return spawn
-    if "labels" in inspect.signature(launch).parameters:
-        return functools.partial(launch, labels=labels)
-    return launch
+    wanted = inspect.signature(launch).parameters
+    given = {"labels": labels, "params": params}
+    return functools.partial(launch, **{k: v for k, v in given.items() if k in wanted})
 
 
 @dataclass

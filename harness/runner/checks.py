@@ -41,7 +41,13 @@ def check_backends(scenario: Scenario, backends: Backends | None = None) -> tupl
             backend = backends.new(name)
             if program:
                 _check_program_under(scenario, name, backend)  # the scenario's error, said on any machine
+            elif optional(backend, "output_files"):
+                raise InvalidArgument(f"pipeline.backends: {name!r} runs a program as a batch job "
+                                      "(workload.name = \"program\"; docs/slurm.md), not a workload class")
             reasons[name] = backend.unavailable_reason()
+            check = optional(backend, "check_program")
+            if program and check is not None and reasons[name] is None:
+                check(scenario.params)  # what only the tool can say: a partition its cluster does not have
             has_image = optional(backend, "has_image")
             if image and reasons[name] is None and has_image is not None and not has_image(image):
                 raise InvalidArgument(f"workload.params.image = {image!r}: {name} holds no such image (no pull is "
@@ -77,6 +83,18 @@ def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
     engine, which keeps a container's stdout and stderr (its log) where nothing here could read them as they
     come. Raises :class:`InvalidArgument` naming the parameter and what works."""
     engine = optional(backend, "launch") is not None
+    # A batch system's launch (slurm) keeps the program's stdout and stderr in files the observer reads.
+    output_files = bool(optional(backend, "output_files"))
+    if output_files and not scenario.params["slurm"]:
+        raise InvalidArgument(f"workload.params.slurm: {name!r} runs the program as a batch job through a job script; "
+                              "give at least the script, e.g. slurm = { script = \"requeue-resume.sh\" } (docs/slurm.md)")
+    if output_files and scenario.params["image"]:
+        raise InvalidArgument(f"workload.params.image: {name!r} runs the program as a batch job on the cluster's "
+                              "node, in no image; drop the image or use docker or podman")
+    if output_files and scenario.params.get("syscalls"):
+        raise InvalidArgument(f"plan.phases has \"syscall\" under {name!r}: the program runs as a batch job that "
+                              "cutbench does not start, so none of its calls can be held; cut it at effects "
+                              "(plan.phases = [\"effect\"])")
     if engine and scenario.params.get("syscalls"):
         # Measured with Docker 20.10 and Podman 4.3 (runc, cgroup v1): the engine's CRIU freezes the container's
         # cgroup, and with the program stopped at its call in it the checkpoint never returned (docs/programs.md).
@@ -89,7 +107,7 @@ def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
         raise InvalidArgument(f"workload.params.image = {image!r}: a program in its own image runs under a container "
                               f"engine (docker, podman); pipeline.backends has {name!r}")
     piped = [s for s in program_api.Program.watched(scenario.params) if s in program_api.PIPES]
-    if engine and piped:
+    if engine and piped and not output_files:
         where = "workload.params.stream" if scenario.params["stream"] in piped else "workload.params.streams"
         raise InvalidArgument(f"{where}: {piped[0]!r} under {name!r}: the program runs in a container whose stdout "
                               "and stderr its engine keeps; watch a file it appends to (stream = \"file:PATH\"), a "
@@ -192,6 +210,9 @@ def check_program(params: dict[str, Any]) -> None:
     missing = program_api.Program.missing_files(params)
     if missing:
         raise WorkloadError(f"workload.params.files: {', '.join(missing)} not found")
+    script = program_api.Program.slurm_settings(params)["script"] if params["slurm"] else ""
+    if script and not Path(script).is_file():
+        raise WorkloadError(f"workload.params.slurm.script: {script} not found")
     for rule_params in program_api.Program.watched(params).values():
         program_api.Program.rule(rule_params)
     for artefact in program_api.Program.artefacts(params):

@@ -21,12 +21,12 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import HarnessFault, WorkloadError
+from cutbench.errors import HarnessFault, StageRefused, WorkloadError
 from cutbench.harness.model import boundaries
 from cutbench.harness.model.boundaries import Boundary
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.interrupts import interruptible, shielded
-from cutbench.harness.nemesis.base import CutContext
+from cutbench.harness.nemesis.base import CutContext, optional
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
 from cutbench.harness.observer.syscalls import Tracer, waiting_command
@@ -142,7 +142,9 @@ class ProgramRunner(TrialRunner):
         child: Child | None = None
         order: dict[str, int] | None = None
         # A program in its own image runs there for its uninterrupted runs too (its command is the image's).
-        if (not self.plain_launch or params["image"]) and (launch := launcher(backend, self.labels())) is not spawn:
+        # So does a program run as a batch job (slurm): its job script is part of what runs.
+        if ((not self.plain_launch or params["image"] or optional(backend, "output_files"))
+                and (launch := launcher(backend, self.labels(), params)) is not spawn):
             self.engine_launch = launch
         # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
         with shielded():
@@ -176,6 +178,8 @@ class ProgramRunner(TrialRunner):
                         self._program_to_end(child, state)
             except HarnessFault as exc:
                 state.status, state.error = "unknown", exc.reason
+            except StageRefused as exc:  # a tool that starts the program declined to (a batch job left pending)
+                state.status, state.error, state.failed_stage = "refused", exc.reason, exc.stage
             except Exception as exc:  # harness-side failure: no verdict possible
                 state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
             finally:  # whole, whatever stopped the body: the program's processes go

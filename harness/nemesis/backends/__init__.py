@@ -6,8 +6,9 @@ A backend module holds the class (or classes) implementing
 (the driver's checkpoint calls in place, and the CUDA stages every CUDA
 backend runs), ``cuda_criu`` (``cuda+criu``, the one with a split window),
 ``criu_cuda_plugin`` (CRIU driving its own CUDA plugin), ``docker`` and
-``podman``, ``app`` (the application's own checkpoints, the baseline) and
-``restart`` (a requeue from the beginning); ``cuda_checkpoint_util`` holds two
+``podman``, ``slurm`` (a program as a batch job, preempted by Slurm), ``app``
+(the application's own checkpoints, the baseline) and ``restart`` (a requeue
+from the beginning); ``cuda_checkpoint_util`` holds two
 backends, ``cuda-checkpoint`` and ``cuda-checkpoint+criu``. Beside them sit
 modules no backend name points at: ``containers`` (what ``docker`` and
 ``podman`` share), ``cuda_driver`` (the CUDA driver's checkpoint calls and

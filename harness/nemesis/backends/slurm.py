@@ -1,0 +1,328 @@
+"""``slurm``: a program run as a Slurm batch job, its cut a real preemption by the scheduler.
+
+What is judged is the site's integration, not an image format: the job
+script (``workload.params.slurm.script``) starts the program, and what it does
+when Slurm preempts the job (save on the signal, dump with CRIU, nothing) and
+when the requeued job starts again (resume, restore, start over) is the
+pattern under test. The examples under ``examples/slurm/`` are the patterns
+HPC sites use, and deliberately broken ones (docs/slurm.md).
+
+The program is submitted with ``sbatch`` to the scenario's partition
+(``low``), its command the script's arguments; its stdout and stderr are the
+job's output files in the trial's directory, which the observer reads as the
+program's streams (the cluster's node must share that directory: the
+project's own cluster, ``cutbench slurm up``, runs on this machine). The
+uninterrupted control runs are jobs too, so a script that never starts the
+program fails them, before any trial.
+
+The cut (stage ``slurm_preempt``) is Slurm's own: a job in the higher
+partition (``preemptor``) that needs the whole node, or ``scontrol requeue``.
+Slurm signals the job, waits its grace time, kills it and requeues it; the
+stage ends when the job has left the node. ``slurm_node_free`` ends when the
+preemptor runs (the time a scheduler preempts for), ``slurm_requeue`` when the
+requeued job runs again. One thing is the harness's: Slurm holds a requeued
+job for two minutes before it may start (its ``BeginTime``); the backend
+releases it at once with ``scontrol update StartTime=now``, as an operator
+may. A job that is not requeued (no ``--requeue``) ends there: the trial is
+``lost``, the program's later effects missing.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutbench.errors import HarnessFault, InvalidArgument, StageFailed, StageRefused
+from cutbench.harness.nemesis.base import Capabilities, CutContext
+from cutbench.harness.provision import slurm as cluster
+from cutbench.procs import Child
+from cutbench.workloads import program as program_api
+
+# Job states in which the job holds the node, and those in which it is over for good (squeue's long names).
+RUNNING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING"})
+OVER = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                  "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"})
+POLL_S = 0.2
+# The job's output files in the program's directory: the observer reads them as the program's stdout and stderr.
+OUTPUT = {"stdout": "slurm-job.out", "stderr": "slurm-job.err"}
+JOB_PREFIX = "cutbench-"
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One look at a job: its state, why it waits, its node, its exit code ("2:0"), its batch script's pid."""
+
+    state: str
+    reason: str = ""
+    node: str = ""
+    exit_code: str = ""
+
+    @property
+    def over(self) -> bool:
+        """Whether the job is over for good (not pending, not running, not requeued)."""
+        return self.state in OVER or self.state == "GONE"
+
+    def returncode(self) -> int:
+        """Its exit status as a process's (``ExitCode=2:0`` → 2, killed by signal 9 → -9; -1 when unknown)."""
+        code, _, sig = self.exit_code.partition(":")
+        try:
+            return -int(sig) if sig and int(sig) else int(code)
+        except ValueError:
+            return -1
+
+
+def job_state(job: str) -> JobState:
+    """The job's state as ``scontrol show job`` says it (``GONE`` when the controller no longer knows it)."""
+    out = cluster.scontrol("show", "job", "--oneliner", job, timeout=15)
+    if out.returncode != 0:
+        return JobState("GONE", (out.stderr or out.stdout).strip())
+    fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+    return JobState(fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("NodeList", ""),
+                    fields.get("ExitCode", ""))
+
+
+def cancel(job: str, timeout_s: float = 60.0) -> JobState:
+    """Cancel ``job`` (nothing when it is over) and wait until it is over; return its last state."""
+    state = job_state(job)
+    deadline = time.monotonic() + timeout_s
+    while not state.over and time.monotonic() < deadline:
+        cluster.run_client("scancel", "--full", job, timeout=15)
+        time.sleep(POLL_S)
+        state = job_state(job)
+    return state
+
+
+@dataclass(eq=False)
+class SlurmChild(Child):
+    """The program's batch job, as the harness waits for and kills a process.
+
+    ``pid`` is the job's batch script on this node while it runs (0 before; it is never signalled: the job is
+    cancelled through Slurm). The job stays one across its requeues; during a preemption the backend sets
+    ``preempting`` and the pipeline's fault stage then finds the job gone from the node without cancelling it."""
+
+    job: str = ""
+    directory: Path = field(default_factory=Path)
+    preempting: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)  # workload.params.slurm, complete
+    files: dict[str, str] = field(default_factory=lambda: dict(OUTPUT))
+    _looked: float = 0.0
+    _last: JobState | None = None
+
+    def look(self, fresh: bool = False) -> JobState:
+        """The job's state, asked of Slurm at most every :data:`POLL_S` unless ``fresh``."""
+        now = time.monotonic()
+        if fresh or self._last is None or now - self._looked >= POLL_S:
+            self._last, self._looked = job_state(self.job), now
+        return self._last
+
+    def poll(self) -> int | None:
+        """The job's exit status once it is over, else None (pending or requeued jobs are not over)."""
+        if self.returncode is not None:
+            return self.returncode
+        state = self.look()
+        if not state.over:
+            return None
+        self.returncode = state.returncode()
+        return self.returncode
+
+    def track(self) -> None:
+        """Nothing to remember: Slurm knows the job's processes, and cancelling the job ends them all."""
+
+    def kill(self, timeout: float = 60.0) -> int | None:
+        """Cancel the job (a preemption under way: the job has left the node, and is left to Slurm); its status."""
+        if self.preempting:
+            self.preempting = False
+            return self.look(fresh=True).returncode()
+        if self.returncode is None:
+            state = cancel(self.job, timeout)
+            self.returncode = state.returncode() if state.over else None
+        return self.returncode
+
+    def kill_groups(self, timeout: float = 60.0) -> None:
+        """Cancel the job for good: nothing of the trial stays queued or running."""
+        cancel(self.job, timeout)
+
+    def output_tail(self) -> str:
+        """The last lines of the job's stderr file, or of its stdout where stderr is empty."""
+        for name in ("stderr", "stdout"):
+            try:
+                text = (self.directory / self.files[name]).read_text(errors="replace").strip()
+            except OSError:
+                continue
+            if text:
+                return "\n".join(text.splitlines()[-20:])
+        return ""
+
+
+class SlurmCheckpointer:
+    """The ``slurm`` backend (see module docstring)."""
+
+    name = "slurm"
+    capabilities = Capabilities(
+        faults=frozenset({"kill"}),  # a preemption ends the job's run on the node; what comes back is the script's
+        stages=("slurm_preempt", "slurm_node_free", "slurm_requeue"),
+        # What survives is the job script's business (a save, a CRIU image, nothing): the program's own files.
+        covers=frozenset({"cpu", "disk"}),
+        workload_changes="a job script that starts the program (workload.params.slurm.script; docs/slurm.md)",
+        semantic_adapters=False,  # nothing of cutbench runs inside the job
+    )
+    output_files = True  # the program's stdout and stderr are the job's output files (SlurmChild.files)
+
+    def __init__(self) -> None:
+        self._jobs: dict[Path, SlurmChild] = {}  # the job of each cut's images_dir
+        self._preemptors: dict[Path, str] = {}
+        self._preempted_at: dict[Path, float] = {}  # monotonic time each cut's preemption began
+
+    def unavailable_reason(self) -> str | None:
+        """Why no Slurm cluster takes jobs from here (with the fix), or None."""
+        return cluster.unavailable_reason()
+
+    def check_program(self, params: dict[str, Any]) -> None:
+        """Refuse, before any trial, settings the cluster cannot run: a partition it does not have. Raises
+        :class:`InvalidArgument` naming the parameter and the partitions there are."""
+        settings = program_api.Program.slurm_settings(params)
+        there = cluster.partitions()
+        for key in ("partition", "preemptor"):
+            if settings[key] not in there:
+                raise InvalidArgument(f"workload.params.slurm.{key} = {settings[key]!r}: the cluster "
+                                      f"({cluster.which_cluster()}) has partitions {', '.join(there) or 'none'}")
+
+    # -- the program's job ------------------------------------------------------
+    def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
+               env: dict[str, str] | None = None, image: str = "", params: dict[str, Any] | None = None) -> Child:
+        """Submit the program (``argv``, in ``cwd``) as a batch job through the scenario's job script and wait until
+        it runs; returns its handle. The script gets the program's command as its arguments and, in its
+        environment, ``RESUME_ARGS`` (the program's own restart flag, shell-quoted) and ``CRIU`` (the project's
+        CRIU). Raises :class:`StageRefused` when the job is not running within ``pending_s``."""
+        settings = program_api.Program.slurm_settings(params or {})
+        label = (labels or {}).get("cutbench.trial") or Path(cwd).name
+        environment = {**cluster.client_env(), **(env or {}),
+                       "RESUME_ARGS": shlex.join((params or {}).get("resume") or []), "CRIU": _criu()}
+        submit = subprocess.run(
+            ["sbatch", "--parsable", f"--partition={settings['partition']}", f"--job-name={JOB_PREFIX}{label}",
+             f"--chdir={cwd}", f"--output={Path(cwd) / OUTPUT['stdout']}", f"--error={Path(cwd) / OUTPUT['stderr']}",
+             settings["script"], *argv],
+            capture_output=True, text=True, timeout=60, env=environment)
+        job = submit.stdout.strip().split(";")[0]
+        if submit.returncode != 0 or not job.isdigit():
+            raise StageRefused("slurm_submit", f"sbatch refused the job (exit {submit.returncode}): "
+                                               f"{(submit.stderr or submit.stdout).strip()}")
+        child = SlurmChild(pid=0, job=job, directory=Path(cwd), settings=settings)
+        try:
+            deadline = time.monotonic() + settings["pending_s"]
+            state = child.look(fresh=True)
+            while state.state not in RUNNING and not state.over:
+                if time.monotonic() > deadline:
+                    raise StageRefused("slurm_submit", f"job {job} was still {state.state} ({state.reason}) after "
+                                                       f"{settings['pending_s']:g}s (workload.params.slurm.pending_s)")
+                time.sleep(POLL_S)
+                state = child.look(fresh=True)
+        except BaseException:
+            cancel(job)
+            raise
+        return child
+
+    # -- stages -------------------------------------------------------------------
+    def checkpoint(self, target: Child, ctx: CutContext) -> None:
+        """Stage ``slurm_preempt``: preempt the job as the scenario says, and wait until it has left the node."""
+        if not isinstance(target, SlurmChild):
+            raise HarnessFault("slurm_preempt", "the program was not started as a batch job")
+        settings = target.settings
+        self._jobs[ctx.images_dir] = target
+        ctx.facts["image_bytes"] = 0
+        with ctx.timeline.stage("slurm_preempt", ctx.cut_index) as extra:
+            node = target.look(fresh=True).node
+            self._preempted_at[ctx.images_dir] = time.monotonic()
+            if settings["preempt"] == "requeue":
+                done = cluster.scontrol("requeue", target.job)
+                if done.returncode != 0:
+                    raise StageRefused("slurm_preempt", f"scontrol requeue {target.job}: {done.stderr.strip()}")
+            else:
+                preemptor = subprocess.run(
+                    ["sbatch", "--parsable", f"--partition={settings['preemptor']}", "--exclusive",
+                     *([f"--nodelist={node}"] if node else []), f"--job-name={JOB_PREFIX}preemptor-{target.job}",
+                     "--output=/dev/null", f"--wrap=sleep {settings['hold_s']:g}"],
+                    capture_output=True, text=True, timeout=60, env=cluster.client_env())
+                if preemptor.returncode != 0:
+                    raise StageRefused("slurm_preempt", f"sbatch of the preemptor (partition {settings['preemptor']}): "
+                                                        f"{(preemptor.stderr or preemptor.stdout).strip()}")
+                self._preemptors[ctx.images_dir] = preemptor.stdout.strip().split(";")[0]
+            state = self._wait_job(target.job, lambda s: s.state not in RUNNING, ctx, "slurm_preempt",
+                                   "the job did not leave the node")
+            target.preempting = True
+            extra["detail"] = f"job {target.job} {state.state} ({state.reason or settings['preempt']})"
+
+    def restore(self, ctx: CutContext) -> int:
+        """Stages ``slurm_node_free`` (the preemptor runs) and ``slurm_requeue`` (the requeued job runs again);
+        returns the job's handle's pid. Raises :class:`StageFailed` when the job was not requeued."""
+        target = self._jobs[ctx.images_dir]
+        preemptor = self._preemptors.get(ctx.images_dir)
+        if preemptor is not None:
+            with ctx.timeline.stage("slurm_node_free", ctx.cut_index) as extra:
+                self._wait_job(preemptor, lambda s: s.state in RUNNING or s.over, ctx, "slurm_node_free",
+                               "the preemptor never ran")
+                # What a scheduler preempts for: the node given to the preemptor, counted from the preemption.
+                ctx.facts["node_free_s"] = time.monotonic() - self._preempted_at[ctx.images_dir]
+                extra["detail"] = f"preemptor {preemptor} ran {ctx.facts['node_free_s']:.2f}s after the preemption"
+        with ctx.timeline.stage("slurm_requeue", ctx.cut_index) as extra:
+            released = False
+            deadline = time.monotonic() + ctx.stage_timeout_s
+            while True:
+                state = target.look(fresh=True)
+                if state.over and state.state == "COMPLETED" and state.returncode() == 0:
+                    # It ran to its end within the grace time: nothing was taken from it, and nothing comes back.
+                    refused = StageRefused("slurm_requeue", f"job {target.job} ran to its end within the grace "
+                                                            "time: the preemption took nothing from it")
+                    refused.resumed_pid = target.pid  # type: ignore[attr-defined]  # as RemapRefused's: it went on
+                    raise refused
+                if state.over:
+                    raise StageFailed("slurm_requeue", f"job {target.job} was not requeued: {state.state} "
+                                                       f"({state.reason}, exit {state.exit_code})")
+                if state.state in RUNNING:
+                    break
+                if state.reason == "BeginTime" and not released:
+                    # Slurm holds a requeued job two minutes; started at once, as an operator may.
+                    released = cluster.scontrol("update", f"JobId={target.job}", "StartTime=now").returncode == 0
+                if time.monotonic() > deadline:
+                    raise StageFailed("slurm_requeue", f"job {target.job} still {state.state} ({state.reason}) "
+                                                       f"after {ctx.stage_timeout_s:g}s")
+                time.sleep(POLL_S)
+            extra["detail"] = f"job {target.job} running again"
+        target.preempting = False
+        return target.pid
+
+    def cleanup(self, ctx: CutContext) -> None:
+        """The preemptor goes (it holds the node for ``hold_s`` only; a failed cut may leave it queued)."""
+        preemptor = self._preemptors.pop(ctx.images_dir, None)
+        if preemptor is not None:
+            cancel(preemptor)
+        self._jobs.pop(ctx.images_dir, None)
+        self._preempted_at.pop(ctx.images_dir, None)
+
+    @staticmethod
+    def _wait_job(job: str, until: Any, ctx: CutContext, stage: str, why: str) -> JobState:
+        """Poll ``job`` until ``until(state)``; :class:`StageFailed` after the stage's time limit."""
+        deadline = time.monotonic() + ctx.stage_timeout_s
+        while True:
+            state = job_state(job)
+            if until(state):
+                return state
+            if time.monotonic() > deadline:
+                raise StageFailed(stage, f"{why} within {ctx.stage_timeout_s:g}s: job {job} {state.state} "
+                                         f"({state.reason})")
+            time.sleep(POLL_S)
+
+
+def _criu() -> str:
+    """The project's CRIU for a job script's ``$CRIU`` ("criu" from PATH when none is installed)."""
+    try:
+        from cutbench.harness.provision.criu import locate
+
+        return locate.require_criu().argv[0]
+    except Exception:
+        return "criu"
