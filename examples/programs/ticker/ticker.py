@@ -1,7 +1,7 @@
 """A small program that knows nothing of cutbench: a hash chain that prints one line per step.
 
     python ticker.py [--steps N] [--interval-ms MS] [--save-every K] [--resume] [--carbon HOST:PORT]
-                     [--saves FILE]
+                     [--saves FILE] [--save-on-term]
 
 Each step advances a state (a SHA-256 chain) and prints ``step <n> <state>``
 on stdout. Every ``--save-every`` steps it saves its state to
@@ -18,6 +18,11 @@ program pushing its metrics to Graphite or InfluxDB does.
 With ``--saves FILE`` it also appends ``saved <n> <state>`` to FILE after
 each save (opened, appended to and closed each time, as a program's own
 log of its checkpoints).
+
+With ``--save-on-term`` a SIGTERM makes it save at the end of the step it is
+in and exit with status 143, as a program that checkpoints when its
+scheduler preempts it does (Slurm signals a job step when its grace time
+begins).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -40,7 +46,11 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--carbon", default="", help="HOST:PORT of a Graphite plaintext collector")
     parser.add_argument("--saves", default="", help="a file to append a line to after each save")
+    parser.add_argument("--save-on-term", action="store_true", help="save and exit 143 on SIGTERM")
     args = parser.parse_args()
+    terminated = []
+    if args.save_on_term:
+        signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
     carbon = None
     if args.carbon:
         host, port = args.carbon.rsplit(":", 1)
@@ -59,13 +69,16 @@ def main() -> int:
         else:
             carbon.write(f"ticker.state {int(state[:12], 16)} {step}\n")
             carbon.flush()  # a line at a time, as a metrics client sends them
-        if step % args.save_every == 0:
+        if step % args.save_every == 0 or terminated:
             with open(STATE + ".tmp", "w") as fh:
                 fh.write(f"{step} {state}")
             os.replace(STATE + ".tmp", STATE)
             if args.saves:
                 with open(args.saves, "a") as fh:
                     fh.write(f"saved {step} {state}\n")
+        if terminated:
+            print(f"saved at step {step} on SIGTERM", file=sys.stderr, flush=True)
+            return 143
         time.sleep(args.interval_ms / 1000.0)
     with open("result.txt", "w") as fh:
         fh.write(state + "\n")

@@ -1,0 +1,113 @@
+"""A program run as a Slurm batch job and preempted by a real Slurm (the project's one-node cluster: ``cutbench slurm
+up``), judged from what it showed; the job scripts of examples/slurm, correct and broken (docs/slurm.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pandas as pd
+import pytest
+
+from cutbench.errors import Unavailable
+from cutbench.harness.provision import slurm as cluster
+from tests.conftest import REPO
+from tests.fixtures.run_fixtures import cli
+
+SCENARIO = REPO / "examples" / "slurm" / "ticker.toml"
+# The preemption after the ticker's 8th to 12th step of 50 (each 100 ms): it has more to do than the local cluster's
+# grace time.
+SHORT = ["--set", "plan.ops=[8, 12]"]
+
+
+def cutbench_jobs() -> list[str]:
+    """The jobs of cutbench's trials the cluster still has queued or running (``squeue``)."""
+    out = cluster.run_client("squeue", "-h", "-o", "%i %j %T")
+    return [line for line in out.stdout.splitlines() if " cutbench-" in line]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[None]:
+    """The project's local Slurm for this module (started here unless it answers); at the end, no job of a trial
+    may be left queued or running."""
+    try:
+        started = cluster.start()
+    except Unavailable as exc:
+        reason = f"no local Slurm: {exc}"
+        if os.environ.get("CI") or os.environ.get("CUTBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(f"{reason} (required here because CI or CUTBENCH_REQUIRE_SLURM=1 is set)")
+        pytest.skip(reason)
+    try:
+        yield
+        assert cutbench_jobs() == []
+    finally:
+        if started:
+            cluster.stop()
+
+
+def run(out, *extra: str) -> dict[str, dict]:
+    """``cutbench run`` of the ticker's Slurm scenario; its trials by variant, with their findings' kinds."""
+    proc = cli("run", str(SCENARIO), "--out", str(out), "--json", *SHORT, *extra, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    trials = pd.read_parquet((out / "latest").resolve() / "trials.parquet")
+    rows = {}
+    for row in trials.to_dict("records"):
+        row["kinds"] = {f["kind"] for f in json.loads(row["findings"] or "[]")}
+        rows[row["variant"]] = row
+    return rows
+
+
+def test_each_job_script_under_a_real_preemption_gets_its_verdict_and_nothing_stays_queued(slurm_cluster, tmp_path):
+    rows = run(tmp_path)
+    # Saved on the job step's SIGTERM and resumed there by the requeued job: every step shown once.
+    resume = rows["requeue-resume"]
+    assert resume["outcome"] == "valid", resume["error"]
+    # Requeued from scratch: every step before the preemption shown again.
+    restart = rows["requeue-restart"]
+    assert "duplicate" in restart["kinds"] and restart["recomputed_ops"] >= 8
+    # No --requeue: the job ends at the preemption, its work lost, in Slurm's words.
+    lost = rows["no-requeue"]
+    assert lost["kinds"] == {"process_lost"} and "was not requeued" in lost["error"], lost["error"]
+    # A foreground program hears nothing until the grace time ends: the node is free a grace time later, and the
+    # job, still running then, is ended for its time limit and not requeued (Slurm 22.05).
+    foreground = rows["foreground"]
+    assert foreground["slurm_preempt_s"] >= cluster.GRACE_S - 0.5 > resume["slurm_preempt_s"]
+    assert foreground["kinds"] == {"process_lost"} and "TIMEOUT" in foreground["error"], foreground["error"]
+    assert cutbench_jobs() == []
+
+
+def test_a_partition_the_cluster_lacks_is_refused_before_any_trial_naming_the_ones_it_has(slurm_cluster, tmp_path):
+    proc = cli("run", str(SCENARIO), "--out", str(tmp_path), *SHORT, "--set",
+               'workload.params.slurm={script = "requeue-resume.sh", partition = "gpu-low"}', timeout=300)
+    assert proc.returncode == 254, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "workload.params.slurm.partition = 'gpu-low'" in proc.stderr and "low, high" in proc.stderr, proc.stderr
+    assert cutbench_jobs() == []
+
+
+def test_a_job_script_that_never_starts_the_program_fails_the_uninterrupted_runs_and_leaves_no_job(
+        slurm_cluster, tmp_path):
+    script = tmp_path / "forgets.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --requeue\necho 'starting the program (but never does)'\n")
+    proc = cli("run", str(SCENARIO), "--out", str(tmp_path / "out"), *SHORT, "--set",
+               f'workload.params.slurm={{script = "{script}"}}', timeout=300)
+    assert proc.returncode not in (0, 1), proc.stdout[-2000:]
+    assert "matched nothing" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert cutbench_jobs() == []
+
+
+def test_slurm_cli_and_doctor_say_which_cluster_answers(slurm_cluster):
+    status = cli("slurm", "status")
+    said = status.stdout + status.stderr
+    assert status.returncode == 0 and "answers; partitions low (up), high (up)" in said, said
+    doctor = cli("doctor")
+    assert "slurm" in doctor.stdout and "partitions low (up), high (up)" in doctor.stdout, doctor.stdout
+
+
+def test_a_cluster_that_does_not_answer_makes_the_backend_unavailable_with_the_fix(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=9\n"
+                    "NodeName=n1 CPUs=1\nPartitionName=low Nodes=n1\n")
+    proc = cli("run", str(SCENARIO), "--out", str(tmp_path / "o"), *SHORT, env={**os.environ, "SLURM_CONF": str(conf)})
+    assert proc.returncode not in (0, 1) and "backend 'slurm' cannot run here" in proc.stderr, proc.stderr[-2000:]
+    assert "no slurmctld answers" in proc.stderr and "cutbench slurm up" in proc.stderr, proc.stderr[-2000:]
