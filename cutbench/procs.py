@@ -439,11 +439,12 @@ def processes_in(directory: str | Path, *, started_by_harness: bool = True) -> l
     return found
 
 
-def kill_processes_in(directory: str | Path, timeout: float = 2.0) -> list[int]:
-    """SIGKILL and reap every process the harness started that still works in ``directory`` (:func:`processes_in`):
-    what of a trial escaped its tree (a helper that daemonised itself); return their pids."""
+def kill_processes_in(directory: str | Path, timeout: float = 2.0, *, started_by_harness: bool = True) -> list[int]:
+    """SIGKILL and reap every process that still works in ``directory`` (:func:`processes_in`; with
+    ``started_by_harness``, only those the harness started): what of a trial escaped its tree (a helper that
+    daemonised itself, a program that outlived its batch job); return their pids."""
     found = []
-    for pid in processes_in(directory):
+    for pid in processes_in(directory, started_by_harness=started_by_harness):
         try:
             found.append(identity(pid))
         except ProcessLookupError:

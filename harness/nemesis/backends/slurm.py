@@ -24,7 +24,10 @@ requeued job runs again. One thing is the harness's: Slurm holds a requeued
 job for two minutes before it may start (its ``BeginTime``); the backend
 releases it at once with ``scontrol update StartTime=now``, as an operator
 may. A job that is not requeued (no ``--requeue``) ends there: the trial is
-``lost``, the program's later effects missing.
+``lost``, the program's later effects missing; one whose program ran to its end
+before Slurm took the node back is ``refused`` (nothing was taken from it); one
+whose program still runs in its directory once Slurm has ended it is ``lost``,
+naming the process (the node Slurm gave away was never free).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 from cutbench.errors import HarnessFault, InvalidArgument, StageFailed, StageRefused
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.provision import slurm as cluster
+from cutbench import procs
 from cutbench.procs import Child
 from cutbench.workloads import program as program_api
 
@@ -144,8 +148,10 @@ class SlurmChild(Child):
         return self.returncode
 
     def kill_groups(self, timeout: float = 60.0) -> None:
-        """Cancel the job for good: nothing of the trial stays queued or running."""
+        """Cancel the job for good, and kill what of it outlived it in its directory: nothing of the trial stays
+        queued or running."""
         cancel(self.job, timeout)
+        procs.kill_processes_in(self.directory, started_by_harness=False)  # a job's processes carry no mark of ours
 
     def output_tail(self) -> str:
         """The last lines of the job's stderr file, or of its stdout where stderr is empty."""
@@ -177,6 +183,7 @@ class SlurmCheckpointer:
         self._jobs: dict[Path, SlurmChild] = {}  # the job of each cut's images_dir
         self._preemptors: dict[Path, str] = {}
         self._preempted_at: dict[Path, float] = {}  # monotonic time each cut's preemption began
+        self._strays: dict[Path, list[str]] = {}  # the processes that ran on when the job had left the node
 
     def unavailable_reason(self) -> str | None:
         """Why no Slurm cluster takes jobs from here (with the fix), or None."""
@@ -255,6 +262,8 @@ class SlurmCheckpointer:
             state = self._wait_job(target.job, lambda s: s.state not in RUNNING, ctx, "slurm_preempt",
                                    "the job did not leave the node")
             target.preempting = True
+            # What still works in the job's directory once Slurm has taken the job off the node outlived it.
+            self._strays[ctx.images_dir] = _strays(target.directory)
             extra["detail"] = f"job {target.job} {state.state} ({state.reason or settings['preempt']})"
 
     def restore(self, ctx: CutContext) -> int:
@@ -274,15 +283,8 @@ class SlurmCheckpointer:
             deadline = time.monotonic() + ctx.stage_timeout_s
             while True:
                 state = target.look(fresh=True)
-                if state.over and state.state == "COMPLETED" and state.returncode() == 0:
-                    # It ran to its end within the grace time: nothing was taken from it, and nothing comes back.
-                    refused = StageRefused("slurm_requeue", f"job {target.job} ran to its end within the grace "
-                                                            "time: the preemption took nothing from it")
-                    refused.resumed_pid = target.pid  # type: ignore[attr-defined]  # as RemapRefused's: it went on
-                    raise refused
                 if state.over:
-                    raise StageFailed("slurm_requeue", f"job {target.job} was not requeued: {state.state} "
-                                                       f"({state.reason}, exit {state.exit_code})")
+                    self._over(target, state, self._strays.get(ctx.images_dir, []))
                 if state.state in RUNNING:
                     break
                 if state.reason == "BeginTime" and not released:
@@ -296,6 +298,26 @@ class SlurmCheckpointer:
         target.preempting = False
         return target.pid
 
+    @staticmethod
+    def _over(target: SlurmChild, state: JobState, strays: list[str]) -> None:
+        """The job is over instead of requeued: raise what that was. Its program still running in its directory
+        when the job had left the node (``strays``, or now) outlived the job (:class:`StageFailed`: the node Slurm
+        gave away was never free); a job whose script ended with 0 ran to its end before Slurm took the node back
+        (:class:`StageRefused`: nothing was taken from it; Slurm says TIMEOUT when that was after the grace time);
+        any other end is a job not requeued (:class:`StageFailed`)."""
+        ended = f"job {target.job} ended {state.state} ({state.reason}, exit {state.exit_code})"
+        strays = strays or _strays(target.directory)
+        if strays:
+            raise StageFailed("slurm_requeue", f"{ended} while its program ran on outside it ({strays[0]}):"
+                                               " the node given to the preemptor was never free, and the job was not"
+                                               " requeued")
+        if state.returncode() == 0:
+            refused = StageRefused("slurm_requeue", f"{ended}: its program ran to its end before Slurm took the "
+                                                    "node back, the preemption took nothing from it")
+            refused.resumed_pid = target.pid  # type: ignore[attr-defined]  # as RemapRefused's: it went on
+            raise refused
+        raise StageFailed("slurm_requeue", f"{ended} and was not requeued")
+
     def cleanup(self, ctx: CutContext) -> None:
         """The preemptor goes (it holds the node for ``hold_s`` only; a failed cut may leave it queued)."""
         preemptor = self._preemptors.pop(ctx.images_dir, None)
@@ -303,6 +325,7 @@ class SlurmCheckpointer:
             cancel(preemptor)
         self._jobs.pop(ctx.images_dir, None)
         self._preempted_at.pop(ctx.images_dir, None)
+        self._strays.pop(ctx.images_dir, None)
 
     @staticmethod
     def _wait_job(job: str, until: Any, ctx: CutContext, stage: str, why: str) -> JobState:
@@ -318,11 +341,20 @@ class SlurmCheckpointer:
             time.sleep(POLL_S)
 
 
+def _strays(directory: Path) -> list[str]:
+    """The processes that work in the job's ``directory``, in words (:func:`cutbench.procs.holder`)."""
+    return [words for pid in procs.processes_in(directory, started_by_harness=False) if (words := procs.holder(pid))]
+
+
 def _criu() -> str:
-    """The project's CRIU for a job script's ``$CRIU`` ("criu" from PATH when none is installed)."""
+    """The project's CRIU as one command for a job script's ``$CRIU`` (a bundled one's wrapper in its ``bin/``),
+    or "criu" from PATH when none is installed."""
     try:
         from cutbench.harness.provision.criu import locate
 
-        return locate.require_criu().argv[0]
+        install = locate.require_criu()
     except Exception:
         return "criu"
+    if install.source == "bundled" and install.prefix is not None and (install.prefix / "bin" / "criu").is_file():
+        return str(install.prefix / "bin" / "criu")
+    return install.argv[0]
