@@ -1,0 +1,39 @@
+#!/bin/bash
+# CRIU from the job script: on the preemption's signal the program is dumped, and the requeued job restores it.
+#
+# - The job step (srun) starts the program in a session of its own, writing to the job's output files (CRIU
+#   reopens a file by its path on restore; a pipe to Slurm's step would come back connected to nothing), with
+#   SIGTERM ignored: Slurm signals every process of the step when the grace time begins, and the program must be
+#   there to be dumped.
+# - The step's shell traps that SIGTERM and dumps the program into criu-images/ in the job's directory (CRIU kills
+#   it once dumped), then ends the step with 143, and the script requeues the job (as requeue-resume.sh does).
+# - Requeued, with an image there, the step is `criu restore` in the foreground: CRIU stays the restored program's
+#   parent, so the program is the job's (Slurm tracks the step's descendants), and the step ends when it does.
+#
+# cutbench submits it as: sbatch --partition=... criu.sh PROGRAM ARGS...; $CRIU names the project's CRIU.
+#SBATCH --requeue
+#SBATCH --open-mode=append
+set -u
+images="$PWD/criu-images"
+criu=${CRIU:-criu}
+if [ -f "$images/inventory.img" ]; then
+  srun --ntasks=1 "$criu" restore -D "$images" -o restore.log
+  status=$?
+else
+  job=$(scontrol show job "$SLURM_JOB_ID")
+  out=$(printf '%s\n' "$job" | sed -n 's/^ *StdOut=//p')
+  err=$(printf '%s\n' "$job" | sed -n 's/^ *StdErr=//p')
+  mkdir -p "$images"
+  srun --ntasks=1 bash -c '
+    images=$1 criu=$2 out=$3 err=$4; shift 4
+    (trap "" TERM; exec setsid "$@" < /dev/null >> "$out" 2>> "$err") &
+    pid=$!
+    trap "\"\$criu\" dump -t $pid -D \"\$images\" -o dump.log && exit 143; exit 1" TERM
+    wait "$pid"
+  ' step "$images" "$criu" "$out" "$err" "$@"
+  status=$?
+fi
+if [ "$status" -ne 0 ]; then
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
