@@ -69,9 +69,10 @@ def _execution_options(command: Any) -> Any:
         click.option("--jobs", "jobs", default=None, metavar="N|auto",
                      help="Trials run at once (the scenario's run.jobs; default 1): N, or auto for one per CPU "
                           "(run.trials_per_gpu per GPU on a GPU host). Verdicts are those of a serial run."),
-        click.option("--executor", "executor", type=click.Choice(["threads", "ray"]), default=None,
+        click.option("--executor", "executor", type=click.Choice(["threads", "ray", "slurm"]), default=None,
                      help="What runs the trials (the scenario's run.executor; default threads): worker threads here, "
-                          "or Ray tasks (pip install 'cutbench[ray]'; --jobs then defaults to auto)."),
+                          "Ray tasks (pip install 'cutbench[ray]'; --jobs then defaults to auto), or a Slurm job "
+                          "array (docs/slurm.md)."),
         click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT|auto",
                      help="With --executor ray: the Ray cluster to connect to (run.ray_address); default: start a "
                           "local Ray."),

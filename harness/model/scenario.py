@@ -324,7 +324,7 @@ def parse_scenario(data: dict[str, Any], source_path: str = "", overrides: list[
     if SYSCALL in phases:
         own["params"] = params = _syscall_cuts(params, rest)
     # Under Ray, as many trials at once as its resources hold unless run.jobs caps them.
-    jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor == "ray" else schema.default("run.jobs")))
+    jobs = check_jobs("run.jobs", get("run.jobs", "auto" if executor in ("ray", "slurm") else schema.default("run.jobs")))
     if program and params.get("port") and jobs != 1:
         raise InvalidArgument(f"workload.params.port = {params['port']}: trials that run at once cannot share one "
                               "port; set port = 0 (a free one per trial) or run.jobs = 1")

@@ -35,7 +35,7 @@ from cutbench.workloads.xp import ARRAY_BACKENDS
 
 RECEIVER_MODES: tuple[str, ...] = ("at_least_once", "idempotent", "fenced")
 PLAN_SOURCES: tuple[str, ...] = ("exhaustive", "random", "hypothesis", "periodic")
-EXECUTORS: tuple[str, ...] = ("threads", "ray")  # what runs a run's trials (run.executor)
+EXECUTORS: tuple[str, ...] = ("threads", "ray", "slurm")  # what runs a run's trials (run.executor)
 PROFILES: tuple[str, ...] = ("ci", "research")  # of the hypothesis source (cutbench.harness.generator.search)
 ARRAYS: tuple[str, ...] = ARRAY_BACKENDS  # the workloads' runtime decides which array libraries exist
 
@@ -269,12 +269,14 @@ FIELDS: tuple[Field, ...] = (
     Field("run", "jobs", CUSTOM, 1,
           "trials run at once (`--jobs` wins); `auto`: one per CPU, or `trials_per_gpu` per GPU on a GPU host. "
           "Verdicts are those of a serial run; not per variant", attr="jobs", low=1, high=MAX_JOBS,
-          type_text=f"integer 1–{MAX_JOBS:,} or `\"auto\"`", default_text="`1`; `\"auto\"` under `executor = \"ray\"`", per_run=True),
+          type_text=f"integer 1–{MAX_JOBS:,} or `\"auto\"`", default_text="`1`; `\"auto\"` under `executor = \"ray\"` or `\"slurm\"`", per_run=True),
     Field("run", "trials_per_gpu", INTEGER, 1, "how many trials share one GPU when `jobs = \"auto\"` or under Ray",
           attr="trials_per_gpu", positive=True, high=64, per_run=True),
     Field("run", "executor", CHOICE, "threads", "where parallel trials run (`--executor`): {choices}", attr="executor",
           choices=EXECUTORS, meanings={"threads": "worker threads of this process",
-                                       "ray": "Ray tasks; `pip install 'cutbench[ray]'`"}, per_run=True),
+                                       "ray": "Ray tasks; `pip install 'cutbench[ray]'`",
+                                       "slurm": "a Slurm job array on a cluster whose nodes are this machine "
+                                                "([docs/slurm.md](../docs/slurm.md))"}, per_run=True),
     Field("run", "ray_address", TEXT, "",
           "`executor = \"ray\"` only: a running Ray to join (`--ray-address`), `HOST:PORT` or `auto`; without it a "
           "local Ray is started", attr="ray_address", default_text="none", per_run=True),

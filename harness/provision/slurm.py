@@ -270,6 +270,30 @@ def stop(timeout_s: float = 30.0) -> bool:
     return stopped
 
 
+def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
+    """Stop the project's ``slurmctld`` and start it again ``down_s`` seconds later, its jobs left running
+    (``slurmd`` keeps them; the controller reads its saved state back), as an operator's restart does. Raises
+    :class:`Unavailable` when it does not answer again within ``timeout_s``."""
+    paths = slurm_paths()
+    try:
+        pid = int(paths.pidfile("slurmctld").read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except (OSError, ValueError):
+        pass  # not running: it is only started
+    time.sleep(down_s)
+    env = {**os.environ, "SLURM_CONF": str(paths.conf)}
+    subprocess.run(["slurmctld"], env=env, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                   start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while not _answers(paths, idle=True):
+        if time.monotonic() > deadline:
+            raise Unavailable(f"slurmctld did not answer again within {timeout_s:g}s: {_tail(paths.log('slurmctld'))}")
+        time.sleep(0.3)
+
+
 def _answers(paths: SlurmPaths, idle: bool = False) -> bool:
     """Whether the cluster of ``paths`` answers (and, with ``idle``, its node takes jobs)."""
     env = {**os.environ, "SLURM_CONF": str(paths.conf)}

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cutbench.errors import Unavailable
+from cutbench.errors import InvalidArgument, Unavailable
 from cutbench.harness.nemesis import Backends
+from cutbench.harness.nemesis.base import optional
 from cutbench.harness.environment import record as environment
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult, TrialSpec
@@ -262,6 +263,69 @@ class RayExecutor:
         self.cluster.close()
 
 
+class SlurmExecutor:
+    """Each trial a task of one Slurm job array, in a fresh process of its own (see
+    :mod:`~cutbench.harness.runner.slurm_executor`); this process runs no trial, only the receiver."""
+
+    pid_namespaces = False  # this process's session runs no workload; each trial's process asks for its own
+
+    def __init__(self, specs: list[TrialSpec], jobs: int, scenario: Scenario, workdir: str | Path | None,
+                 nodes: dict[str, int]):
+        self.specs: list[TrialSpec] | None = specs
+        self.jobs = jobs
+        self.store = scenario.store
+        self.workdir = workdir
+        self.nodes = nodes
+
+    @classmethod
+    def connect(cls, scenario: Scenario, specs: list[TrialSpec], workdir: str | Path | None,
+                backends: Backends) -> "SlurmExecutor":
+        """Check the cluster and the specs; return the executor. :class:`Unavailable` without a cluster whose
+        nodes are this machine; :class:`InvalidArgument` for the ``slurm`` backend, whose preemptor would take
+        the node its own trial's task holds."""
+        from cutbench.harness.runner.slurm_executor import local_nodes
+
+        for name in sorted({s.backend for s in specs}):
+            if optional(backends.new(name), "output_files"):
+                raise InvalidArgument(f"run.executor = \"slurm\" with backend {name!r}: its preemption needs the "
+                                      "node its own trial's task holds; run its trials with --executor threads")
+        nodes = local_nodes()
+        cap = sum(nodes.values()) if scenario.jobs == "auto" else int(scenario.jobs)
+        if cap > 1:
+            check_pid_namespaces(specs, backends)
+        return cls(specs, max(1, min(cap, len(specs))), scenario, workdir, nodes)
+
+    def receiver_exposure(self) -> tuple[str, str | None]:
+        """Return the receiver's address and secret: this machine's loopback (the nodes are this machine), none."""
+        return LOOPBACK, None
+
+    def describe(self, session: Session | None = None) -> dict[str, Any]:
+        """Return ``executor = "slurm"`` and the ``slurm`` table (its cluster, nodes, tasks at once)."""
+        from cutbench.harness.provision import slurm as cluster
+
+        return {"executor": "slurm", "slurm": {"cluster": cluster.which_cluster(), "nodes": self.nodes,
+                                               "jobs": self.jobs}}
+
+    def run(self, session: Session, log: TrialLog) -> dict[str, Any]:
+        """Run every spec as a task of one job array, at most ``jobs`` at once; return ``slurm_reruns`` for
+        ``run.toml`` (the tasks submitted again: lost, or run while the receiver died)."""
+        from cutbench.harness.runner.slurm_executor import SlurmTrials
+        from cutbench.harness.runner.trial_worker import requests_for
+
+        specs = self.specs or []
+        base = {"run_id": session.run_id, "receiver": session.receiver.address, "token": None, "store": self.store,
+                "workdir": str(self.workdir) if self.workdir else None, "pid_namespace": self.jobs > 1, "node": None}
+        requests = requests_for(specs, base, session.references.recordings,
+                                {b: session.support.of(b) for b in {s.backend for s in specs}})
+        pool = SlurmTrials(requests, specs, self.jobs, Path(session.workdir) / "slurm-array", session.run_id)
+        pool.watch = session.watch  # the receiver is this driver's: a trial it died during runs again
+        log.run_pool(pool, len(specs))
+        return {"slurm_reruns": pool.reruns}
+
+    def close(self) -> None:
+        """Nothing to close: the array's tasks are over (or cancelled) when :meth:`run` returns."""
+
+
 def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: dict[str, Any], *,
                     workdir: str | Path | None = None, backends: Backends | None = None) -> Executor:
     """Return the executor for ``work`` (the planned specs, or a driver) under ``scenario``'s ``run`` table.
@@ -277,6 +341,8 @@ def choose_executor(scenario: Scenario, work: "list[TrialSpec] | Driver", env: d
         return SerialExecutor(work, stop_at_first_invalid=True)
     if scenario.executor == "ray":
         return RayExecutor.connect(scenario, work, workdir)
+    if scenario.executor == "slurm":
+        return SlurmExecutor.connect(scenario, work, workdir, backends or Backends())
     jobs = max(1, min(resolve_jobs(scenario, env), len(work)))
     if jobs == 1:
         return SerialExecutor(work)

@@ -176,22 +176,11 @@ class RayCluster:
         node that may run them passed :meth:`check_nodes`. ``token``: the receiver's secret (a spread run);
         ``recordings``: the run's recorded references by key, sent along to the trials they judge;
         ``supports``: per backend, what the run's support matrix says (the certificates' features)."""
-        from cutbench.workloads import api as workload_api
+        from cutbench.harness.runner.trial_worker import requests_for
 
         base = {"run_id": run_id, "receiver": receiver, "token": token, "store": store,
                 "workdir": str(workdir) if workdir else None, "pid_namespace": window > 1, "node": None}
-
-        def request(spec: "TrialSpec") -> dict[str, Any]:
-            cls = spec.workload_class()
-            support = (supports or {}).get(spec.backend)
-            extra = {"support": {spec.backend: support}} if support and workload_api.declared_features(cls) else {}  # any params
-            if not workload_api.records_reference(cls):
-                return {**base, "spec": spec.to_dict(), **extra}
-            key = spec.reference_key()
-            known = (recordings or {}).get(key)
-            return {**base, "spec": spec.to_dict(), **extra, **({"references": {key: known.to_dict()}} if known else {})}
-
-        requests = [request(s) for s in specs]
+        requests = requests_for(specs, base, recordings, supports)
         options = {**self.task_resources(trials_per_gpu), "max_retries": 0,  # a retried trial would publish twice
                    "scheduling_strategy": self._placement()}
         self.check_nodes(requests, options)

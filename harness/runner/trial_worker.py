@@ -118,6 +118,25 @@ def check_host(spec: TrialSpec, *, pid_namespace: bool, euid: int | None = None,
                               "the Ray node as root, or run with --jobs 1")
 
 
+def requests_for(specs: list[TrialSpec], base: dict[str, Any], recordings: dict[str, Any] | None = None,
+                 supports: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One request per spec for a trial's process elsewhere (a Ray task, a Slurm array task): ``base`` (the run's
+    keys: run id, receiver, token, store, work directory, PID namespace, node) with the spec, the run's recorded
+    reference the trial is judged by (``recordings``, by key) and its backend's support matrix answers
+    (``supports``, by backend) where the workload declares features."""
+    out = []
+    for spec in specs:
+        cls = spec.workload_class()
+        support = (supports or {}).get(spec.backend)
+        extra = {"support": {spec.backend: support}} if support and workload_api.declared_features(cls) else {}
+        if workload_api.records_reference(cls):
+            key = spec.reference_key()
+            known = (recordings or {}).get(key)
+            extra.update({"references": {key: known.to_dict()}} if known else {})
+        out.append({**base, "spec": spec.to_dict(), **extra})
+    return out
+
+
 def read_request(path: str | Path) -> dict[str, Any]:
     """The request in ``path``, its keys checked; raise :class:`InvalidArgument` otherwise."""
     request = json.loads(Path(path).read_text())
