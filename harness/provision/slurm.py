@@ -33,6 +33,7 @@ from pathlib import Path
 
 from cutbench.errors import Unavailable
 from cutbench.harness.provision.engines import state_root
+from cutbench.procs import is_zombie_or_gone
 
 # The two partitions of the project's cluster: jobs in LOW are preempted (requeued) by jobs in HIGH.
 LOW, HIGH = "low", "high"
@@ -310,24 +311,12 @@ def _answers(paths: SlurmPaths, idle: bool = False) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Whether daemon ``pid`` still runs (reaped first where this process started it)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        os.waitpid(pid, os.WNOHANG)  # a daemon this process started and never reaped
+        os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    return not is_zombie_or_gone(pid)
 
 
 def _tail(path: Path, lines: int = 6) -> str:
