@@ -12,7 +12,8 @@ machine lacks, programs that cannot start, storage nearly full), with
 run (``cutbench run --resume``); ``executors`` holds the ways of running them (serial, worker
 threads: ``workers``, an adaptive driver), chosen once per run, and
 ``ray_executor`` the Ray one (the cluster), whose tasks (``ray_tasks``) each
-run ``trial_worker`` (one trial in a process of its own); ``adaptive`` hosts the driver that decides trial by trial (the
+run ``trial_worker`` (one trial in a process of its own), as each task of
+``slurm_executor``'s job array does; ``adaptive`` hosts the driver that decides trial by trial (the
 Hypothesis search); ``replay`` reruns a stored trial;
 ``matrix`` runs ``cutbench matrix`` and stores the support matrix;
 ``hunt`` runs ``cutbench hunt`` (search, random walk, reproducers);
