@@ -1,7 +1,8 @@
 """The benchmark, one package per role (Jepsen's split), lowest first.
 
 Each room may import the rooms above it in this list and the ground floor
-(``cutbench.errors``, ``procs``, ``files``, ``validate``, ``registry``),
+(``cutbench.errors``, ``procs``, ``files``, ``validate``, ``registry``,
+``interrupts``, ``storage``),
 never one below it; ``tests/unit/test_layout.py`` enforces the order
 (``docs/DESIGN.md``, "Layout and import rule"):
 
@@ -13,7 +14,7 @@ never one below it; ``tests/unit/test_layout.py`` enforces the order
 4. ``store``: the run directory (the only writer of results), table layouts
    and re-analysis of a stored run.
 5. ``provision``: the tools cutbench drives, found, installed and started:
-   CRIU and its CUDA plugin, the container engines.
+   CRIU and its CUDA plugin, the container engines, Slurm.
 6. ``environment``: the facts of this machine (GPU probes, the environment
    record, doctor) and what runs leave on it.
 7. ``nemesis``: the checkpointer protocol, the backend registry, the cut

@@ -3,7 +3,7 @@
 Every ``import`` statement counts, function-local ones included: a lazy
 import is still a dependency. The rule, lowest first:
 
-    ground floor (cutbench.errors, procs, files, validate, registry)
+    ground floor (cutbench.errors, procs, files, validate, registry, interrupts, storage)
       → receivers (ground floor only)
       → workloads (ground floor and cutbench.receivers.client only)
       → harness rooms: model → checker → generator → store → provision
@@ -334,3 +334,11 @@ def test_each_package_s_map_names_every_module_in_it():
         members += [p.parent.name for p in folder.glob("*/__init__.py")]
         missing += [f"{folder.relative_to(REPO)}/{m}" for m in sorted(members) if f"``{m}``" not in doc]
     assert missing == [], "not named in their package's __init__ docstring"
+
+
+def test_the_harness_map_names_every_module_of_the_ground_floor():
+    """harness/__init__'s list of the ground floor is the modules under cutbench/ that rank there (no door)."""
+    doc = ast.get_docstring(ast.parse((REPO / "harness" / "__init__.py").read_text())) or ""
+    ground = sorted(p.stem for p in (REPO / "cutbench").glob("*.py")
+                    if p.stem != "__init__" and rank(f"cutbench.{p.stem}") == ("ground", 0))
+    assert ground and [m for m in ground if f"``{m}``" not in doc and f"``cutbench.{m}``" not in doc] == []
