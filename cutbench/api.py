@@ -9,10 +9,11 @@ return, with what its methods return (``Comparison``, ``Reanalysis``,
 (the words a trial's verdict is written in); ``CPU_ROLES``, ``CPU_COLUMNS``
 and ``HARNESS_STAGES`` (the words of a run's timeline: its CPU columns, and the
 stages that are the harness running the workload, no tool's); ``judge`` (the
-oracle: a trial's verdict from its record, the receiver's rows and the
+oracle: a trial's ``Verdict`` from its record, the receiver's rows and the
 workload's reference, for effects recorded anywhere) and ``Observer`` (a
-program watched as a run watches it: what its scenario's effects rule sees);
-the errors a run raises.
+program watched as a run watches it: what its scenario's effects rule sees;
+its ``start`` returns a :class:`cutbench.backend.Child`, a tool's author's
+name); the errors a run raises.
 
 The two other audiences have their own door: a workload's author imports from
 :mod:`cutbench.workload`, a checkpoint tool's author from :mod:`cutbench.backend`.
@@ -31,5 +32,6 @@ from cutbench.harness.checker.oracle import FINDING_KINDS, OUTCOMES, judge
 from cutbench.harness.integrations.runs import Comparison, Reanalysis, Run, RunVerdict, matrix, open_run, run
 from cutbench.harness.model.scenario import Scenario, load_scenario
 from cutbench.harness.model.timeline import CPU_COLUMNS, CPU_ROLES, HARNESS_STAGES
+from cutbench.harness.model.trial import Verdict
 from cutbench.harness.observer.streams import Observer
 from cutbench.harness.store.rundir import read_matrix
