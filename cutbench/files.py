@@ -83,6 +83,19 @@ def write_number(path: str | os.PathLike[str], value: int, *, durable: bool = Fa
         os.close(fd)
 
 
+def overwrite_durably(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` over ``path`` in place (created if absent), cut to its length, then fsync: a workload's own
+    checkpoint record. Never a second path: a cut inside the write leaves no renamed-away file for a restore to
+    miss."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_number(path: str | os.PathLike[str]) -> int:
     """The integer :func:`write_number` keeps in ``path``; 0 when there is none."""
     try:

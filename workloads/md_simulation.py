@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import time
 from types import ModuleType
 from typing import Any, ClassVar
 
+from cutbench.files import overwrite_durably
 from cutbench.workloads.common import (BaseWorkload, RecordedWorkload, check_range, load_state_into,
                                       save_state_file, state_bytes)
 from cutbench.workloads.control import PHASES
@@ -252,14 +252,7 @@ class MDSimulation(RecordedWorkload):
     def write_cpt(self, path: str) -> None:
         """The simulation's own checkpoint: one fixed-size record written over the last in place, then fsync
         (never a second path: a cut inside the write leaves no renamed-away file for a restore to miss)."""
-        data = state_bytes({"committed": self.committed, "builds": self.sim.builds}, self.sim.arrays())
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        overwrite_durably(path, state_bytes({"committed": self.committed, "builds": self.sim.builds}, self.sim.arrays()))
         self.last_cpt = time.monotonic()
 
     def report(self) -> dict[str, Any]:

@@ -73,6 +73,7 @@ import struct
 from types import ModuleType
 from typing import Any, ClassVar
 
+from cutbench.files import overwrite_durably
 from cutbench.workloads.common import (MASK, BaseWorkload, RecordedWorkload, check_range, load_state_into,
                                       save_state_file, state_bytes)
 from cutbench.workloads.control import PHASES
@@ -438,14 +439,7 @@ class TorchTraining(RecordedWorkload):
     def write_cpt(self, path: str) -> None:
         """The training script's own checkpoint: one record written over the last in place, then fsync (never
         a second path: a cut inside the write leaves no renamed-away file for a restore to miss)."""
-        data = state_bytes({"committed": self.committed, **self.trainer.header()}, self.trainer.arrays())
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, data, 0)
-            os.ftruncate(fd, len(data))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        overwrite_durably(path, state_bytes({"committed": self.committed, **self.trainer.header()}, self.trainer.arrays()))
 
     def finish(self) -> None:
         """Let the loader's workers go."""
