@@ -12,9 +12,10 @@ jobs and stops it.
 Its configuration is the one a preemption policy needs (``slurm.conf``
 below): two partitions on the one node, ``low`` (preemptible, jobs requeued,
 a grace time) and ``high``; ``PreemptType=preempt/partition_prio``,
-``PreemptMode=REQUEUE``, and ``preempt_send_user_signal`` so that a
-job's ``--signal=B:SIG`` reaches its batch script when the grace time begins,
-as HPC sites configure it for checkpointing job scripts. Process tracking is
+``PreemptMode=REQUEUE``, and ``preempt_send_user_signal`` (as sites set it
+for checkpointing job scripts; measured with 22.05.8, a job's
+``--signal=B:USR1`` still did not reach its batch script at a preemption:
+Slurm signals the job's steps only). Process tracking is
 ``proctrack/linuxproc`` (the job's processes are its batch script's
 descendants: no cgroup is needed, and none may be mounted here).
 """
