@@ -20,8 +20,9 @@ QUICK = REPO / "scenarios" / "quick.toml"
 
 
 def test_executor_defaults_to_threads_and_ray_defaults_jobs_to_auto():
-    """Under Ray, trials run as its resources allow unless run.jobs caps them; threads keep run.jobs = 1."""
-    assert EXECUTORS == ("threads", "ray")
+    """Under Ray or Slurm, trials run as its resources allow unless run.jobs caps them; threads keep run.jobs = 1."""
+    assert EXECUTORS == ("threads", "ray", "slurm")
+    assert load_scenario(QUICK, ["run.executor=slurm"]).jobs == "auto"
     scenario = load_scenario(QUICK)
     assert (scenario.executor, scenario.ray_address, scenario.jobs) == ("threads", "", 1)
     ray = load_scenario(QUICK, ["run.executor=ray"])
@@ -32,7 +33,7 @@ def test_executor_defaults_to_threads_and_ray_defaults_jobs_to_auto():
 
 
 @pytest.mark.parametrize("overrides, match", [
-    (["run.executor=dask"], r"^run\.executor = 'dask': allowed threads, ray$"),
+    (["run.executor=dask"], r"^run\.executor = 'dask': allowed threads, ray, slurm$"),
     (["run.executor=3"], r"^run\.executor"),
     (["run.ray_address='h:1'"], r"^run\.ray_address = 'h:1' \(--ray-address\): only read with run\.executor = \"ray\" \(--executor ray\)"),
     (["run.executor=ray", "run.ray_address=''"], r"expected a Ray cluster's address, HOST:PORT or auto"),
