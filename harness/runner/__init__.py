@@ -19,8 +19,15 @@ Hypothesis search); ``replay`` reruns a stored trial;
 ``hunt`` runs ``cutbench hunt`` (search, random walk, reproducers);
 ``catalog`` lists what a run can be made of here (``cutbench list``);
 ``program`` runs a program that knows nothing of cutbench, judged from
-what it shows the outside world (imported here, so that its runner is
-listed for ``Session.runner`` whichever module is imported first).
+what it shows the outside world.
+
+The table of trial runners is filled here, below: ``Session.runner`` takes
+the first whose ``runs`` says it runs a trial's workload (``session`` cannot
+import the runners, which import it).
 """
 
-from cutbench.harness.runner import program as _program  # noqa: F401  (registers ProgramRunner)
+from cutbench.harness.runner.program import ProgramRunner as _ProgramRunner
+from cutbench.harness.runner.session import RUNNERS as _RUNNERS
+from cutbench.harness.runner.trial import TrialRunner as _TrialRunner
+
+_RUNNERS[:] = [_ProgramRunner, _TrialRunner]  # each runs what the other does not (a program; a workload class)

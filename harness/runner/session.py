@@ -33,8 +33,8 @@ class Runner(Protocol):
         """The trial's record and effects, not judged (a control run's)."""
 
 
-# The kinds of trial runner, each listed as it is defined (runner.trial's for cutbench's workload classes,
-# runner.program's for programs; the package imports both): Session.runner picks the first that runs a workload.
+# The kinds of trial runner, filled by the runner package's __init__ (runner.program's for programs, runner.trial's
+# for cutbench's workload classes: they import this module): Session.runner picks the first that runs a workload.
 RUNNERS: list[Any] = []
 
 

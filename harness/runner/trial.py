@@ -32,7 +32,7 @@ from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.runner.arming import Arming, NextCut, TrialState, launcher
 from cutbench.harness.runner.coordinator import TrialCoordinator
 from cutbench.harness.runner.process import WorkloadProcess
-from cutbench.harness.runner.session import RUNNERS, Session
+from cutbench.harness.runner.session import Session
 from cutbench.interrupts import interruptible, shielded
 from cutbench.procs import Child, kill_namespace_inits, spawn
 from cutbench.workloads import api as workload_api
@@ -47,12 +47,9 @@ class TrialRunner(WorkloadProcess):
     """One trial's side effects, from spawn to verdict (see :meth:`run`).
 
     It and each subclass (one that runs other workloads, a program's, says which in :meth:`runs`) are
-    listed in :data:`~cutbench.harness.runner.session.RUNNERS` when defined; ``Session.runner`` picks one.
+    listed in :data:`~cutbench.harness.runner.session.RUNNERS` (the runner package's ``__init__`` fills it);
+    ``Session.runner`` picks one.
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        RUNNERS.append(cls)
 
     @classmethod
     def runs(cls, workload: type) -> bool:
@@ -377,5 +374,3 @@ class TrialRunner(WorkloadProcess):
         except Exception as exc:  # a store we cannot read makes the verdict unknown
             return oracle.empty_effects(), f"cannot read receiver store: {exc}"
 
-
-RUNNERS.append(TrialRunner)
