@@ -457,4 +457,6 @@ class ProgramRunner(TrialRunner):
             # The tool brought the program back and it died on its own afterwards: the restore's failure (its
             # uninterrupted control runs ran to their end), in the program's own last words.
             state.status, state.failed_stage = "lost", "after_restore"
-            state.error = f"the restored program ended with exit {rc}{self.observer.last_line()}"
+            # A handle may know better how it ended (a batch job over while its program ran on outside it).
+            state.error = (getattr(child, "ended_how", "")
+                           or f"the restored program ended with exit {rc}{self.observer.last_line()}")

@@ -113,6 +113,7 @@ class SlurmChild(Child):
     directory: Path = field(default_factory=Path)
     preempting: bool = False
     settings: dict[str, Any] = field(default_factory=dict)  # workload.params.slurm, complete
+    ended_how: str = ""  # how the job ended, where its exit status does not say it (see poll)
     files: dict[str, str] = field(default_factory=lambda: dict(OUTPUT))
     _looked: float = 0.0
     _last: JobState | None = None
@@ -125,12 +126,20 @@ class SlurmChild(Child):
         return self._last
 
     def poll(self) -> int | None:
-        """The job's exit status once it is over, else None (pending or requeued jobs are not over)."""
+        """The job's exit status once it is over, else None (pending or requeued jobs are not over). A job over
+        while its program still works in its directory (restored outside the job: ``criu restore -d``) ends with
+        -1, and :attr:`ended_how` says so."""
         if self.returncode is not None:
             return self.returncode
         state = self.look()
         if not state.over:
             return None
+        strays = _strays(self.directory)
+        if strays:
+            self.ended_how = (f"job {self.job} ended {state.state} (exit {state.exit_code}) while its program ran on "
+                              f"outside it ({strays[0]}): Slurm counted the node free with the program still on it")
+            self.returncode = -1
+            return self.returncode
         self.returncode = state.returncode()
         return self.returncode
 
