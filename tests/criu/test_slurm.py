@@ -24,7 +24,8 @@ SCENARIO = REPO / "examples" / "slurm" / "ticker.toml"
 # cluster's grace time.
 SHORT = ["--set", "plan.ops=[5, 8]"]
 # requeue-restart is left to the reference run (results/reference/slurm): the same mechanism as requeue-resume.
-VARIANTS = [arg for name in ("requeue-resume", "criu", "no-requeue", "foreground") for arg in ("--variant", name)]
+VARIANTS = [arg for name in ("requeue-resume", "criu", "criu-detached", "no-requeue", "foreground")
+            for arg in ("--variant", name)]
 
 
 def cutbench_jobs() -> list[str]:
@@ -71,6 +72,10 @@ def test_each_job_script_under_a_real_preemption_gets_its_verdict_and_nothing_st
     assert resume["outcome"] == "valid", resume["error"]
     # CRIU from the job script: dumped on the step's signal, restored by the requeued job, every step once.
     assert rows["criu"]["outcome"] == "valid", rows["criu"]["error"]
+    # A detached restore leaves the program outside the requeued job, which ends at once: lost, naming the process.
+    detached = rows["criu-detached"]
+    assert detached["kinds"] == {"process_lost"} and "while its program ran on outside it" in detached["error"], \
+        detached["error"]
     # No --requeue: the job ends at the preemption, its work lost, in Slurm's words.
     lost = rows["no-requeue"]
     assert lost["kinds"] == {"process_lost"} and "was not requeued" in lost["error"], lost["error"]
