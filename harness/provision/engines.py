@@ -147,7 +147,7 @@ def start_docker(timeout_s: float = 60.0) -> bool:
                 proc.kill()
                 proc.wait()
             raise Unavailable(f"dockerd did not come up (exit {proc.returncode}); its log {paths.log} ends: "
-                              f"{_tail(paths.log)}")
+                              f"{log_tail(paths.log)}")
         time.sleep(0.2)
     return True
 
@@ -194,11 +194,7 @@ def criu_path_env() -> dict[str, str]:
     """
     from cutbench.harness.provision.criu import locate
 
-    install = locate.require_criu()
-    if install.source == "bundled" and install.prefix is not None:
-        bindir = str(install.prefix / "bin")
-    else:
-        bindir = str(Path(shutil.which("criu") or install.argv[0]).parent)
+    bindir = str(Path(locate.require_criu().executable).parent)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([bindir, *[p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]])
     return env
@@ -246,7 +242,8 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _tail(path: Path, lines: int = 8) -> str:
+def log_tail(path: Path, lines: int = 8) -> str:
+    """The last ``lines`` of a daemon's log ``path`` on one line (" | " between them), or "(no log)"."""
     try:
         return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:

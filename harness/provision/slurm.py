@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cutbench.errors import Unavailable
-from cutbench.harness.provision.engines import state_root
+from cutbench.harness.provision.engines import log_tail, state_root
 from cutbench.procs import is_zombie_or_gone
 
 # The two partitions of the project's cluster: jobs in LOW are preempted (requeued) by jobs in HIGH.
@@ -235,13 +235,13 @@ def start(timeout_s: float = 60.0) -> bool:
             if done.returncode != 0:
                 raise Unavailable(f"{daemon} did not start (exit {done.returncode}): "
                                   f"{(done.stderr or done.stdout).strip()[-400:]} | its log {paths.log(daemon)}: "
-                                  f"{_tail(paths.log(daemon))}")
+                                  f"{log_tail(paths.log(daemon))}")
         deadline = time.monotonic() + timeout_s
         while not _answers(paths, idle=True):
             if time.monotonic() > deadline:
                 raise Unavailable(f"the local Slurm did not come up within {timeout_s:g}s; slurmctld's log "
-                                  f"{paths.log('slurmctld')}: {_tail(paths.log('slurmctld'))} | slurmd's: "
-                                  f"{_tail(paths.log('slurmd'))}")
+                                  f"{paths.log('slurmctld')}: {log_tail(paths.log('slurmctld'))} | slurmd's: "
+                                  f"{log_tail(paths.log('slurmd'))}")
             time.sleep(0.3)
     except BaseException:
         stop()
@@ -255,21 +255,24 @@ def stop(timeout_s: float = 30.0) -> bool:
     if paths.conf.is_file() and _answers(paths):
         env = {**os.environ, "SLURM_CONF": str(paths.conf)}
         subprocess.run(["scancel", "--full", "--user", str(os.getuid())], env=env, capture_output=True, timeout=30)
-    stopped = False
-    for daemon in reversed(DAEMONS):
-        try:
-            pid = int(paths.pidfile(daemon).read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
-        stopped = True
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        paths.pidfile(daemon).unlink(missing_ok=True)
-    return stopped
+    stopped = [_stop_daemon(paths, daemon, timeout_s) for daemon in reversed(DAEMONS)]
+    return any(stopped)
+
+
+def _stop_daemon(paths: SlurmPaths, daemon: str, timeout_s: float) -> bool:
+    """SIGTERM ``daemon`` by its pid file and wait for it (SIGKILL after ``timeout_s``); True when it ran."""
+    try:
+        pid = int(paths.pidfile(daemon).read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return False
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    paths.pidfile(daemon).unlink(missing_ok=True)
+    return True
 
 
 def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
@@ -277,14 +280,7 @@ def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
     (``slurmd`` keeps them; the controller reads its saved state back), as an operator's restart does. Raises
     :class:`Unavailable` when it does not answer again within ``timeout_s``."""
     paths = slurm_paths()
-    try:
-        pid = int(paths.pidfile("slurmctld").read_text().strip())
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    except (OSError, ValueError):
-        pass  # not running: it is only started
+    _stop_daemon(paths, "slurmctld", timeout_s)  # not running: it is only started
     time.sleep(down_s)
     env = {**os.environ, "SLURM_CONF": str(paths.conf)}
     subprocess.run(["slurmctld"], env=env, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
@@ -292,7 +288,7 @@ def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not _answers(paths, idle=True):
         if time.monotonic() > deadline:
-            raise Unavailable(f"slurmctld did not answer again within {timeout_s:g}s: {_tail(paths.log('slurmctld'))}")
+            raise Unavailable(f"slurmctld did not answer again within {timeout_s:g}s: {log_tail(paths.log('slurmctld'))}")
         time.sleep(0.3)
 
 
@@ -318,10 +314,3 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         pass
     return not is_zombie_or_gone(pid)
-
-
-def _tail(path: Path, lines: int = 6) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -45,6 +45,14 @@ class CriuInstall:
         """The full command line for ``criu ARGS...``."""
         return [*self.argv, *args]
 
+    @property
+    def executable(self) -> str:
+        """One executable that runs this CRIU, for a program that runs ``criu`` itself (runc from ``PATH``, a job
+        script): a bundled one's wrapper ``PREFIX/bin/criu``, else the ``criu`` on ``PATH``."""
+        if self.source == "bundled" and self.prefix is not None:
+            return str(self.prefix / "bin" / "criu")
+        return shutil.which("criu") or self.argv[0]
+
 
 def default_prefix() -> Path:
     """Where a bundled CRIU lives.
