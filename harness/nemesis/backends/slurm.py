@@ -36,14 +36,15 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutbench import procs
 from cutbench.errors import HarnessFault, InvalidArgument, StageFailed, StageRefused
 from cutbench.harness.nemesis.base import Capabilities, CutContext
 from cutbench.harness.provision import slurm as cluster
-from cutbench import procs
 from cutbench.procs import Child
 from cutbench.workloads import program as program_api
 
@@ -59,7 +60,7 @@ JOB_PREFIX = "cutbench-"
 
 @dataclass(frozen=True)
 class JobState:
-    """One look at a job: its state, why it waits, its node, its exit code ("2:0"), its batch script's pid."""
+    """One look at a job: its state, why it waits, its node, its exit code ("2:0")."""
 
     state: str
     reason: str = ""
@@ -90,6 +91,19 @@ def job_state(job: str) -> JobState:
                     fields.get("ExitCode", ""))
 
 
+def wait_for(job: str, until: Callable[[JobState], bool], timeout_s: float) -> tuple[bool, JobState]:
+    """Ask for ``job``'s state every :data:`POLL_S` until ``until(state)`` or ``timeout_s`` passed; return whether
+    it came, and the last state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = job_state(job)
+        if until(state):
+            return True, state
+        if time.monotonic() > deadline:
+            return False, state
+        time.sleep(POLL_S)
+
+
 def cancel(job: str, timeout_s: float = 60.0) -> JobState:
     """Cancel ``job`` (nothing when it is over) and wait until it is over; return its last state."""
     state = job_state(job)
@@ -105,9 +119,9 @@ def cancel(job: str, timeout_s: float = 60.0) -> JobState:
 class SlurmChild(Child):
     """The program's batch job, as the harness waits for and kills a process.
 
-    ``pid`` is the job's batch script on this node while it runs (0 before; it is never signalled: the job is
-    cancelled through Slurm). The job stays one across its requeues; during a preemption the backend sets
-    ``preempting`` and the pipeline's fault stage then finds the job gone from the node without cancelling it."""
+    ``pid`` is 0: nothing of the job is signalled by pid, it is cancelled through Slurm (its processes may run on
+    another node). The job stays one across its requeues; during a preemption the backend sets ``preempting`` and
+    the pipeline's fault stage then finds the job gone from the node without cancelling it."""
 
     job: str = ""
     directory: Path = field(default_factory=Path)
@@ -174,6 +188,17 @@ class SlurmChild(Child):
         return ""
 
 
+@dataclass
+class _Cut:
+    """What one cut's stages share: the program's job, when its preemption began, the preemptor's job ("" for
+    ``scontrol requeue``), and what still worked in the job's directory once the job had left the node."""
+
+    job: SlurmChild
+    preempted_at: float
+    preemptor: str = ""
+    strays: list[str] = field(default_factory=list)
+
+
 class SlurmCheckpointer:
     """The ``slurm`` backend (see module docstring)."""
 
@@ -189,10 +214,7 @@ class SlurmCheckpointer:
     output_files = True  # the program's stdout and stderr are the job's output files (SlurmChild.files)
 
     def __init__(self) -> None:
-        self._jobs: dict[Path, SlurmChild] = {}  # the job of each cut's images_dir
-        self._preemptors: dict[Path, str] = {}
-        self._preempted_at: dict[Path, float] = {}  # monotonic time each cut's preemption began
-        self._strays: dict[Path, list[str]] = {}  # the processes that ran on when the job had left the node
+        self._cuts: dict[Path, _Cut] = {}  # by the cut's images_dir
 
     def unavailable_reason(self) -> str | None:
         """Why no Slurm cluster takes jobs from here (with the fix), or None."""
@@ -228,20 +250,15 @@ class SlurmCheckpointer:
         if submit.returncode != 0 or not job.isdigit():
             raise StageRefused("slurm_submit", f"sbatch refused the job (exit {submit.returncode}): "
                                                f"{(submit.stderr or submit.stdout).strip()}")
-        child = SlurmChild(pid=0, job=job, directory=Path(cwd), settings=settings)
         try:
-            deadline = time.monotonic() + settings["pending_s"]
-            state = child.look(fresh=True)
-            while state.state not in RUNNING and not state.over:
-                if time.monotonic() > deadline:
-                    raise StageRefused("slurm_submit", f"job {job} was still {state.state} ({state.reason}) after "
-                                                       f"{settings['pending_s']:g}s (workload.params.slurm.pending_s)")
-                time.sleep(POLL_S)
-                state = child.look(fresh=True)
+            started, state = wait_for(job, lambda s: s.state in RUNNING or s.over, settings["pending_s"])
+            if not started:
+                raise StageRefused("slurm_submit", f"job {job} was still {state.state} ({state.reason}) after "
+                                                   f"{settings['pending_s']:g}s (workload.params.slurm.pending_s)")
         except BaseException:
             cancel(job)
             raise
-        return child
+        return SlurmChild(pid=0, job=job, directory=Path(cwd), settings=settings)
 
     # -- stages -------------------------------------------------------------------
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
@@ -249,11 +266,10 @@ class SlurmCheckpointer:
         if not isinstance(target, SlurmChild):
             raise HarnessFault("slurm_preempt", "the program was not started as a batch job")
         settings = target.settings
-        self._jobs[ctx.images_dir] = target
         ctx.facts["image_bytes"] = 0
         with ctx.timeline.stage("slurm_preempt", ctx.cut_index) as extra:
             node = target.look(fresh=True).node
-            self._preempted_at[ctx.images_dir] = time.monotonic()
+            cut = self._cuts[ctx.images_dir] = _Cut(target, time.monotonic())
             if settings["preempt"] == "requeue":
                 done = cluster.scontrol("requeue", target.job)
                 if done.returncode != 0:
@@ -267,33 +283,33 @@ class SlurmCheckpointer:
                 if preemptor.returncode != 0:
                     raise StageRefused("slurm_preempt", f"sbatch of the preemptor (partition {settings['preemptor']}): "
                                                         f"{(preemptor.stderr or preemptor.stdout).strip()}")
-                self._preemptors[ctx.images_dir] = preemptor.stdout.strip().split(";")[0]
+                cut.preemptor = preemptor.stdout.strip().split(";")[0]
             state = self._wait_job(target.job, lambda s: s.state not in RUNNING, ctx, "slurm_preempt",
                                    "the job did not leave the node")
             target.preempting = True
             # What still works in the job's directory once Slurm has taken the job off the node outlived it.
-            self._strays[ctx.images_dir] = _strays(target.directory)
+            cut.strays = _strays(target.directory)
             extra["detail"] = f"job {target.job} {state.state} ({state.reason or settings['preempt']})"
 
     def restore(self, ctx: CutContext) -> int:
         """Stages ``slurm_node_free`` (the preemptor runs) and ``slurm_requeue`` (the requeued job runs again);
         returns the job's handle's pid. Raises :class:`StageFailed` when the job was not requeued."""
-        target = self._jobs[ctx.images_dir]
-        preemptor = self._preemptors.get(ctx.images_dir)
-        if preemptor is not None:
+        cut = self._cuts[ctx.images_dir]
+        target = cut.job
+        if cut.preemptor:
             with ctx.timeline.stage("slurm_node_free", ctx.cut_index) as extra:
-                self._wait_job(preemptor, lambda s: s.state in RUNNING or s.over, ctx, "slurm_node_free",
+                self._wait_job(cut.preemptor, lambda s: s.state in RUNNING or s.over, ctx, "slurm_node_free",
                                "the preemptor never ran")
                 # What a scheduler preempts for: the node given to the preemptor, counted from the preemption.
-                ctx.facts["node_free_s"] = time.monotonic() - self._preempted_at[ctx.images_dir]
-                extra["detail"] = f"preemptor {preemptor} ran {ctx.facts['node_free_s']:.2f}s after the preemption"
+                ctx.facts["node_free_s"] = time.monotonic() - cut.preempted_at
+                extra["detail"] = f"preemptor {cut.preemptor} ran {ctx.facts['node_free_s']:.2f}s after the preemption"
         with ctx.timeline.stage("slurm_requeue", ctx.cut_index) as extra:
             released = False
             deadline = time.monotonic() + ctx.stage_timeout_s
             while True:
                 state = target.look(fresh=True)
                 if state.over:
-                    self._over(target, state, self._strays.get(ctx.images_dir, []))
+                    self._over(target, state, cut.strays)
                 if state.state in RUNNING:
                     break
                 if state.reason == "BeginTime" and not released:
@@ -329,26 +345,17 @@ class SlurmCheckpointer:
 
     def cleanup(self, ctx: CutContext) -> None:
         """The preemptor goes (it holds the node for ``hold_s`` only; a failed cut may leave it queued)."""
-        preemptor = self._preemptors.pop(ctx.images_dir, None)
-        if preemptor is not None:
-            cancel(preemptor)
-        self._jobs.pop(ctx.images_dir, None)
-        self._preempted_at.pop(ctx.images_dir, None)
-        self._strays.pop(ctx.images_dir, None)
+        cut = self._cuts.pop(ctx.images_dir, None)
+        if cut is not None and cut.preemptor:
+            cancel(cut.preemptor)
 
     @staticmethod
-    def _wait_job(job: str, until: Any, ctx: CutContext, stage: str, why: str) -> JobState:
-        """Poll ``job`` until ``until(state)``; :class:`StageFailed` after the stage's time limit."""
-        deadline = time.monotonic() + ctx.stage_timeout_s
-        while True:
-            state = job_state(job)
-            if until(state):
-                return state
-            if time.monotonic() > deadline:
-                raise StageFailed(stage, f"{why} within {ctx.stage_timeout_s:g}s: job {job} {state.state} "
-                                         f"({state.reason})")
-            time.sleep(POLL_S)
-
+    def _wait_job(job: str, until: Callable[[JobState], bool], ctx: CutContext, stage: str, why: str) -> JobState:
+        """:func:`wait_for` ``job`` within the stage's time limit; :class:`StageFailed` (``why``) after it."""
+        came, state = wait_for(job, until, ctx.stage_timeout_s)
+        if not came:
+            raise StageFailed(stage, f"{why} within {ctx.stage_timeout_s:g}s: job {job} {state.state} ({state.reason})")
+        return state
 
 def _strays(directory: Path) -> list[str]:
     """The processes that work in the job's ``directory``, in words (:func:`cutbench.procs.holder`)."""
@@ -356,14 +363,10 @@ def _strays(directory: Path) -> list[str]:
 
 
 def _criu() -> str:
-    """The project's CRIU as one command for a job script's ``$CRIU`` (a bundled one's wrapper in its ``bin/``),
-    or "criu" from PATH when none is installed."""
+    """The project's CRIU as one command for a job script's ``$CRIU``, or "criu" from PATH when none is installed."""
     try:
         from cutbench.harness.provision.criu import locate
 
-        install = locate.require_criu()
+        return locate.require_criu().executable
     except Exception:
         return "criu"
-    if install.source == "bundled" and install.prefix is not None and (install.prefix / "bin" / "criu").is_file():
-        return str(install.prefix / "bin" / "criu")
-    return install.argv[0]
