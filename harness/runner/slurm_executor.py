@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from cutbench.errors import Unavailable
 from cutbench.harness.provision import slurm as cluster
-from cutbench.harness.runner.ray_tasks import WORKER_MODULE, decode
+from cutbench.harness.runner.ray_tasks import CANCEL_GRACE_S, WORKER_MODULE, decode
 from cutbench.procs import package_env
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 LOST_RERUNS = 2  # a task lost this many times more stops the run
 CONTROLLER_WAIT_S = 300.0  # how long the driver waits for a slurmctld that stopped answering
-CANCEL_GRACE_S = 60.0
 JOB_PREFIX = "cutbench-trials-"
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 
