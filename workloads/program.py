@@ -346,7 +346,7 @@ class Program:
         the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
         out = dict(params)
         out["files"] = [str((base / f).resolve()) for f in params["files"]]
-        if isinstance(params["slurm"], dict) and isinstance(params["slurm"].get("script"), str) and params["slurm"]["script"]:
+        if params["slurm"].get("script"):  # checked already (slurm_settings): a table, its script a string
             out["slurm"] = {**params["slurm"], "script": str((base / params["slurm"]["script"]).resolve())}
         parsers = params["parser"] or any(isinstance(e, dict) and e.get("parser") for e in params["streams"])
         if (parsers or any(a.compare for a in cls.artefacts(params))) and not params["parser_path"]:
