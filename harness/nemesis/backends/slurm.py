@@ -320,7 +320,6 @@ class SlurmCheckpointer:
                                                        f"after {ctx.stage_timeout_s:g}s")
                 time.sleep(POLL_S)
             extra["detail"] = f"job {target.job} running again"
-        target.preempting = False
         return target.pid
 
     @staticmethod
