@@ -24,6 +24,11 @@ never one below it; ``tests/unit/test_layout.py`` enforces the order
 9. ``reports``: summary, HTML report, plots, comparisons of two runs.
 10. ``runner``: trial and run execution, adaptive drivers, replay.
 11. ``integrations``: the command line, the pytest plugin and the CI gate.
+
+A feature that spans rooms keeps its files together in a folder of its own, each
+module named after the room it ranks with: ``hunt`` (``cutbench hunt``, a tool's
+lifecycle searched) and ``matrix`` (``cutbench matrix``, the CUDA support
+matrix). Each folder's ``__init__`` is its map.
 """
 
 if __name__ != "cutbench.harness":  # e.g. ``import harness`` with a checkout's root on sys.path

@@ -3,8 +3,6 @@
 ``scheduler`` holds the static plan sources (exhaustive, random),
 ``search`` the Hypothesis strategies and the per-arm search loop (it calls
 back into a ``run_plan`` function the runner supplies), ``sweep`` the
-cartesian expansion of a scenario over axes; ``matrix`` the support
-matrix's plan (which probe rows through which tools under which faults); ``hunt`` the lifecycle state
-machine of ``cutbench hunt`` and the random walk it is measured against
-(it reaches the probe only through a session the runner hands it).
+cartesian expansion of a scenario over axes. The support matrix's plan and the hunt's
+state machine live with their features (:mod:`cutbench.harness.matrix`, :mod:`cutbench.harness.hunt`).
 """

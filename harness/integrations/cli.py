@@ -18,7 +18,8 @@ import click
 from rich.text import Text
 
 from cutbench import interrupts
-from cutbench.harness.integrations.cli_tools import hunt, matrix
+from cutbench.harness.hunt.integrations import hunt
+from cutbench.harness.matrix.integrations import matrix
 from cutbench.harness.integrations.console import INTERRUPTED_BY, console, fail, interrupted_code, progress_printer, say
 from cutbench.errors import (EXIT_BAD_ARGUMENTS, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_NOT_REPRODUCED, EXIT_OK, CutbenchError, InvalidArgument,
                              Unavailable)

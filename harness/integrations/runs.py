@@ -274,7 +274,7 @@ def matrix(probes: "list[str] | tuple[str, ...]" = (), tools: "list[str] | tuple
     Bad names raise :class:`cutbench.errors.InvalidArgument` before anything runs; a Ctrl-C stores the partial
     run and is raised on as ``KeyboardInterrupt`` (its ``run_dir`` names the run, as :func:`run`'s does).
     """
-    from cutbench.harness.runner.matrix import run_matrix
+    from cutbench.harness.matrix.runner import run_matrix
 
     outcome, _ = run_matrix(tuple(probes), tuple(tools), tuple(faults), out, jobs=jobs)
     if not outcome.complete:

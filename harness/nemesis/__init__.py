@@ -11,8 +11,8 @@ in ``backends``, one module each. ``adapters`` is the harness's side of the
 semantic adapters (the coordinator's two phases over the control file). ``lifecycle_kit`` drives one tool's
 lifecycle by hand with no cutbench in it (the hunt's hands and the body of
 every reproducer it writes) on the probe and the tools' hands of ``probe_kit``,
-``engine_kit`` a container engine's (docker, podman) on top of it; ``hunt`` opens its sessions, writes the reproducers
-and runs them on their own. ``cpu_account`` measures what a trial's processes
+``engine_kit`` a container engine's (docker, podman) on top of it (the hunt's sessions and reproducers are
+:mod:`cutbench.harness.hunt.nemesis`'s). ``cpu_account`` measures what a trial's processes
 (the workload's, the tool's helpers) spend in each stage: CPU seconds, faults,
 bytes written.
 

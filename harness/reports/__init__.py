@@ -3,8 +3,7 @@
 ``summary`` (rates, the run's verdict, ``summary.md``), ``html`` (the
 self-contained ``report.html``), ``plots`` (PNG bytes), ``compare`` (two
 runs side by side), ``explain`` (a failing trial in plain words),
-``criteria`` (the six criteria for a checkpoint tool, measured) and
-``matrix`` (the support matrix for people: ``matrix.md``, two matrices
-compared, the report's section). They return text and bytes; ``html.write_all`` hands
+and ``criteria`` (the six criteria for a checkpoint tool, measured); the support matrix
+for people is :mod:`cutbench.harness.matrix.reports`'s. They return text and bytes; ``html.write_all`` hands
 them to the store's ``RunDir``, the only writer.
 """

@@ -493,7 +493,7 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
         run_pairs.append((f"sweep axis {axis}", ", ".join(map(str, values))))
     out.append('<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table"))
     if (matrix is not None and not matrix.empty) or (deviations is not None and not deviations.empty):
-        from cutbench.harness.reports.matrix import html_section
+        from cutbench.harness.matrix.reports import html_section
 
         out.append(html_section(matrix if matrix is not None else pd.DataFrame(), deviations))
     for skipped in meta.get("skipped_arms", [])[:MAX_SKIPPED_LINES]:

@@ -15,8 +15,6 @@ threads: ``workers``, an adaptive driver), chosen once per run, and
 run ``trial_worker`` (one trial in a process of its own), as each task of
 ``slurm_executor``'s job array does; ``adaptive`` hosts the driver that decides trial by trial (the
 Hypothesis search); ``replay`` reruns a stored trial;
-``matrix`` runs ``cutbench matrix`` and stores the support matrix;
-``hunt`` runs ``cutbench hunt`` (search, random walk, reproducers);
 ``catalog`` lists what a run can be made of here (``cutbench list``);
 ``program`` runs a program that knows nothing of cutbench, judged from
 what it shows the outside world.

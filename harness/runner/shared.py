@@ -301,7 +301,7 @@ class SupportLookup:
     def of(self, backend: str) -> dict[str, dict[str, tuple[str, str]]]:
         """Return what the matrix says of ``backend`` here: ``{fault: {feature: (cell, where)}}`` (empty without one)."""
         if backend not in self.known:
-            from cutbench.harness.checker.matrix import support_for
+            from cutbench.harness.matrix.checker import support_for
 
             table = self.table
             self.known[backend] = support_for(table, backend, self.driver, self.criu_version) if table is not None else {}

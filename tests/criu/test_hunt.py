@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cutbench.harness.runner.hunt import hunt
+from cutbench.harness.hunt.runner import hunt
 
 SEED = 3  # seeds 1, 2, 3 and 6 of the first six meet the broken promise within 10 sequences; 20 leave margin
 
@@ -110,7 +110,7 @@ def test_an_engine_s_probe_comes_back_from_its_checkpoint_as_it_was(criu, podman
     """The engine session's own bookkeeping, held to the probe: a checkpoint that stops the container, a restore, a
     step; every answer ok and the digests after the restore and the step hold (a session that put the wrong state
     back would show a deviation here, which the hunt's reproducer, the same code, would show too)."""
-    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.hunt import nemesis as hands
     from cutbench.harness.nemesis.lifecycle_kit import replay
 
     for k, v in hands.environment(engine).items():
@@ -124,7 +124,7 @@ def test_an_engine_s_probe_comes_back_from_its_checkpoint_as_it_was(criu, podman
 def test_a_step_left_at_its_launch_is_dumped_in_flight_and_finishes_in_the_restored_probe(criu, monkeypatch):
     """The CPU probe's step at its launch is a thread still at work (half a second) when CRIU dumps it; the restored
     probe finishes it, and the digest after the restore finds its work done, once."""
-    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.hunt import nemesis as hands
     from cutbench.harness.nemesis.lifecycle_kit import replay
 
     for k, v in hands.environment("criu").items():

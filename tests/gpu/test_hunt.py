@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cutbench.harness.nemesis.hunt import unavailable_reason
-from cutbench.harness.runner.hunt import hunt
+from cutbench.harness.hunt.nemesis import unavailable_reason
+from cutbench.harness.hunt.runner import hunt
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,7 @@ def test_each_probe_left_at_its_launch_comes_back_with_its_work_done(tool, probe
     """Half a second of GPU work in flight at the lock, on each probe: the documented round trip (and a CRIU dump
     and restore of the CHECKPOINTED process in the middle) answers ok at every step, and the digest after the
     unlock finds the work done once, the buffers where they were and the pinned mirror up to date."""
-    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.hunt import nemesis as hands
     from cutbench.harness.nemesis.lifecycle_kit import replay
 
     reason = unavailable_reason(tool)
@@ -54,7 +54,7 @@ def test_a_probe_restored_onto_another_gpu_continues(monkeypatch):
     import shutil
     import subprocess
 
-    from cutbench.harness.nemesis import hunt as hands
+    from cutbench.harness.hunt import nemesis as hands
     from cutbench.harness.nemesis.lifecycle_kit import replay
 
     reason = unavailable_reason("cuda")

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from cutbench.errors import InvalidArgument
-from cutbench.harness.checker.lifecycle import judge, judge_close
-from cutbench.harness.model.lifecycle import (SOURCES, Step, World, advance, expect, moves, public_report, safe)
-from cutbench.harness.nemesis import hunt as hands
-from cutbench.harness.store import findings
+from cutbench.harness.hunt.checker import judge, judge_close
+from cutbench.harness.hunt.model import (SOURCES, Step, World, advance, expect, moves, public_report, safe)
+from cutbench.harness.hunt import nemesis as hands
+from cutbench.harness.hunt import store as findings
 
 LOCK, CKPT, RESTORE, UNLOCK = Step("lock", (("timeout_ms", 5000),)), Step("checkpoint"), Step("restore"), Step("unlock")
 
@@ -201,7 +201,7 @@ def test_the_search_picks_the_probe_and_where_among_its_phases_a_step_falls():
     """A GPU tool's sequences start one of three probes (the kit's and the model's lists are one list); every tool
     may leave a step at its launch, its work still in flight when the next step comes, under the README's promise
     that a suspend completes already-submitted work."""
-    from cutbench.harness.model.lifecycle import ALPHABETS, GPU_PROBES, probes
+    from cutbench.harness.hunt.model import ALPHABETS, GPU_PROBES, probes
     from cutbench.harness.nemesis.probe_kit import PROBES
 
     assert probes("cuda") == probes("criu-cuda-plugin") == GPU_PROBES == PROBES["gpu"]

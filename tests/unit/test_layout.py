@@ -43,6 +43,8 @@ from tests.conftest import REPO
 ROOMS = ("model", "checker", "generator", "store", "provision", "environment", "nemesis", "observer", "reports", "runner",
          "integrations")
 PACKAGES = ("harness", "workloads", "receivers")
+# Features kept together (harness/<feature>/): each module is named after the room it ranks with.
+FEATURES = ("hunt", "matrix")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -90,8 +92,10 @@ def rank(module: str) -> tuple[str, int] | None:
         return ("receivers", 1)
     if parts[1] == "workloads":
         return ("workloads", 2)
+    if len(parts) > 3 and parts[2] in FEATURES and parts[3] in ROOMS:
+        return (parts[3], 4 + ROOMS.index(parts[3]))  # a feature's module ranks with the room it is named after
     if len(parts) < 3 or parts[2] not in ROOMS:
-        return ("harness", 3)  # the harness package itself (its __init__ holds only a docstring)
+        return ("harness", 3)  # the harness package or a feature's (each __init__ holds only a docstring)
     return (parts[2], 4 + ROOMS.index(parts[2]))
 
 
@@ -193,6 +197,25 @@ def test_an_upward_import_is_reported(tmp_path):
     found = layout_violations(root)
     assert any("cutbench.harness.model.plan (model) imports cutbench.harness.runner" in p for p in found), found
     assert any(p.startswith("import cycle:") for p in found), found
+
+
+def test_a_feature_s_folder_holds_only_modules_named_after_rooms():
+    """harness/ holds the rooms and the features; a feature's module is named after the room it ranks with, so its
+    place in the import order is its name (``hunt/model.py`` ranks with the model)."""
+    folders = {p.parent.name for p in (REPO / "harness").glob("*/__init__.py")}
+    assert folders == set(ROOMS) | set(FEATURES)
+    strays = [f"{feature}/{p.name}" for feature in FEATURES for p in (REPO / "harness" / feature).glob("*.py")
+              if p.stem != "__init__" and p.stem not in ROOMS]
+    assert strays == []
+    assert not any(imports_of(REPO / "harness" / f / "__init__.py", f"cutbench.harness.{f}") for f in FEATURES)
+
+
+def test_an_upward_import_inside_a_feature_is_reported(tmp_path):
+    root = copy_tree(tmp_path)
+    model = root / "harness" / "hunt" / "model.py"
+    model.write_text(model.read_text() + "\n\ndef _late():\n    from cutbench.harness.hunt import runner  # noqa\n")
+    found = layout_violations(root)
+    assert any("cutbench.harness.hunt.model (model) imports cutbench.harness.hunt.runner (runner)" in p for p in found), found
 
 
 def test_receivers_and_workloads_stay_on_their_floors(tmp_path):

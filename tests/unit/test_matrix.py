@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 
 from cutbench.errors import InvalidArgument, hung_reason
-from cutbench.harness.checker import matrix as cells
-from cutbench.harness.generator import matrix as plan
+from cutbench.harness.matrix import checker as cells
+from cutbench.harness.matrix import generator as plan
 from cutbench.harness.model.certificate import Evidence, Position, certify
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.harness.checker import oracle
-from cutbench.harness.reports import matrix as render
-from cutbench.harness.store.findings import deviation_rows
+from cutbench.harness.matrix import reports as render
+from cutbench.harness.hunt.store import deviation_rows
 from cutbench.workloads import api
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cutbench.errors import InvalidArgument
-from cutbench.harness.generator import matrix
+from cutbench.harness.matrix import generator as matrix
 from cutbench.harness.integrations import gate
 from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import ARM_AXES, Arm, Scenario, parse_scenario

@@ -1,7 +1,7 @@
 """Lifecycle sequences for ``cutbench hunt``: a Hypothesis state machine, and a random walk to measure it against.
 
 The machine (:func:`search`) walks a tool's documented lifecycle
-(:mod:`cutbench.harness.model.lifecycle`) on a live probe. Each step is drawn
+(:mod:`cutbench.harness.hunt.model`) on a live probe. Each step is drawn
 by one of two rules: ``advance`` takes a lifecycle step the documentation
 says succeeds here (lock, checkpoint, restore, a CRIU dump…), ``detour`` any
 other step open here (a signal, a fork, a second thread's call, work on the
@@ -30,8 +30,8 @@ from hypothesis.errors import Flaky
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from cutbench.harness.checker.lifecycle import Deviation, judge, judge_close
-from cutbench.harness.model.lifecycle import World, Step, advance, expect, moves, probes, safe
+from cutbench.harness.hunt.checker import Deviation, judge, judge_close
+from cutbench.harness.hunt.model import World, Step, advance, expect, moves, probes, safe
 
 
 class LifecycleSession(Protocol):
@@ -145,7 +145,7 @@ def machine(tool: str, open_session: Callable[[str], LifecycleSession], log: Hun
             first_probe: int = 0) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` over ``tool``'s lifecycle on fresh probes from ``open_session``.
 
-    Each sequence first draws its probe (:func:`~cutbench.harness.model.lifecycle.probes`, starting at index
+    Each sequence first draws its probe (:func:`~cutbench.harness.hunt.model.probes`, starting at index
     ``first_probe``): Hypothesis draws the first choice most often early in a run and shrinks towards it, so
     the search turns the list a step each round and no probe is only met by chance."""
     choices = probes(tool)

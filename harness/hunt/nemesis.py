@@ -24,7 +24,7 @@ from cutbench.errors import Unavailable
 from cutbench.harness.provision import engines
 from cutbench.harness.provision.criu import locate
 from cutbench.harness.provision.criu.plugin import plugin_dir, plugin_unavailable_reason
-from cutbench.harness.model.lifecycle import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
+from cutbench.harness.hunt.model import ENGINE_TOOLS, GPU_TOOLS, Step, check_tool
 from cutbench.harness.nemesis import engine_kit, lifecycle_kit, probe_kit
 
 # The kit's files in the order a reproducer joins them; an engine's tool appends the engine kit.

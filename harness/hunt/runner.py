@@ -1,11 +1,11 @@
 """``cutbench hunt``: search a tool's lifecycle for deviations, shrink each, and prove it with a reproducer.
 
 The steps, in order: check the tool can run here; run the directed search
-(:func:`cutbench.harness.generator.hunt.search`) for the budget; optionally
+(:func:`cutbench.harness.hunt.generator.search`) for the budget; optionally
 run the random walk for the same budget, to measure the search against it;
 write one standalone reproducer per deviation and run each on its own
 ``repeat`` times; store ``hunt.json``, ``FINDINGS.md`` and ``repro/``
-(:mod:`cutbench.harness.store.findings`). A deviation its reproducer does
+(:mod:`cutbench.harness.hunt.store`). A deviation its reproducer does
 not show is reported as the harness's, never as the tool's.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 from cutbench.errors import InvalidArgument
 from cutbench.harness.environment import record
-from cutbench.harness.generator.hunt import Found, HuntLog, random_walk, search, tighten
-from cutbench.harness.model.lifecycle import check_tool, public_report
-from cutbench.harness.nemesis import hunt as hands
-from cutbench.harness.store import findings as store
+from cutbench.harness.hunt.generator import Found, HuntLog, random_walk, search, tighten
+from cutbench.harness.hunt.model import check_tool, public_report
+from cutbench.harness.hunt import nemesis as hands
+from cutbench.harness.hunt import store
 
 
 def hunt(tool: str, out: str | Path, budget_s: float = 300.0, walk_s: float = 0.0, length: int = 10,

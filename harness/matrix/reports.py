@@ -1,6 +1,6 @@
 """The support matrix for people: ``matrix.md``, the comparison of two matrices, and the report's section.
 
-Pure renderers: the matrix table (:mod:`cutbench.harness.checker.matrix`) in, text out. One row per
+Pure renderers: the matrix table (:mod:`cutbench.harness.matrix.checker`) in, text out. One row per
 probe row, one column per tool and fault; a cell *restored silently wrong* is written in capitals and
 bold, and counted at the top.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.harness.checker.matrix import CELLS, ENVIRONMENT_COLUMNS
+from cutbench.harness.matrix.checker import CELLS, ENVIRONMENT_COLUMNS
 
 # How each cell reads in a table (the bad ones louder).
 LABEL: dict[str, str] = {"identical": "identical", "refused": "refused", "failed": "FAILED", "hung": "HUNG",
@@ -68,7 +68,7 @@ def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None,
              deviations: pd.DataFrame | None = None) -> str:
     """``matrix.md``: the environment, the cell counts, the grid, then every cell that is not identical with
     its detail and replay command, then the tools' lifecycle deviations (``deviations``: the stored table of
-    :func:`cutbench.harness.store.findings.deviation_rows`). ``unavailable``: tools left out because they
+    :func:`cutbench.harness.hunt.store.deviation_rows`). ``unavailable``: tools left out because they
     cannot run here, and why."""
     if table.empty:
         return "\n".join(["# CUDA support matrix", "", "No cells.", *deviations_markdown(deviations)]) + "\n"

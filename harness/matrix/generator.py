@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from cutbench.errors import InvalidArgument
-from cutbench.harness.checker.matrix import RECEIVER_MODE
+from cutbench.harness.matrix.checker import RECEIVER_MODE
 from cutbench.harness.model import schema
 from cutbench.harness.model.scenario import Scenario, parse_scenario
 from cutbench.registry import CHECKPOINTERS

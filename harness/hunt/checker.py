@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cutbench.harness.model.lifecycle import Expect, Step, World
+from cutbench.harness.hunt.model import Expect, Step, World
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """``cutbench matrix``: run every probe row through every tool, then store the support matrix.
 
-The steps, in order: choose the rows, tools and faults (:mod:`cutbench.harness.generator.matrix`);
+The steps, in order: choose the rows, tools and faults (:mod:`cutbench.harness.matrix.generator`);
 run the matrix scenario as one run (the probes' ground truth recorded first, the rows that need the
 GPU to themselves last and alone); judge each trial into a cell
-(:mod:`cutbench.harness.checker.matrix`); store ``matrix.parquet`` and ``matrix.md`` in the run
+(:mod:`cutbench.harness.matrix.checker`); store ``matrix.parquet`` and ``matrix.md`` in the run
 directory and redraw its report with the matrix section. :func:`from_runs` builds the matrix again
 from stored runs of one machine, with no trial.
 """
@@ -19,13 +19,13 @@ from typing import Any
 import pandas as pd
 
 from cutbench.errors import InvalidArgument
-from cutbench.harness.checker import matrix as cells
-from cutbench.harness.generator import matrix as plan
+from cutbench.harness.matrix import checker as cells
+from cutbench.harness.matrix import generator as plan
 from cutbench.harness.nemesis import Backends
 from cutbench.harness.reports import html as report
-from cutbench.harness.reports import matrix as render
+from cutbench.harness.matrix import reports as render
 from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
-from cutbench.harness.store.findings import deviation_rows
+from cutbench.harness.hunt.store import deviation_rows
 from cutbench.harness.store.rundir import RunDir, read_matrix
 
 
@@ -80,7 +80,7 @@ def store_matrix(run: RunDir, table: pd.DataFrame | None = None,
     """Write ``matrix.parquet`` and ``matrix.md`` into ``run`` (``table``, or the matrix of ``run`` itself) and
     redraw its report with the matrix section; return the table.
 
-    ``deviations`` (:func:`~cutbench.harness.store.findings.deviation_rows` of the hunts asked for) become the
+    ``deviations`` (:func:`~cutbench.harness.hunt.store.deviation_rows` of the hunts asked for) become the
     run's ``deviations`` table, one row per lifecycle deviation per tool, shown after the grid; without them a
     table stored before is kept."""
     meta = {**run.meta(), "run_dir": display_path(run.path)}
