@@ -21,11 +21,11 @@ from typing import Any
 
 import pandas as pd
 
-from cutbench.errors import HarnessFault, StageRefused, WorkloadError
+from cutbench.errors import HarnessFault, WorkloadError
 from cutbench.harness.model import boundaries
 from cutbench.harness.model.boundaries import Boundary
 from cutbench.harness.model.trial import TrialRecord
-from cutbench.interrupts import interruptible, shielded
+from cutbench.interrupts import shielded
 from cutbench.harness.nemesis.base import CutContext, optional
 from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
@@ -132,78 +132,67 @@ class ProgramRunner(TrialRunner):
         with self.timeline.stage("trace"):
             self.tracer.start()
 
-    def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
-        """Start, cut, restore and watch the program; return what the outside world saw (record and effects)."""
-        spec, params = self.spec, self.spec.params
-        started = time.monotonic()
-        self.tdir.mkdir(parents=True)
-        backend = self.s.threads.backend(spec.backend)
-        state = TrialState()
-        child: Child | None = None
-        order: dict[str, int] | None = None
+    # -- the trial skeleton's hooks (TrialRunner.observe), for a program ----------
+    def _prepare(self, backend: Any) -> None:
+        """Who starts the program: the observer here, or the backend (a container engine, a batch job)."""
+        params = self.spec.params
+        self.order: dict[str, int] | None = None  # each effect's op, by the reference's order
         # A program in its own image runs there for its uninterrupted runs too (its command is the image's).
         # So does a program run as a batch job (slurm): its job script is part of what runs.
         if ((not self.plain_launch or params["image"] or optional(backend, "output_files"))
                 and (launch := launcher(backend, self.labels(), params)) is not spawn):
             self.engine_launch = launch
-        # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
-        with shielded():
-            try:
-                with interruptible():
-                    if not self.plain_launch:
-                        reference = self.reference = self.s.references.get(self.cls, spec.params, spec.array)
-                        order = {key: op for op, key in reference.keys.items()}
-                    for name in params["files"]:
-                        source = Path(name)
-                        (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
-                    if self.observer.stream == program_api.SOCKET:
-                        self.observer.listen(params["port"])
-                    with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
-                        child = self.child = self.launch([])
-                    if self.observer.http is not None:
-                        with self.timeline.stage("listen"):
-                            why = self.observer.listening(child)
-                        if why:
-                            raise HarnessFault("listen", why)
-                        self.observer.start_load()
-                    plan = spec.cut_plan()
-                    for i, cut in enumerate(plan.cuts):
-                        reached = self._reach_cut(child, cut, i)
-                        if reached:
-                            state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
-                            break
-                        if not self._cut(backend, child, i, cut, state):
-                            break
-                    if state.status not in ("unknown", "deadlock") and not state.down:
-                        self._program_to_end(child, state)
-            except HarnessFault as exc:
-                state.status, state.error = "unknown", exc.reason
-            except StageRefused as exc:  # a tool that starts the program declined to (a batch job left pending)
-                state.status, state.error, state.failed_stage = "refused", exc.reason, exc.stage
-            except Exception as exc:  # harness-side failure: no verdict possible
-                state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
-            finally:  # whole, whatever stopped the body: the program's processes go
-                if self.tracer is not None:
-                    self.tracer.close()  # what it still held goes on (and is killed below)
-                if child is not None and child.alive():
-                    child.kill()
-                if child is not None:
-                    self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
-                    child.kill_groups()
-                kill_processes_in(self.tdir)  # a helper that left the tree (daemonised) before it was seen in it
-                for target in self.cut_targets:
-                    target.kill()
-                self.observer.close()
-        if self.observer.rule_error:
-            state.status, state.error = "unknown", self.observer.rule_error
-        # The program ran to its end (a refused cut lets it go on: its effects and artefacts are judged too).
-        completed = state.status in ("completed", "refused") and child is not None and (child.returncode == 0 or self.served)
-        if completed and self.plain_launch and (silent := self.observer.silent()):
-            state.status, state.error, completed = "unknown", self.observer.nothing_matched(silent[0]), False
-        if completed and self.plain_launch and self.observer.broken:
-            state.status, completed = "unknown", False
-            state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "
-                           f"{self.observer.broken[0]['why']}): the server cannot be the reference")
+
+    def _drive(self, backend: Any, state: TrialState) -> None:
+        """Start the program (its files copied in, its server's load begun), carry out the plan's cuts, let it
+        run to its end."""
+        spec, params = self.spec, self.spec.params
+        if not self.plain_launch:
+            reference = self.reference = self.s.references.get(self.cls, spec.params, spec.array)
+            self.order = {key: op for op, key in reference.keys.items()}
+        for name in params["files"]:
+            source = Path(name)
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, self.tdir / source.name)
+        if self.observer.stream == program_api.SOCKET:
+            self.observer.listen(params["port"])
+        with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
+            child = self.child = self.launch([])
+        if self.observer.http is not None:
+            with self.timeline.stage("listen"):
+                why = self.observer.listening(child)
+            if why:
+                raise HarnessFault("listen", why)
+            self.observer.start_load()
+        for i, cut in enumerate(spec.cut_plan().cuts):
+            reached = self._reach_cut(child, cut, i)
+            if reached:
+                state.status, state.error = ("deadlock", reached) if reached.startswith("no effect") else ("unknown", reached)
+                break
+            if not self._cut(backend, child, i, cut, state):
+                break  # a refused cut's program goes on to its end below
+        if state.status not in ("unknown", "deadlock") and not state.down:
+            self._program_to_end(child, state)
+
+    def _tear_down(self, state: TrialState) -> None:
+        """The program's processes go: its tree, what it left in its directory, what a cut targeted."""
+        if self.tracer is not None:
+            self.tracer.close()  # what it still held goes on (and is killed below)
+        child = self.child
+        if child is not None and child.alive():
+            child.kill()
+        if child is not None:
+            self.observer.last_words()  # a container's are asked of its engine: kept before it is removed
+            child.kill_groups()
+        kill_processes_in(self.tdir)  # a helper that left the tree (daemonised) before it was seen in it
+        for target in self.cut_targets:
+            target.kill()
+        self.observer.close()
+
+    def _record(self, backend: Any, state: TrialState, duration_s: float) -> tuple[TrialRecord, pd.DataFrame]:
+        """What the outside world saw: the record (with the final artefacts' digest when the program ran to its
+        end) and the effects, numbered by the reference's order."""
+        spec, params, child, order = self.spec, self.spec.params, self.child, self.order
+        completed = self._completed(state)
         checksum: str = ""
         compared: dict[str, str] = {}
         if completed:
@@ -234,15 +223,30 @@ class ProgramRunner(TrialRunner):
             exit_code=0 if self.served else child.returncode if child else None, restores=state.restores, cut_outcomes=state.outcomes,
             report=report, marker_op=host_op if completed else 0, progress_op=distinct, progress_phase="effect" if distinct else "",
             workload_domains=sorted(program_api.Program.domains | program_api.Program.domains_for(params)),
-            covered_domains=sorted(backend.capabilities.covers), duration_s=time.monotonic() - started,
+            covered_domains=sorted(backend.capabilities.covers), duration_s=duration_s,
             facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
             fresh_starts=self.fresh_starts,
         )
         if state.status == "completed" and not completed:
             record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}{self.observer.last_line()}"
             record.log_tail = words
-        shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
+
+    def _completed(self, state: TrialState) -> bool:
+        """Whether the program ran to its end (a refused cut lets it go on: its effects and artefacts are judged
+        too), and for an uninterrupted run, whether it can be the reference (its rules matched, no stream broke);
+        ``state`` says why not where the harness cannot judge."""
+        child = self.child
+        if self.observer.rule_error:
+            state.status, state.error = "unknown", self.observer.rule_error
+        completed = state.status in ("completed", "refused") and child is not None and (child.returncode == 0 or self.served)
+        if completed and self.plain_launch and (silent := self.observer.silent()):
+            state.status, state.error, completed = "unknown", self.observer.nothing_matched(silent[0]), False
+        if completed and self.plain_launch and self.observer.broken:
+            state.status, completed = "unknown", False
+            state.error = (f"a stream broke during an uninterrupted run ({self.observer.broken[0]['request']}: "
+                           f"{self.observer.broken[0]['why']}): the server cannot be the reference")
+        return completed
 
     def _artefacts(self) -> tuple[str, dict[str, str]]:
         """The digest of the program's final artefacts, and for each compared by a callable and found apart, how

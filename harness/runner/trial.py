@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cutbench.errors import HarnessFault
+from cutbench.errors import HarnessFault, StageRefused
 from cutbench.harness.checker import oracle
 from cutbench.harness.nemesis.cpu_account import StageSampler
 from cutbench.harness.provision.engines import RUN_LABEL
@@ -102,68 +102,102 @@ class TrialRunner(WorkloadProcess):
         return {RUN_LABEL: self.s.run_id, "cutbench.trial": self.spec.trial_id}
 
     def observe(self) -> tuple[TrialRecord, pd.DataFrame]:
-        """Spawn, cut, restore and watch; return what was observed (record and the receiver's rows), unjudged.
-        Never raises for a failing stage or workload; the trial's directory is gone afterwards."""
-        spec = self.spec
+        """Start the trial's process, carry out its cuts and watch it to its end; return what was observed (the
+        record and the effects), unjudged. Never raises for a failing stage or workload; the trial's directory is
+        gone afterwards.
+
+        This is every trial's skeleton. A runner fills its four hooks: :meth:`_prepare` (before anything can
+        be interrupted), :meth:`_drive` (the body: start, cuts, run to the end), :meth:`_tear_down` (its
+        processes go, whatever stopped the body) and :meth:`_record` (what was observed). What stops the body
+        is classed here, once for every runner.
+        """
         started = time.monotonic()
         self.tdir.mkdir(parents=True)
-        control = ControlFile.create(self.tdir / "control")
-        backend = self.s.threads.backend(spec.backend)
-        domains = sorted(workload_api.declared_domains(self.cls, spec.params))
-        self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
-                                            spec.arm.certify, control, self.phases, tuple(domains),
-                                            tuple(sorted(backend.capabilities.covers)),
-                                            features=tuple(sorted(workload_api.declared_features(
-                                                self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array)))),
-                                            support=self.s.support.of(spec.backend))
+        backend = self.s.threads.backend(self.spec.backend)
         state = TrialState()
-        child: Child | None = None
-        companions: list[Child] = []
+        self._prepare(backend)
         # The shield before the try: no instant between the body's end and the cleanup's start takes a Ctrl-C.
         with shielded():
             try:
                 with interruptible():
-                    self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
-                    config = self._write_config()
-                    with shielded():  # each companion's handle kept before an interrupt goes on
-                        companions = self._start_companions(config)
-                    arming = Arming(control, spec.cut_plan(), self.phases)
-                    seq = arming.arm(0)
-                    # A backend that must own the workload's start (a container engine) launches it itself.
-                    launch = spawn if self.plain_launch else launcher(backend, self.labels())
-                    if launch is spawn and self._own_pid_namespace(backend, domains):
-                        launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
-                    with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
-                        child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
-                                                    cwd=str(self.tdir))
-                    self._cuts(arming, child, backend, seq, state)
-                    if state.status not in ("unknown", "deadlock") and not state.down:
-                        self._run_to_end(control, child, state)
-                    if state.status in ("completed", "refused"):
-                        self.coordinator.finish()  # a fenced receiver releases what the finished run sent
+                    self._drive(backend, state)
+            except HarnessFault as exc:  # the harness could not carry a step out: no verdict
+                state.status, state.error = "unknown", exc.reason
+            except StageRefused as exc:  # a tool that starts the process declined to (a batch job left pending)
+                state.status, state.error, state.failed_stage = "refused", exc.reason, exc.stage
             except Exception as exc:  # harness-side failure: no verdict possible
                 state.status, state.error = "unknown", f"harness: {type(exc).__name__}: {exc}"
-            finally:  # whole, whatever stopped the body: the trial's processes go
-                if child is not None and child.alive():
-                    child.kill()
-                # A container's own output goes with it: keep its last lines for a trial that needs them.
-                output = ""
-                try:
-                    if child is not None and state.status in ("unknown", "deadlock", "lost"):
-                        output = child.output_tail()
-                finally:
-                    if child is not None:
-                        child.kill_groups()  # also what an interrupted restore left behind
-                    # (No child: a stop, SIGTERM or Ctrl-C, came while the workload was being launched.)
-                    if child is not None and child.pid_namespace:
-                        # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
-                        kill_namespace_inits(cwd=self.tdir)
-                for companion in [*companions, *self.cut_targets]:
-                    companion.kill()
-                progress_op, progress_phase = self._last_position(control, state)
-                fresh_starts = control.get("fresh_starts")
-                control.close()
+            finally:  # whole, whatever stopped the body
+                self._tear_down(state)
+        record, effects = self._record(backend, state, time.monotonic() - started)
+        shutil.rmtree(self.tdir, ignore_errors=True)
+        return record, effects
+
+    # -- the skeleton's hooks, for a workload of cutbench's ------------------
+    def _prepare(self, backend: Any) -> None:
+        """What the trial needs before its body runs: the control file the workload parks on, and the
+        coordinator of its certificates and fences."""
+        spec = self.spec
+        self.control = ControlFile.create(self.tdir / "control")
+        self.domains = sorted(workload_api.declared_domains(self.cls, spec.params))
+        features = workload_api.declared_features(self.cls, spec.params, workload_api.resolve_array(self.cls, spec.array))
+        self.coordinator = TrialCoordinator(self.s.control_client, self.receiver_trial, spec.receiver_mode,
+                                            spec.arm.certify, self.control, self.phases, tuple(self.domains),
+                                            tuple(sorted(backend.capabilities.covers)), features=tuple(sorted(features)),
+                                            support=self.s.support.of(spec.backend))
+        self.companions: list[Child] = []
+
+    def _drive(self, backend: Any, state: TrialState) -> None:
+        """Spawn the workload (and its companions), carry out the plan's cuts, let it run to its end."""
+        spec, control = self.spec, self.control
+        self.s.control_client.open_trial(self.receiver_trial, spec.receiver_mode)
+        config = self._write_config()
+        with shielded():  # each companion's handle kept before an interrupt goes on
+            self.companions = self._start_companions(config)
+        arming = Arming(control, spec.cut_plan(), self.phases)
+        seq = arming.arm(0)
+        # A backend that must own the workload's start (a container engine) launches it itself.
+        launch = spawn if self.plain_launch else launcher(backend, self.labels())
+        if launch is spawn and self._own_pid_namespace(backend, self.domains):
+            launch, state.facts["pid_namespace"] = functools.partial(spawn, pid_namespace=True), 1
+        with self.timeline.stage("spawn"), shielded():  # no interrupt between the fork and the handle
+            child = self.child = launch([sys.executable, "-m", "cutbench.workloads.launch", str(config)],
+                                        cwd=str(self.tdir))
+        self._cuts(arming, child, backend, seq, state)
+        if state.status not in ("unknown", "deadlock") and not state.down:
+            self._run_to_end(control, child, state)
+        if state.status in ("completed", "refused"):
+            self.coordinator.finish()  # a fenced receiver releases what the finished run sent
+
+    def _tear_down(self, state: TrialState) -> None:
+        """The trial's processes go (the workload's tree, its companions, what a cut targeted), its last output
+        and position kept first."""
+        child = self.child
+        if child is not None and child.alive():
+            child.kill()
+        # A container's own output goes with it: keep its last lines for a trial that needs them.
+        self.output = ""
+        try:
+            if child is not None and state.status in ("unknown", "deadlock", "lost"):
+                self.output = child.output_tail()
+        finally:
+            if child is not None:
+                child.kill_groups()  # also what an interrupted restore left behind
+            # (No child: a stop, SIGTERM or Ctrl-C, came while the workload was being launched.)
+            if child is not None and child.pid_namespace:
+                # A restored init no handle learnt (a restore that failed half-way) works in this trial's directory.
+                kill_namespace_inits(cwd=self.tdir)
+        for companion in [*self.companions, *self.cut_targets]:
+            companion.kill()
+        self.position = self._last_position(self.control, state)
+        self.fresh_starts = self.control.get("fresh_starts")
+        self.control.close()
+
+    def _record(self, backend: Any, state: TrialState, duration_s: float) -> tuple[TrialRecord, pd.DataFrame]:
+        """The trial's record (its report, where it stood, its certificates) and the receiver's rows."""
+        spec, child = self.spec, self.child
         report = self._read_report()
+        progress_op, progress_phase = self.position
         record = TrialRecord(
             trial_id=spec.trial_id,
             status=state.status,
@@ -177,15 +211,15 @@ class TrialRunner(WorkloadProcess):
             progress_op=progress_op,
             progress_phase=progress_phase,
             # A workload may use more domains on some devices (CuPy: "cuda"); its report says so.
-            workload_domains=sorted(set(domains) | set((report or {}).get("domains", ()))),
+            workload_domains=sorted(set(self.domains) | set((report or {}).get("domains", ()))),
             covered_domains=sorted(backend.capabilities.covers),
             joined_domains=sorted(state.joined or ()),
-            duration_s=time.monotonic() - started,
+            duration_s=duration_s,
             facts=state.facts,
-            log_tail=(self._log_tail() or output) if state.status in ("unknown", "deadlock", "lost") else "",
+            log_tail=(self._log_tail() or self.output) if state.status in ("unknown", "deadlock", "lost") else "",
             certificates=self.coordinator.certificates,
             cut_evidence=state.evidence,
-            fresh_starts=fresh_starts,
+            fresh_starts=self.fresh_starts,
         )
         effects, store_error = self._effects()
         if store_error:
@@ -194,7 +228,6 @@ class TrialRunner(WorkloadProcess):
         if latencies:
             record.facts["release_latency_median_s"] = float(np.median(latencies))
             record.facts["release_latency_p99_s"] = float(np.percentile(latencies, 99))
-        shutil.rmtree(self.tdir, ignore_errors=True)
         return record, effects
 
     def _cuts(self, arming: "Arming", child: Child, backend: Any, seq: int | None, state: "TrialState") -> None:
