@@ -183,7 +183,7 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path,
     """
     from cutbench.harness.generator.scheduler import build_specs
     from cutbench.harness.nemesis import Backends
-    from cutbench.harness.runner.run import execute
+    from cutbench.harness.runner.run import RunOptions, execute
     from cutbench.harness.runner.checks import check_backends
 
     narrowed = restrict(scenario, arm)
@@ -197,8 +197,8 @@ def run_arm(scenario: Scenario, arm: Arm, results_root: str | Path,
         return run_scenario(narrowed, results_root)
     slug = "-".join(x for x in (scenario.variant, arm.label()) if x).replace("/", "_").replace("+", "_")
     specs = [replace(s, variant=scenario.variant) for s in build_specs(narrowed, arms)]
-    outcome = execute(narrowed, specs, results_root, name=f"{scenario.name}-{slug}", backends=backends,
-                      references=references)
+    outcome = execute(narrowed, specs, results_root,
+                      RunOptions(name=f"{scenario.name}-{slug}", backends=backends, references=references))
     if references is not None:
         from cutbench.workloads.api import RecordedReference
 
@@ -308,7 +308,7 @@ def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish",
     unavailable backend raises :class:`Unavailable`.
     """
     from cutbench.harness.model.trial import spec_for
-    from cutbench.harness.runner.run import execute
+    from cutbench.harness.runner.run import RunOptions, execute
     from cutbench.harness.nemesis import Backends
     from cutbench.harness.runner.checks import check_backends
 
@@ -327,8 +327,8 @@ def run_trial(results_root: str | Path, scen: Scenario, plan: Any = "3/publish",
         raise Unavailable(skipped[0]["reason"] if skipped else f"backend {chosen.backend!r} cannot run here")
     cut_plan = parse_plan(plan, arms[0])
     spec = replace(spec_for(narrowed, arms[0], cut_plan, 1), variant=sub.variant)
-    outcome = execute(narrowed, [spec], results_root, name=f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}",
-                      backends=backends)
+    name = f"trial-{cut_plan.describe().split(' ')[0].replace('/', '-')}"
+    outcome = execute(narrowed, [spec], results_root, RunOptions(name=name, backends=backends))
     records = outcome.run.trial_records()
     if not records:
         raise KeyboardInterrupt  # the only way execute returns without the trial: interrupted

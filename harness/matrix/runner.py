@@ -24,7 +24,7 @@ from cutbench.harness.matrix import generator as plan
 from cutbench.harness.nemesis import Backends
 from cutbench.harness.reports import html as report
 from cutbench.harness.matrix import reports as render
-from cutbench.harness.runner.run import ProgressFn, RunOutcome, execute, variant_specs
+from cutbench.harness.runner.run import ProgressFn, RunOptions, RunOutcome, execute, variant_specs
 from cutbench.harness.hunt.store import deviation_rows
 from cutbench.harness.store.rundir import RunDir, read_matrix
 
@@ -70,8 +70,8 @@ def run_matrix(probes: tuple[str, ...] = (), tools: tuple[str, ...] = (), faults
     grid["cuda_checkpoint_version"] = utility_version()
     scen = plan.scenario(grid, jobs=jobs)
     specs, skipped = variant_specs([(v.variant, v) for v in scen.variants], backends)
-    outcome = execute(scen, specs, results_root, skipped=skipped, progress=progress, workdir=workdir, name="matrix",
-                      extra_meta={"matrix": grid}, backends=backends)
+    outcome = execute(scen, specs, results_root, RunOptions(skipped=skipped, progress=progress, workdir=workdir,
+                                                            name="matrix", extra_meta={"matrix": grid}, backends=backends))
     return outcome, store_matrix(outcome.run, deviations=deviations)
 
 

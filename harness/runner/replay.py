@@ -8,7 +8,7 @@ from typing import Any
 
 from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialSpec
-from cutbench.harness.runner.run import execute
+from cutbench.harness.runner.run import RunOptions, execute
 from cutbench.harness.store.analysis import verdict_class, verdict_key
 from cutbench.harness.store.rundir import RunDir, read_trial_file
 
@@ -56,6 +56,7 @@ def replay(trial_file: str | Path, results_root: str | Path, *, workdir: str | P
     spec = replace(spec, params={**spec.workload_class().defaults, **spec.params})
     scen = Scenario(name=f"replay-{spec.trial_id}", workload=spec.workload, array=spec.array, params=spec.params,
                     store="sqlite", backends=(spec.backend,), modes=(spec.receiver_mode,), source_path=str(trial_file))
-    outcome = execute(scen, [spec], results_root, workdir=workdir, name=f"replay-{spec.trial_id}", mark_latest=False)
+    outcome = execute(scen, [spec], results_root,
+                      RunOptions(workdir=workdir, name=f"replay-{spec.trial_id}", mark_latest=False))
     new = outcome.run.trial_records()
     return Replay(spec.trial_id, stored["verdict"], new[0]["verdict"] if new else None, outcome.run, outcome.exit_code())

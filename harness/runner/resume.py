@@ -19,7 +19,7 @@ from cutbench.harness.model.scenario import Scenario
 from cutbench.harness.model.trial import TrialResult
 from cutbench.harness.nemesis import Backends
 from cutbench.harness.runner.executors import ProgressFn
-from cutbench.harness.runner.run import RunOutcome, execute, variant_specs
+from cutbench.harness.runner.run import RunOptions, RunOutcome, execute, variant_specs
 from cutbench.harness.runner.runmeta import Resumed
 from cutbench.harness.store.rundir import RunDir, as_stored
 from cutbench.harness.store.tables import result_from_file
@@ -127,5 +127,5 @@ def resume_run(path: str | Path, *, scenario: Scenario | None = None, progress: 
         done.append(result)
     kept = {r.spec.trial_id for r in done}
     todo = [s for s in specs if s.trial_id not in kept]
-    return execute(stored, todo, run.path.parent, skipped=skipped, progress=progress, workdir=workdir,
-                   resume=Resumed(run, meta, done), backends=backends)
+    return execute(stored, todo, run.path.parent, RunOptions(skipped=skipped, progress=progress, workdir=workdir,
+                                                             resume=Resumed(run, meta, done), backends=backends))

@@ -112,8 +112,8 @@ def run_scenario(
         return run_hypothesis(scenario, results_root, progress=progress, workdir=workdir)
     backends = Backends()  # resolved once for the run: its checks, its session's instances, its record
     specs, skipped = variant_specs([(v.variant, v) for v in scenario.variants] or [("", scenario)], backends)
-    return execute(scenario, specs, results_root, skipped=skipped, progress=progress, workdir=workdir,
-                   backends=backends)
+    return execute(scenario, specs, results_root,
+                   RunOptions(skipped=skipped, progress=progress, workdir=workdir, backends=backends))
 
 
 def run_hypothesis(
@@ -133,9 +133,9 @@ def run_hypothesis(
     backends = Backends()
     arms, skipped = check_backends(scenario, backends)
     sarms = search_arms(scenario, arms)
-    outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root, skipped=skipped,
-                      progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials,
-                      extra_meta={"arms_planned": [s.arm.label() for s in sarms]}, backends=backends)
+    outcome = execute(scenario, hypothesis_driver(scenario, sarms), results_root,
+                      RunOptions(skipped=skipped, progress=progress, workdir=workdir, planned=len(sarms) * scenario.trials,
+                                 extra_meta={"arms_planned": [s.arm.label() for s in sarms]}, backends=backends))
     search = outcome.run.meta().get("search")
     if search:
         summary = outcome.run.path / "summary.md"
@@ -158,66 +158,66 @@ def variant_specs(points: list[tuple[str, Scenario]],
     return specs, skipped
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out and stored, beside what it runs (its scenario and trials); every field optional.
+
+    ``skipped``: arms left out before the run, with why (``run.toml`` lists them). ``progress``: called in the
+    run's thread as each trial finishes. ``workdir``: where trials work (default: a temporary folder).
+    ``name``: the run directory's name (default: the scenario's). ``extra_meta``: more top-level keys for
+    ``run.toml`` (a sweep records its axes there). ``planned``: how many trials a :data:`Driver` is expected to
+    run (the progress display's total). ``mark_latest``: whether ``results/latest`` then points at the run.
+    ``resume``: continue this stored run instead of making a new one (its finished trials are kept, the specs
+    are the ones still to run, and the tables are written over all of them: see :func:`resume_run`).
+    ``backends``: the run's, as its checks resolved them (a fresh set when none). ``references``: ground truth
+    recorded earlier on this machine (a gate's earlier arm), by reference key: the trials are judged by it and
+    the run stores it, instead of recording it again.
+    """
+
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    progress: ProgressFn | None = None
+    workdir: str | Path | None = None
+    name: str | None = None
+    extra_meta: Mapping[str, Any] = field(default_factory=dict)
+    planned: int | None = None
+    mark_latest: bool = True
+    resume: "Resumed | None" = None
+    backends: Backends | None = None
+    references: Mapping[str, workload_api.RecordedReference] | None = None
+
+
 @interrupts.from_code()
-def execute(
-    scenario: Scenario,
-    specs: "list[TrialSpec] | Driver",
-    results_root: str | Path,
-    *,
-    skipped: list[dict[str, str]] | None = None,
-    progress: ProgressFn | None = None,
-    workdir: str | Path | None = None,
-    name: str | None = None,
-    extra_meta: dict[str, Any] | None = None,
-    planned: int | None = None,
-    mark_latest: bool = True,
-    resume: "Resumed | None" = None,
-    backends: Backends | None = None,
-    references: Mapping[str, workload_api.RecordedReference] | None = None,
-) -> RunOutcome:
+def execute(scenario: Scenario, specs: "list[TrialSpec] | Driver", results_root: str | Path,
+            options: RunOptions = RunOptions()) -> RunOutcome:
     """Run ``specs`` in one session and write the run directory; return the :class:`RunOutcome`.
 
     ``specs`` is a list, or a :data:`Driver` that decides trial by trial (the
     adaptive ``hypothesis`` source): it is called as ``driver(run_one, run)``
-    and may return more top-level keys for ``run.toml``; ``planned`` is then
-    the number of trials the progress display expects. What runs them is
-    chosen once (:func:`~cutbench.harness.runner.executors.choose_executor`);
-    ``progress`` is called in this thread as each trial finishes.
-    ``extra_meta`` adds top-level keys to ``run.toml`` (a sweep records its
-    axes there). ``resume`` continues a stored run instead of making a new
-    one: its finished trials are kept, ``specs`` are the ones still to run,
-    and the tables are written over all of them (see :func:`resume_run`).
-    ``backends``: the run's, as its checks resolved them (a fresh set when none is handed). ``references``:
-    ground truth recorded earlier on this machine (a gate's earlier arm), by reference key: the trials are judged
-    by it and the run stores it, instead of recording it again.
+    and may return more top-level keys for ``run.toml``. What runs them is
+    chosen once (:func:`~cutbench.harness.runner.executors.choose_executor`).
+    ``options`` says how (:class:`RunOptions`). Bad input raises before any run directory exists.
     """
-    backends = backends or Backends()
-    check_importable([(s.workload, tuple(s.workload_path)) for s in specs] if isinstance(specs, list) else
-                     [(scenario.workload, workload_api.import_roots(scenario.workload_class()))])
-    programs = ([(s.workload_class(), s.params) for s in specs] if isinstance(specs, list) else
-                [(scenario.workload_class(), scenario.params)])
-    check_programs(programs)
-    check_tracing(programs)
-    check_storage({s.images_dir for s in specs} if isinstance(specs, list) else {scenario.images_dir},
-                  results_root if resume is None else resume.run.path, workdir)
+    o = options
+    backends = o.backends or Backends()
+    _refuse_before_the_run(scenario, specs, results_root if o.resume is None else o.resume.run.path, o.workdir)
     env = environment.collect()
     # Read before any run directory exists: a support matrix that is not there is a bad argument, nothing half-written.
     support_matrix = read_matrix(scenario.support_matrix) if scenario.support_matrix else None
     # What runs whose harness was killed left behind (containers, image directories, receivers) goes first.
     swept = leftovers.sweep(release_network_lock)
-    executor = choose_executor(scenario, specs, env, workdir=workdir, backends=backends)
+    executor = choose_executor(scenario, specs, env, workdir=o.workdir, backends=backends)
     try:
-        run = RunDir.create(results_root, name or scenario.name) if resume is None else resume.run
+        run = RunDir.create(results_root, o.name or scenario.name) if o.resume is None else o.resume.run
     except BaseException:
         executor.close()
         raise
-    meta = RunMeta.start(run, scenario, env, executor, skipped=skipped or [], planned=planned, swept=swept,
-                         extra=extra_meta or {}, resume=resume,
+    meta = RunMeta.start(run, scenario, env, executor, skipped=list(o.skipped), planned=o.planned, swept=swept,
+                         extra=dict(o.extra_meta), resume=o.resume,
                          # Every backend the trials use (a sweep's or a variant's too); a driver's are the scenario's.
                          backends=backends.record(sorted({s.backend for s in specs}) if isinstance(specs, list)
                                                   else scenario.backends))
     run.write_meta(meta.render())
-    log = TrialLog(run, scenario.store, list(resume.done) if resume is not None else [], progress,
+    log = TrialLog(run, scenario.store, list(o.resume.done) if o.resume is not None else [], o.progress,
                    meta.n_trials_planned or 0)
     complete = False
     refused_input = False  # a program its control runs showed to be bad input: nothing of the run is kept
@@ -227,50 +227,20 @@ def execute(
     try:
         listen, token = executor.receiver_exposure()
         images_dirs = {s.images_dir for s in executor.specs} if executor.specs is not None else {scenario.images_dir}
-        with Session(run.run_id, scenario.store, workdir=workdir, pid_namespace=executor.pid_namespaces,
+        with Session(run.run_id, scenario.store, workdir=o.workdir, pid_namespace=executor.pid_namespaces,
                      listen=listen, token=token, backends=backends) as session, \
                 leftovers.claim(run.run_id, images_dirs=images_dirs, workdir=session.workdir,
                                 receiver_pid=session.receiver.pid if session.receiver is not None else None):
             watch = session.watch
             meta.executor = executor.describe(session)  # now with where the trials reach the receiver
             session.support.configure(support_matrix, env)
-            if resume is not None:  # judged by the references the run recorded, as its first trials were
-                session.references.recordings.update(
-                    {k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
-            known = references or {}
-            for key in reference_keys(executor.specs or []) & known.keys():  # stored as the run's own, not recorded
-                session.references.recordings[key] = known[key]
-                run.write_reference(key, known[key].to_dict())
-            searchable = True
-            if executor.specs is not None:
-                executor.specs, unjudgeable = record_references(session, executor.specs, executor.jobs, run, env)
-                if unjudgeable:  # said up front, in run.toml: these trials are not run
-                    meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
-                    meta.n_trials_planned = log.total = len(executor.specs) + len(log.results)
-                    run.write_meta(meta.render())
-            elif resume is None:
-                # A driver decides its trials as it goes; they all share the scenario's workload, parameters and
-                # array, so one uncut spec records the ground truth the search's trials are judged by.
-                arms = scenario.arms()
-                _, unjudgeable = record_references(session, [spec_for(scenario, arms[0], CutPlan(), 0)] if arms else [],
-                                                   1, run, env)
-                if unjudgeable:  # nothing it would try can be judged: said in run.toml, and no trial runs
-                    meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
-                    meta.n_trials_planned = log.total = 0
-                    run.write_meta(meta.render())
-                    searchable = False
-            differ = {key: rec.boundaries_differ for key, rec in session.references.recordings.items()
-                      if rec.boundaries_differ}
-            if differ:  # said in run.toml and the summary: a syscall cut there lands where its own run's call is
-                meta.extra["boundaries_differ"] = differ
-                run.write_meta(meta.render())
-            if searchable:
+            if _ground_truth(session, executor, scenario, run, meta, log, o):
                 meta.extra.update(executor.run(session, log))
         complete = True
     except KeyboardInterrupt:
         complete = False
     except InvalidArgument:
-        refused_input = not log.results and resume is None
+        refused_input = not log.results and o.resume is None
         raise
     except OSError as exc:
         if not storage.is_full_error(exc):
@@ -285,20 +255,81 @@ def execute(
         if refused_input:
             shutil.rmtree(run.path, ignore_errors=True)
         else:
-            try:
-                meta.finish(complete=complete, n_trials=len(log.results))
-                frame = store_run(run, log.results, meta.render(), report=report.write_run_report,
-                                  mark_latest=mark_latest)
-            except OSError as exc:
-                if not storage.is_full_error(exc):
-                    raise
-                full = full or exc
+            frame, full = _store(run, meta, log, complete, o.mark_latest, full)
     if full is not None:
         raise Unavailable(results_full(run, full))
     if lost is not None:
         raise ReceiverLost(f"{lost}; the run stopped: its {len(log.results)} finished trials are stored in {run.path}, "
                            f"and `cutbench run --resume {run.path}` runs the rest")
     return RunOutcome(run, frame, complete, meta.skipped_arms)
+
+
+def _store(run: RunDir, meta: RunMeta, log: TrialLog, complete: bool, mark_latest: bool,
+           full: OSError | None) -> tuple[pd.DataFrame, OSError | None]:
+    """Write the run's tables, ``run.toml`` and report; return the trials table and the error of a results
+    directory that filled up (``full``, or this write's), if any (the trials table is then empty)."""
+    try:
+        meta.finish(complete=complete, n_trials=len(log.results))
+        return store_run(run, log.results, meta.render(), report=report.write_run_report, mark_latest=mark_latest), full
+    except OSError as exc:
+        if not storage.is_full_error(exc):
+            raise
+        return pd.DataFrame(), full or exc
+
+
+def _refuse_before_the_run(scenario: Scenario, specs: "list[TrialSpec] | Driver", results: str | Path,
+                           workdir: str | Path | None) -> None:
+    """Raise what makes the run impossible before anything of it exists: a workload that cannot be imported, a
+    program that cannot start or be traced, storage nearly full (:mod:`~cutbench.harness.runner.checks`)."""
+    if isinstance(specs, list):
+        roots = [(s.workload, tuple(s.workload_path)) for s in specs]
+        programs = [(s.workload_class(), s.params) for s in specs]
+        images = {s.images_dir for s in specs}
+    else:  # a driver's trials are all the scenario's workload
+        roots = [(scenario.workload, workload_api.import_roots(scenario.workload_class()))]
+        programs, images = [(scenario.workload_class(), scenario.params)], {scenario.images_dir}
+    check_importable(roots)
+    check_programs(programs)
+    check_tracing(programs)
+    check_storage(images, results, workdir)
+
+
+def _ground_truth(session: Session, executor: Any, scenario: Scenario, run: RunDir, meta: RunMeta, log: TrialLog,
+                  options: RunOptions) -> bool:
+    """Give the session the ground truth its trials are judged by (a resumed run's own, a gate's earlier arm's,
+    or recorded now by uninterrupted runs), saying in ``run.toml`` what cannot be judged; return whether any
+    trial is left to run."""
+    if options.resume is not None:  # judged by the references the run recorded, as its first trials were
+        session.references.recordings.update(
+            {k: workload_api.RecordedReference.from_dict(d) for k, d in run.references().items()})
+    known = options.references or {}
+    for key in reference_keys(executor.specs or []) & known.keys():  # stored as the run's own, not recorded
+        session.references.recordings[key] = known[key]
+        run.write_reference(key, known[key].to_dict())
+    searchable = True
+    if executor.specs is not None:
+        executor.specs, unjudgeable = record_references(session, executor.specs, executor.jobs, run, meta.environment)
+        if unjudgeable:  # said up front, in run.toml: these trials are not run
+            meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
+            meta.n_trials_planned = log.total = len(executor.specs) + len(log.results)
+            run.write_meta(meta.render())
+    elif options.resume is None:
+        # A driver decides its trials as it goes; they all share the scenario's workload, parameters and
+        # array, so one uncut spec records the ground truth the search's trials are judged by.
+        arms = scenario.arms()
+        _, unjudgeable = record_references(session, [spec_for(scenario, arms[0], CutPlan(), 0)] if arms else [],
+                                           1, run, meta.environment)
+        if unjudgeable:  # nothing it would try can be judged: said in run.toml, and no trial runs
+            meta.skipped_arms = [*meta.skipped_arms, *unjudgeable]
+            meta.n_trials_planned = log.total = 0
+            run.write_meta(meta.render())
+            searchable = False
+    differ = {key: rec.boundaries_differ for key, rec in session.references.recordings.items()
+              if rec.boundaries_differ}
+    if differ:  # said in run.toml and the summary: a syscall cut there lands where its own run's call is
+        meta.extra["boundaries_differ"] = differ
+        run.write_meta(meta.render())
+    return searchable
 
 
 def results_full(run: RunDir, exc: OSError) -> str:
@@ -395,5 +426,5 @@ def run_sweep(path: str | Path, axes: list[Axis], results_root: str | Path, *, o
     base = points[0].scenario
     meta = {"sweep": {"axes": {a.key: list(a.values) for a in axes},
                       "variants": [{"variant": p.variant, "overrides": list(p.overrides)} for p in points]}}
-    return execute(base, specs, results_root, skipped=skipped, progress=progress, workdir=workdir,
-                   name=f"sweep-{base.name}", extra_meta=meta, backends=backends)
+    return execute(base, specs, results_root, RunOptions(skipped=skipped, progress=progress, workdir=workdir,
+                                                         name=f"sweep-{base.name}", extra_meta=meta, backends=backends))

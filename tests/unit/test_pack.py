@@ -87,7 +87,7 @@ def test_replay_reads_a_packed_trial_from_the_archive(loose: Path, tmp_path: Pat
     assert stored["spec"]["trial_id"] == "t0003"
     ran: list = []
 
-    def execute(scenario, specs, results_root, **kwargs):  # the rerun itself needs CRIU: tests/criu/test_replay.py
+    def execute(scenario, specs, results_root, options=None):  # the rerun itself needs CRIU: tests/criu/test_replay.py
         ran.extend(specs)
         run = SimpleNamespace(path=tmp_path, trial_records=lambda: [{"verdict": stored["verdict"]}])
         return SimpleNamespace(run=run, exit_code=lambda: 0)
