@@ -218,42 +218,16 @@ class References:
             with lock:
                 running.add(threading.get_ident())
             try:
-                control_runs(key, spec)
+                kept = self._control_runs(key, spec, observe, machine)
+                if isinstance(kept, str):
+                    failures[key] = kept
+                    return
+                self.recordings[key] = kept
+                if keep is not None:
+                    keep(key, kept)
             finally:
                 with lock:
                     running.discard(threading.get_ident())
-
-        def control_runs(key: str, spec: TrialSpec) -> None:
-            cls = spec.workload_class()
-            array = workload_api.resolve_array(cls, spec.array)
-            runs: list[workload_api.RecordedReference] = []
-            for n in (1, 2):
-                record, effects = observe(replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant=""))
-                if record.status != "completed" or record.exit_code != 0:
-                    tail = f"; workload log: {record.log_tail[-1500:]}" if record.log_tail else ""
-                    failures[key] = (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
-                                     f"{record.exit_code}): {record.error or 'no error given'}{tail}")
-                    return
-                try:
-                    runs.append(workload_api.RecordedReference.from_run(cls.name, spec.params, array, effects,
-                                                                        record.report, machine))
-                except workload_api.WorkloadError as exc:
-                    failures[key] = f"its uninterrupted run {n} of 2 cannot be a reference: {exc}"
-                    return
-            differs = runs[0].first_difference(runs[1])
-            if differs:
-                failures[key] = f"not deterministic on this machine: two uninterrupted runs differ at {differs}"
-                return
-            # Their counted system calls may differ (threads interleave): said, and a cut there lands where it lands.
-            runs[0].boundaries_differ = boundaries.first_difference(
-                [boundaries.Boundary.from_dict(b) for b in runs[0].boundaries],
-                [boundaries.Boundary.from_dict(b) for b in runs[1].boundaries])
-            runs[0].runs = 2
-            if key in self.artefact_dirs:
-                runs[0].artefacts_dir = str(self.artefact_dirs[key])
-            self.recordings[key] = runs[0]
-            if keep is not None:
-                keep(key, runs[0])
 
         pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)), thread_name_prefix="cutbench-ref")
         futures = [pool.submit(record, key, spec) for key, spec in todo.items()]
@@ -276,6 +250,36 @@ class References:
         pool.shutdown()
         return failures
 
+
+    def _control_runs(self, key: str, spec: TrialSpec, observe: Observe,
+                      machine: dict[str, Any] | None) -> "workload_api.RecordedReference | str":
+        """Two uninterrupted runs of ``spec``: the recording when both completed and agree op for op, else why
+        not (one sentence naming the run and what went wrong)."""
+        cls = spec.workload_class()
+        array = workload_api.resolve_array(cls, spec.array)
+        runs: list[workload_api.RecordedReference] = []
+        for n in (1, 2):
+            record, effects = observe(replace(spec, trial_id=f"ref-{key}-{n}", plan={"cuts": []}, variant=""))
+            if record.status != "completed" or record.exit_code != 0:
+                tail = f"; workload log: {record.log_tail[-1500:]}" if record.log_tail else ""
+                return (f"its uninterrupted run {n} of 2 did not complete ({record.status}, exit "
+                        f"{record.exit_code}): {record.error or 'no error given'}{tail}")
+            try:
+                runs.append(workload_api.RecordedReference.from_run(cls.name, spec.params, array, effects,
+                                                                    record.report, machine))
+            except workload_api.WorkloadError as exc:
+                return f"its uninterrupted run {n} of 2 cannot be a reference: {exc}"
+        differs = runs[0].first_difference(runs[1])
+        if differs:
+            return f"not deterministic on this machine: two uninterrupted runs differ at {differs}"
+        # Their counted system calls may differ (threads interleave): said, and a cut there lands where it lands.
+        runs[0].boundaries_differ = boundaries.first_difference(
+            [boundaries.Boundary.from_dict(b) for b in runs[0].boundaries],
+            [boundaries.Boundary.from_dict(b) for b in runs[1].boundaries])
+        runs[0].runs = 2
+        if key in self.artefact_dirs:
+            runs[0].artefacts_dir = str(self.artefact_dirs[key])
+        return runs[0]
 
 @dataclass
 class SupportLookup:
