@@ -464,7 +464,6 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     """The complete, self-contained ``report.html`` text for a run (with the criteria section when ``criteria`` has
     rows, the support-matrix section when ``matrix`` or ``deviations`` has)."""
     scen = meta.get("scenario", {})
-    run_dir = str(meta.get("run_dir", ""))
     title = f"cutbench {scen.get('name', '')} {meta.get('run_id', '')}"
     out = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head><body>']
@@ -473,10 +472,45 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     out.append(f"<h1>{_e(title)}</h1>")
     if scen.get("description"):
         out.append(f'<p class="muted">{_e(scen["description"])}</p>')
+    out += _run_section(meta, trials)
+    if (matrix is not None and not matrix.empty) or (deviations is not None and not deviations.empty):
+        from cutbench.harness.matrix.reports import html_section
+
+        out.append(html_section(matrix if matrix is not None else pd.DataFrame(), deviations))
+    for skipped in meta.get("skipped_arms", [])[:MAX_SKIPPED_LINES]:
+        out.append(f'<p class="muted">skipped arm {_e(skipped.get("arm"))}: {_e(skipped.get("reason"))}</p>')
+    if len(meta.get("skipped_arms", [])) > MAX_SKIPPED_LINES:
+        out.append(f'<p class="muted">… and {len(meta["skipped_arms"]) - MAX_SKIPPED_LINES} more skipped arms (run.toml lists them all)</p>')
+    if trials.empty:
+        out.append("<p>No trial finished, so there is nothing to plot.</p>")
+    else:
+        out += _rates_and_findings(trials, str(meta.get("run_dir", "")))
+    if criteria is not None and not criteria.empty:
+        out += _criteria_section(criteria, pngs)
+    out.append('<h2 id="plots">Plots</h2>')
+    for name, (caption, _fn) in plots.PLOTS.items():
+        png = pngs.get(name)
+        if png is None:
+            continue
+        data = base64.b64encode(png).decode("ascii")
+        out.append(f'<figure id="plot-{_e(name)}"><img alt="{_e(name)}" src="data:image/png;base64,{data}">'
+                   f"<figcaption>{_e(caption)}</figcaption></figure>")
+    if not trials.empty:
+        ids = _pick_timelines(trials)
+        out += _timelines(meta, trials, timeline, effects, ids)
+        out += _all_trials(trials, ids)
+    out.append('<h2 id="environment">Environment</h2>' + _kv_table(_environment_pairs(meta), "environment-table"))
+    out.append(f"</main><script>{_CHECK_JS}</script></body></html>")
+    return "\n".join(out)
+
+
+def _run_section(meta: dict[str, Any], trials: pd.DataFrame) -> list[str]:
+    """The report's "Run" section: where the run is, its status and size, its workloads, store and plan source."""
+    scen = meta.get("scenario", {})
     started = meta.get("started")
     when = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(started, (int, float)) else None
     run_pairs = [
-        ("run directory", run_dir),
+        ("run directory", str(meta.get("run_dir", ""))),
         ("status", meta.get("status")),
         ("started", when),
         ("duration", f"{meta.get('duration_s', 0):.1f} s"),
@@ -491,85 +525,70 @@ def render_html(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFra
     ]
     for axis, values in (meta.get("sweep") or {}).get("axes", {}).items():
         run_pairs.append((f"sweep axis {axis}", ", ".join(map(str, values))))
-    out.append('<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table"))
-    if (matrix is not None and not matrix.empty) or (deviations is not None and not deviations.empty):
-        from cutbench.harness.matrix.reports import html_section
+    return ['<h2 id="run">Run</h2>' + _kv_table(run_pairs, "run-table")]
 
-        out.append(html_section(matrix if matrix is not None else pd.DataFrame(), deviations))
-    for skipped in meta.get("skipped_arms", [])[:MAX_SKIPPED_LINES]:
-        out.append(f'<p class="muted">skipped arm {_e(skipped.get("arm"))}: {_e(skipped.get("reason"))}</p>')
-    if len(meta.get("skipped_arms", [])) > MAX_SKIPPED_LINES:
-        out.append(f'<p class="muted">… and {len(meta["skipped_arms"]) - MAX_SKIPPED_LINES} more skipped arms (run.toml lists them all)</p>')
 
-    if trials.empty:
-        out.append("<p>No trial finished, so there is nothing to plot.</p>")
-    else:
-        by = summary.group_columns(trials)
-        out.append(f'<h2 id="by-arm">Invalid recovery rate by {" and ".join(by)}</h2>')
-        table = summary.compact_rates(summary.rates(trials, by))
-        out.append(_html_table(table, "rates-by-arm"))
-        with_cut = trials[trials["cut_phase"].notna()]
-        if not with_cut.empty:
-            # Receiver modes are never pooled: 100% at_least_once and 0% idempotent is not "50%".
-            out.append(f'<h2 id="by-phase">By {"variant, " if by[:-1] else ""}cut phase, fault and receiver mode</h2>')
-            # Nor are variants: a correct twin at 0% and its buggy variant at 100% is not "50%".
-            keys = [*by[:-1], "cut_phase", "fault", "receiver_mode"]
-            out.append(_html_table(summary.compact_rates(summary.rates(with_cut, keys)), "rates-by-phase"))
-        totals = summary.finding_totals(trials)
-        out.append('<h2 id="findings">Findings</h2>')
-        out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
-        out.append(_findings_list(trials, run_dir, set(_pick_timelines(trials))))
-        out += _certificates(trials)
+def _rates_and_findings(trials: pd.DataFrame, run_dir: str) -> list[str]:
+    """The invalid recovery rates (by arm, then by cut phase, fault and receiver mode), the findings' totals and
+    list, and the certificates' section."""
+    out = []
+    by = summary.group_columns(trials)
+    out.append(f'<h2 id="by-arm">Invalid recovery rate by {" and ".join(by)}</h2>')
+    out.append(_html_table(summary.compact_rates(summary.rates(trials, by)), "rates-by-arm"))
+    with_cut = trials[trials["cut_phase"].notna()]
+    if not with_cut.empty:
+        # Receiver modes are never pooled: 100% at_least_once and 0% idempotent is not "50%".
+        out.append(f'<h2 id="by-phase">By {"variant, " if by[:-1] else ""}cut phase, fault and receiver mode</h2>')
+        # Nor are variants: a correct twin at 0% and its buggy variant at 100% is not "50%".
+        keys = [*by[:-1], "cut_phase", "fault", "receiver_mode"]
+        out.append(_html_table(summary.compact_rates(summary.rates(with_cut, keys)), "rates-by-phase"))
+    totals = summary.finding_totals(trials)
+    out.append('<h2 id="findings">Findings</h2>')
+    out.append(_html_table(pd.DataFrame([{"finding": k, "count": n} for k, n in totals.items()]), "finding-totals"))
+    out.append(_findings_list(trials, run_dir, set(_pick_timelines(trials))))
+    out += _certificates(trials)
+    return out
 
-    if criteria is not None and not criteria.empty:
-        out += _criteria_section(criteria, pngs)
 
-    out.append('<h2 id="plots">Plots</h2>')
-    for name, (caption, _fn) in plots.PLOTS.items():
-        png = pngs.get(name)
-        if png is None:
+def _timelines(meta: dict[str, Any], trials: pd.DataFrame, timeline: pd.DataFrame, effects: pd.DataFrame,
+               ids: list[str]) -> list[str]:
+    """The per-trial timelines of the trials ``ids``, each with its explanation in plain words."""
+    out = ['<h2 id="timelines">Per-trial timelines</h2>',
+           '<p class="muted">Stages as bars, each stage in its own colour (the legend under each timeline names them; '
+           "a red outline: the stage failed or refused), and receiver deliveries (green: first application of an op, "
+           "red: the same op applied again, grey: suppressed), placed by the receiver's arrival order. Hover a bar or "
+           "tick for details. Failing trials first, then the first trial of each arm, then the others "
+           f"(up to {MAX_TIMELINES}).</p>"]
+    colours = plots.timeline_colours(timeline)  # one colour per stage, as in the stage-time plot
+    by_id = trials.set_index("trial_id")
+    for n, tid in enumerate(ids):
+        row = by_id.loc[tid]
+        st = timeline[timeline["trial_id"] == tid] if not timeline.empty else timeline
+        fx = effects[effects["trial_id"] == tid] if not effects.empty and "trial_id" in effects else pd.DataFrame()
+        if st.empty:
             continue
-        data = base64.b64encode(png).decode("ascii")
-        out.append(f'<figure id="plot-{_e(name)}"><img alt="{_e(name)}" src="data:image/png;base64,{data}">'
-                   f"<figcaption>{_e(caption)}</figcaption></figure>")
+        opened = " open" if n < 3 else ""
+        words = explain({**row.to_dict(), "trial_id": tid}, fx, resume=resume_flag(meta, row.get("variant", "")))
+        words = f'<p class="explain">{_e(words)}</p>' if words else ""
+        out.append(f'<details id="trial-{_e(tid)}"{opened}><summary><b>{_e(tid)}</b> {_e(row["arm"])} — {_e(row["plan"])} → '
+                   f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"
+                   f"{words}{trial_timeline_svg(tid, st, fx, colours, parse_findings(row.get('findings')))}</details>")
+    return out
 
-    if not trials.empty:
-        out.append('<h2 id="timelines">Per-trial timelines</h2>')
-        out.append('<p class="muted">Stages as bars, each stage in its own colour (the legend under each timeline names them; '
-                   "a red outline: the stage failed or refused), and receiver deliveries (green: first application of an op, "
-                   "red: the same op applied again, grey: suppressed), placed by the receiver's arrival order. Hover a bar or "
-                   "tick for details. Failing trials first, then the first trial of each arm, then the others "
-                   f"(up to {MAX_TIMELINES}).</p>")
-        colours = plots.timeline_colours(timeline)  # one colour per stage, as in the stage-time plot
-        ids = _pick_timelines(trials)
-        by_id = trials.set_index("trial_id")
-        for n, tid in enumerate(ids):
-            row = by_id.loc[tid]
-            st = timeline[timeline["trial_id"] == tid] if not timeline.empty else timeline
-            fx = effects[effects["trial_id"] == tid] if not effects.empty and "trial_id" in effects else pd.DataFrame()
-            if st.empty:
-                continue
-            opened = " open" if n < 3 else ""
-            words = explain({**row.to_dict(), "trial_id": tid}, fx, resume=resume_flag(meta, row.get("variant", "")))
-            words = f'<p class="explain">{_e(words)}</p>' if words else ""
-            out.append(f'<details id="trial-{_e(tid)}"{opened}><summary><b>{_e(tid)}</b> {_e(row["arm"])} — {_e(row["plan"])} → '
-                       f"<b>{_e(row['outcome'])}</b> {_e(row.get('error') or '')}</summary>"
-                       f"{words}{trial_timeline_svg(tid, st, fx, colours, parse_findings(row.get('findings')))}</details>")
 
-        out.append('<h2 id="trials">All trials</h2>')
-        cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",
-                "criu_dump_s", "criu_restore_s", "image_bytes", "error"]
-        if "variant" in trials and summary.group_columns(trials)[0] == "variant":
-            cols.insert(1, "variant")
-        if "cert_eligible" in trials and trials["cert_eligible"].notna().any():
-            cols[cols.index("error"):cols.index("error")] = ["cert_eligible", "cert_reason"]
-        shown = trials.head(MAX_TRIAL_ROWS)
-        if len(trials) > MAX_TRIAL_ROWS:
-            out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
-        # The trial ID stays in view while the rest of a wide table scrolls.
-        out.append(_html_table(shown, "all-trials", cols, row_class="outcome", wrap_cells=("arm",), klass="sticky-first",
-                               links=set(ids)))
-
-    out.append('<h2 id="environment">Environment</h2>' + _kv_table(_environment_pairs(meta), "environment-table"))
-    out.append(f"</main><script>{_CHECK_JS}</script></body></html>")
-    return "\n".join(out)
+def _all_trials(trials: pd.DataFrame, linked: list[str]) -> list[str]:
+    """The table of every trial (the first ``MAX_TRIAL_ROWS``), the ``linked`` ones pointing at their timelines."""
+    out = ['<h2 id="trials">All trials</h2>']
+    cols = ["trial_id", "arm", "plan", "status", "outcome", "n_findings", "restores", "n_effects", "duration_s",
+            "criu_dump_s", "criu_restore_s", "image_bytes", "error"]
+    if "variant" in trials and summary.group_columns(trials)[0] == "variant":
+        cols.insert(1, "variant")
+    if "cert_eligible" in trials and trials["cert_eligible"].notna().any():
+        cols[cols.index("error"):cols.index("error")] = ["cert_eligible", "cert_reason"]
+    shown = trials.head(MAX_TRIAL_ROWS)
+    if len(trials) > MAX_TRIAL_ROWS:
+        out.append(f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(trials)} trials; trials.parquet has them all.</p>')
+    # The trial ID stays in view while the rest of a wide table scrolls.
+    out.append(_html_table(shown, "all-trials", cols, row_class="outcome", wrap_cells=("arm",), klass="sticky-first",
+                           links=set(linked)))
+    return out
