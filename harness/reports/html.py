@@ -301,67 +301,20 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
     stages = stages.sort_values("t_start")
     colours = plots.stage_colours([*(colours or {}), *stages["stage"]])
     end = max(float(stages["t_end"].max()) if not stages.empty else 0.0, 1e-3)
-    scale = (width - left - right) / end
-    y_stage, bar_h, lane_h = 24, 18, 26
     epochs = plots.lanes(effects)
-    lane_y = {e: 62 + i * lane_h for i, e in enumerate(epochs)}
-    y_axis = 62 + len(epochs) * lane_h - lane_h + bar_h
-    marks = [f'<text x="4" y="{y_stage + 13}">stages</text>']
+    bar_h, lane_h = 18, 26
+    frame = _Frame(left=left, scale=(width - left - right) / end, y_stage=24, bar_h=bar_h,
+                   y_axis=62 + len(epochs) * lane_h - lane_h + bar_h,
+                   lane_y={e: 62 + i * lane_h for i, e in enumerate(epochs)})
+    lane_y, y_axis = frame.lane_y, frame.y_axis
+    marks = [f'<text x="4" y="{frame.y_stage + 13}">stages</text>']
     for e, y in lane_y.items():
         name = "original" if e == 0 else f"restored #{e}"
         marks.append(f'<text class="lane" data-epoch="{e}" x="4" y="{y + 13}">{name} (epoch {e})</text>'
                      f'<line x1="{left}" x2="{width - right}" y1="{y + bar_h / 2}" y2="{y + bar_h / 2}" stroke="#eee"/>')
-    failed = False
-    for r in stages.itertuples():
-        x = left + float(r.t_start) * scale
-        w = max(1.5, float(r.duration_s) * scale)
-        colour = colours[r.stage]
-        bad = r.result in ("failed", "refused")
-        failed = failed or bad
-        outline = f'stroke="{_FAILED_COLOUR}" stroke-width="2.5"' if bad else 'stroke="#fff"'
-        cpu = getattr(r, "cpu_s", None)  # absent from runs stored before CPU accounting, None on an unsampled stage
-        cpu_words = f", {float(cpu) * 1000:.1f} ms CPU" if cpu is not None and cpu == cpu else ""
-        tip = (f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms{cpu_words} {r.result} {r.detail or ''} "
-               f"{r.error or ''}").strip()
-        marks.append(f'<rect class="stage{" failed" if bad else ""}" data-stage="{_e(r.stage)}" x="{x:.1f}" y="{y_stage}" '
-                     f'width="{w:.1f}" height="{bar_h}" fill="{colour}" {outline}><title>{_e(tip)}</title></rect>')
-        if w > _CHAR_PX * len(str(r.stage)) + 6:
-            # The label lets the pointer through, so hovering it still shows the bar's title.
-            marks.append(f'<text x="{x + 3:.1f}" y="{y_stage + 13}" fill="{_ink(colour)}" pointer-events="none">{_e(r.stage)}</text>')
-        if r.stage == "reach_cut":  # the moment the workload was parked for cut k: where the cut fell
-            xc, where = left + float(r.t_end) * scale, f"cut {r.cut_index}: {r.detail or ''}"
-            marks.append(f'<line class="cut" data-cut="{r.cut_index}" x1="{xc:.1f}" x2="{xc:.1f}" y1="{y_stage - 6}" '
-                         f'y2="{y_axis}" stroke="#555" stroke-dasharray="4 3"><title>{_e(where)}</title></line>'
-                         f'<text x="{xc + 2:.1f}" y="{y_stage - 8}" fill="#555">cut {r.cut_index}</text>')
-    first_at: dict[int, tuple[float, float]] = {}
-    kinds: list[str] = []
-    placed: list[tuple[float, int]] = []  # (x, op) of every delivery drawn
-    if not effects.empty:
-        effects = effects.sort_values("arrival_seq")
-        for fx, t in zip(effects.itertuples(), plots.effect_times(stages, effects)):
-            if t is None:
-                continue
-            op, x = int(fx.op_id), left + t * scale
-            lane = sender_of(fx)  # None (no incarnation) and an incarnation without a lane: the last lane
-            y = lane_y[epochs[-1]] if lane is None else lane_y.get(lane, lane_y[epochs[-1]])
-            if fx.decision in ("applied", "committed"):
-                kind = "again" if op in first_at else "first"
-                if kind == "again":  # the op's two applications, joined over the lanes between them
-                    x0, y0 = first_at[op]
-                    top = min(y0, y) - 4
-                    marks.append(f'<path class="dup-join" data-op="{op}" d="M{x0:.1f},{y0:.1f} C{x0:.1f},{top:.1f} {x:.1f},{top:.1f} '
-                                 f'{x:.1f},{y:.1f}" fill="none" stroke="{_EFFECT_COLOURS["again"]}" stroke-width="1.2" '
-                                 f'stroke-dasharray="3 2"><title>op {op} applied again</title></path>')
-                else:
-                    first_at[op] = (x, y)
-            else:
-                kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
-            kinds += [kind] if kind not in kinds else []
-            placed.append((x, op))
-            tip = (f"op {op} attempt {getattr(fx, 'attempt', '')} epoch {getattr(fx, 'epoch', '')} {getattr(fx, 'kind', '')}: "
-                   f"{fx.decision} (arrival {fx.arrival_seq})")
-            marks.append(f'<line class="effect {kind}" data-op="{op}" x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + bar_h}" '
-                         f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
+    failed = _stage_marks(stages, colours, frame, marks)
+    kinds, placed = _delivery_marks(stages, effects, frame, marks)
+    scale = frame.scale
     missing = sorted({int(f["op"]) for f in findings or () if f.get("kind") == "missing" and isinstance(f.get("op"), int)})
     for op in missing:
         x = max((px for px, pop in placed if pop < op), default=left) + 6
@@ -389,6 +342,88 @@ def trial_timeline_svg(trial_id: str, stages: pd.DataFrame, effects: pd.DataFram
     head = (f'<svg class="timeline" id="tl-{_e(trial_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of trial {_e(trial_id)}">')
     return "".join([head, *marks, f'<text x="4" y="{y_legend + 10}">legend</text>', legend, "</svg>"])
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """Where a trial's timeline draws: the time axis (``left`` + seconds × ``scale``), the stage row, the lane of
+    each incarnation and the axis line."""
+
+    left: float
+    scale: float
+    y_stage: float
+    bar_h: float
+    y_axis: float
+    lane_y: dict[int, float]
+
+    def lane_of(self, lane: int | None) -> float:
+        """The y of incarnation ``lane``'s row: the last row for no incarnation or one without a row."""
+        last = self.lane_y[list(self.lane_y)[-1]]
+        return last if lane is None else self.lane_y.get(lane, last)
+
+
+def _stage_marks(stages: pd.DataFrame, colours: dict[str, str], f: _Frame, marks: list[str]) -> bool:
+    """Draw each stage as a bar (its label where it fits) and each cut as a dashed line into ``marks``; return
+    whether a stage failed or was refused."""
+    failed = False
+    for r in stages.itertuples():
+        x = f.left + float(r.t_start) * f.scale
+        w = max(1.5, float(r.duration_s) * f.scale)
+        colour = colours[r.stage]
+        bad = r.result in ("failed", "refused")
+        failed = failed or bad
+        outline = f'stroke="{_FAILED_COLOUR}" stroke-width="2.5"' if bad else 'stroke="#fff"'
+        cpu = getattr(r, "cpu_s", None)  # absent from runs stored before CPU accounting, None on an unsampled stage
+        cpu_words = f", {float(cpu) * 1000:.1f} ms CPU" if cpu is not None and cpu == cpu else ""
+        tip = (f"{r.stage} (cut {r.cut_index}) {float(r.duration_s) * 1000:.1f} ms{cpu_words} {r.result} {r.detail or ''} "
+               f"{r.error or ''}").strip()
+        marks.append(f'<rect class="stage{" failed" if bad else ""}" data-stage="{_e(r.stage)}" x="{x:.1f}" y="{f.y_stage}" '
+                     f'width="{w:.1f}" height="{f.bar_h}" fill="{colour}" {outline}><title>{_e(tip)}</title></rect>')
+        if w > _CHAR_PX * len(str(r.stage)) + 6:
+            # The label lets the pointer through, so hovering it still shows the bar's title.
+            marks.append(f'<text x="{x + 3:.1f}" y="{f.y_stage + 13}" fill="{_ink(colour)}" pointer-events="none">{_e(r.stage)}</text>')
+        if r.stage == "reach_cut":  # the moment the workload was parked for cut k: where the cut fell
+            xc, where = f.left + float(r.t_end) * f.scale, f"cut {r.cut_index}: {r.detail or ''}"
+            marks.append(f'<line class="cut" data-cut="{r.cut_index}" x1="{xc:.1f}" x2="{xc:.1f}" y1="{f.y_stage - 6}" '
+                         f'y2="{f.y_axis}" stroke="#555" stroke-dasharray="4 3"><title>{_e(where)}</title></line>'
+                         f'<text x="{xc + 2:.1f}" y="{f.y_stage - 8}" fill="#555">cut {r.cut_index}</text>')
+    return failed
+
+
+def _delivery_marks(stages: pd.DataFrame, effects: pd.DataFrame, f: _Frame,
+                    marks: list[str]) -> tuple[list[str], list[tuple[float, int]]]:
+    """Draw each delivery as a tick in its sender's lane (an op applied again joined to its first application)
+    into ``marks``; return the kinds of delivery drawn and the (x, op) of each."""
+    first_at: dict[int, tuple[float, float]] = {}
+    kinds: list[str] = []
+    placed: list[tuple[float, int]] = []
+    if effects.empty:
+        return kinds, placed
+    effects = effects.sort_values("arrival_seq")
+    for fx, t in zip(effects.itertuples(), plots.effect_times(stages, effects)):
+        if t is None:
+            continue
+        op, x = int(fx.op_id), f.left + t * f.scale
+        y = f.lane_of(sender_of(fx))
+        if fx.decision in ("applied", "committed"):
+            kind = "again" if op in first_at else "first"
+            if kind == "again":  # the op's two applications, joined over the lanes between them
+                x0, y0 = first_at[op]
+                top = min(y0, y) - 4
+                marks.append(f'<path class="dup-join" data-op="{op}" d="M{x0:.1f},{y0:.1f} C{x0:.1f},{top:.1f} {x:.1f},{top:.1f} '
+                             f'{x:.1f},{y:.1f}" fill="none" stroke="{_EFFECT_COLOURS["again"]}" stroke-width="1.2" '
+                             f'stroke-dasharray="3 2"><title>op {op} applied again</title></path>')
+            else:
+                first_at[op] = (x, y)
+        else:
+            kind = "suppressed" if fx.decision in ("suppressed", "aborted", "rejected") else "other"
+        kinds += [kind] if kind not in kinds else []
+        placed.append((x, op))
+        tip = (f"op {op} attempt {getattr(fx, 'attempt', '')} epoch {getattr(fx, 'epoch', '')} {getattr(fx, 'kind', '')}: "
+               f"{fx.decision} (arrival {fx.arrival_seq})")
+        marks.append(f'<line class="effect {kind}" data-op="{op}" x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + f.bar_h}" '
+                     f'stroke="{_EFFECT_COLOURS[kind]}" stroke-width="{3 if kind == "again" else 2}"><title>{_e(tip)}</title></line>')
+    return kinds, placed
 
 
 def _pick_timelines(trials: pd.DataFrame) -> list[str]:
