@@ -83,7 +83,7 @@ def test_each_job_script_under_a_real_preemption_gets_its_verdict_and_nothing_st
     # measured (results/reference/slurm), the program ran to its end before Slurm took the node back (refused), or
     # Slurm cancelled the job at a later pass and it was requeued (valid).
     foreground = rows["foreground"]
-    assert foreground["slurm_preempt_s"] >= cluster.GRACE_S - 0.5 > resume["slurm_preempt_s"]
+    assert foreground["slurm_grace_s"] >= cluster.GRACE_S - 0.5 > resume["slurm_grace_s"]
     assert foreground["outcome"] == "valid" or foreground["status"] == "refused", foreground["error"]
     assert cutbench_jobs() == []
 

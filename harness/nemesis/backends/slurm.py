@@ -15,10 +15,11 @@ project's own cluster, ``cutbench slurm up``, runs on this machine). The
 uninterrupted control runs are jobs too, so a script that never starts the
 program fails them, before any trial.
 
-The cut (stage ``slurm_preempt``) is Slurm's own: a job in the higher
-partition (``preemptor``) that needs the whole node, or ``scontrol requeue``.
-Slurm signals the job, waits its grace time, kills it and requeues it; the
-stage ends when the job has left the node. ``slurm_node_free`` ends when the
+The cut is Slurm's own: a job in the higher partition (``preemptor``)
+that needs the whole node, or ``scontrol requeue``. Slurm signals the job
+(stage ``slurm_preempt`` ends then), waits its grace time (``slurm_grace``),
+kills it and requeues it (``slurm_kill`` ends when the job has left the
+node). ``slurm_node_free`` ends when the
 preemptor runs (the time a scheduler preempts for), ``slurm_requeue`` when the
 requeued job runs again. One thing is the harness's: Slurm holds a requeued
 job for two minutes before it may start (its ``BeginTime``); the backend
@@ -60,12 +61,16 @@ JOB_PREFIX = "cutbench-"
 
 @dataclass(frozen=True)
 class JobState:
-    """One look at a job: its state, why it waits, its node, its exit code ("2:0")."""
+    """One look at a job: its state, why it waits, its node, its exit code ("2:0"), when Slurm began preempting it
+    (``PreemptTime``, "None" before) and when it is to end (``EndTime``: moved to the grace time's end once the
+    grace time is over)."""
 
     state: str
     reason: str = ""
     node: str = ""
     exit_code: str = ""
+    preempt_time: str = "None"
+    end_time: str = ""
 
     @property
     def over(self) -> bool:
@@ -88,7 +93,7 @@ def job_state(job: str) -> JobState:
         return JobState("GONE", (out.stderr or out.stdout).strip())
     fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
     return JobState(fields.get("JobState", "UNKNOWN"), fields.get("Reason", ""), fields.get("NodeList", ""),
-                    fields.get("ExitCode", ""))
+                    fields.get("ExitCode", ""), fields.get("PreemptTime", "None"), fields.get("EndTime", ""))
 
 
 def wait_for(job: str, until: Callable[[JobState], bool], timeout_s: float) -> tuple[bool, JobState]:
@@ -205,7 +210,7 @@ class SlurmCheckpointer:
     name = "slurm"
     capabilities = Capabilities(
         faults=frozenset({"kill"}),  # a preemption ends the job's run on the node; what comes back is the script's
-        stages=("slurm_preempt", "slurm_node_free", "slurm_requeue"),
+        stages=("slurm_preempt", "slurm_grace", "slurm_kill", "slurm_node_free", "slurm_requeue"),
         # What survives is the job script's business (a save, a CRIU image, nothing): the program's own files.
         covers=frozenset({"cpu", "disk"}),
         workload_changes="a job script that starts the program (workload.params.slurm.script; docs/slurm.md)",
@@ -262,7 +267,9 @@ class SlurmCheckpointer:
 
     # -- stages -------------------------------------------------------------------
     def checkpoint(self, target: Child, ctx: CutContext) -> None:
-        """Stage ``slurm_preempt``: preempt the job as the scenario says, and wait until it has left the node."""
+        """Preempt the job as the scenario says, and wait until it has left the node, in Slurm's steps: stage
+        ``slurm_preempt`` (until Slurm signals the job's steps: the grace time begins), ``slurm_grace`` (until the
+        grace time is over, or the job ended before it) and ``slurm_kill`` (until the job has left the node)."""
         if not isinstance(target, SlurmChild):
             raise HarnessFault("slurm_preempt", "the program was not started as a batch job")
         settings = target.settings
@@ -271,25 +278,46 @@ class SlurmCheckpointer:
             node = target.look(fresh=True).node
             cut = self._cuts[ctx.images_dir] = _Cut(target, time.monotonic())
             if settings["preempt"] == "requeue":
+                # Slurm's requeue signals and kills the job at once: no grace time.
                 done = cluster.scontrol("requeue", target.job)
                 if done.returncode != 0:
                     raise StageRefused("slurm_preempt", f"scontrol requeue {target.job}: {done.stderr.strip()}")
+                state = target.look(fresh=True)
             else:
-                preemptor = subprocess.run(
-                    ["sbatch", "--parsable", f"--partition={settings['preemptor']}", "--exclusive",
-                     *([f"--nodelist={node}"] if node else []), f"--job-name={JOB_PREFIX}preemptor-{target.job}",
-                     "--output=/dev/null", f"--wrap=sleep {settings['hold_s']:g}"],
-                    capture_output=True, text=True, timeout=60, env=cluster.client_env())
-                if preemptor.returncode != 0:
-                    raise StageRefused("slurm_preempt", f"sbatch of the preemptor (partition {settings['preemptor']}): "
-                                                        f"{(preemptor.stderr or preemptor.stdout).strip()}")
-                cut.preemptor = preemptor.stdout.strip().split(";")[0]
-            state = self._wait_job(target.job, lambda s: s.state not in RUNNING, ctx, "slurm_preempt",
+                cut.preemptor = self._submit_preemptor(target, node)
+                state = self._wait_job(target.job, lambda s: s.preempt_time != "None" or s.state != "RUNNING", ctx,
+                                       "slurm_preempt", "Slurm did not preempt the job")
+            extra["detail"] = (f"job {target.job} signalled at {state.preempt_time}" if state.preempt_time != "None"
+                               else f"job {target.job} {state.state} ({settings['preempt']})")
+        with ctx.timeline.stage("slurm_grace", ctx.cut_index) as extra:
+            # The grace time is over when Slurm moves the job's end time to it, or the job stops running before.
+            signalled_end = state.end_time
+            state = self._wait_job(target.job, lambda s: s.state != "RUNNING" or s.end_time != signalled_end, ctx,
+                                   "slurm_grace", "the job's grace time did not end")
+            extra["detail"] = (f"job {target.job} {state.state}" if state.state != "RUNNING"
+                               else f"grace time over at {state.end_time}")
+        with ctx.timeline.stage("slurm_kill", ctx.cut_index) as extra:
+            state = self._wait_job(target.job, lambda s: s.state not in RUNNING, ctx, "slurm_kill",
                                    "the job did not leave the node")
             target.preempting = True
             # What still works in the job's directory once Slurm has taken the job off the node outlived it.
             cut.strays = _strays(target.directory)
             extra["detail"] = f"job {target.job} {state.state} ({state.reason or settings['preempt']})"
+
+    @staticmethod
+    def _submit_preemptor(target: SlurmChild, node: str) -> str:
+        """Submit the job that preempts ``target``: ``hold_s`` seconds in the ``preemptor`` partition, the whole
+        node; return its id. Raises :class:`StageRefused` when ``sbatch`` refuses it."""
+        settings = target.settings
+        preemptor = subprocess.run(
+            ["sbatch", "--parsable", f"--partition={settings['preemptor']}", "--exclusive",
+             *([f"--nodelist={node}"] if node else []), f"--job-name={JOB_PREFIX}preemptor-{target.job}",
+             "--output=/dev/null", f"--wrap=sleep {settings['hold_s']:g}"],
+            capture_output=True, text=True, timeout=60, env=cluster.client_env())
+        if preemptor.returncode != 0:
+            raise StageRefused("slurm_preempt", f"sbatch of the preemptor (partition {settings['preemptor']}): "
+                                                f"{(preemptor.stderr or preemptor.stdout).strip()}")
+        return preemptor.stdout.strip().split(";")[0]
 
     def restore(self, ctx: CutContext) -> int:
         """Stages ``slurm_node_free`` (the preemptor runs) and ``slurm_requeue`` (the requeued job runs again);
