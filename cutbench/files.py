@@ -115,7 +115,7 @@ def atomic_symlink(target: str, link: str | os.PathLike[str]) -> None:
 
 
 def read_document(path: str | os.PathLike[str], parse: Any, *, what: str, fmt: str, errors: tuple[type[Exception], ...]) -> Any:
-    """``parse(text of path)``; a missing file or a parse error (one of ``errors``) raises
+    """Return ``parse(text of path)``; a missing file or a parse error (one of ``errors``) raises
     :class:`~cutbench.errors.InvalidArgument` naming ``what`` (e.g. "scenario file") and the path."""
     try:
         return parse(Path(path).read_text())

@@ -71,7 +71,7 @@ def raise_here() -> None:
 
 
 class shielded:
-    """``with shielded():`` holds this thread's interrupt while the block runs, and raises it when the
+    """A context manager: ``with shielded():`` holds this thread's interrupt while the block runs, and raises it when the
     outermost shield ends.
 
     An interrupt sent before the shield is entered fires as ``__enter__``
@@ -104,7 +104,7 @@ class shielded:
 
 
 class interruptible:
-    """``with interruptible():`` right inside its own shield lets this thread's interrupt in while the block runs:
+    """A context manager: ``with interruptible():`` right inside its own shield lets this thread's interrupt in while the block runs:
     one held until then is raised as the block starts (the shield still counted, so its cleanup is shielded), one
     sent meanwhile lands in it. The shield counts again after it; an interrupt that lands as it ends is the
     thread's one, raised before the cleanup starts. Inside another shield as well (a tool's wait within a

@@ -70,7 +70,7 @@ def become_subreaper() -> bool:
 
 
 def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's environment) with this very cutbench on ``PYTHONPATH``.
+    """Return ``env`` (default: this process's environment) with this very cutbench on ``PYTHONPATH``.
 
     A process the harness starts (``python -m cutbench…``: a workload, a companion, the receiver) must run
     the code the harness runs, whatever its working directory: from a trial directory, an interpreter would
@@ -301,7 +301,7 @@ class Child:
 
 
 def process_tree(root: int) -> list[int]:
-    """``root`` and its descendants, parents before children, whatever their session or process group (from
+    """Return ``root`` and its descendants, parents before children, whatever their session or process group (from
     ``/proc/PID/task/TID/children``, as CRIU finds the tree it dumps); ``[root]`` when it is gone."""
     out, todo = [], [root]
     while todo:
@@ -481,7 +481,7 @@ def is_zombie_or_gone(pid: int) -> bool:
 
 
 def identity(pid: int | None = None) -> str:
-    """``"PID:STARTTIME"`` of a process (this one by default): its pid and its start time in clock ticks
+    """Return ``"PID:STARTTIME"`` of a process (this one by default): its pid and its start time in clock ticks
     since boot (``/proc/PID/stat`` field 22), which together name one process for the machine's uptime
     (a pid alone may be reused). Raises :class:`ProcessLookupError` for a process that is gone."""
     pid = os.getpid() if pid is None else pid

@@ -32,13 +32,13 @@ def _existing(path: Path) -> Path:
 
 
 def free_bytes(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """``(free, total)`` bytes of the file system ``path`` is (or would be made) on."""
+    """Return ``(free, total)`` bytes of the file system ``path`` is (or would be made) on."""
     usage = shutil.disk_usage(_existing(Path(path)))
     return usage.free, usage.total
 
 
 def mib(n: float) -> str:
-    """``n`` bytes as mebibytes with one decimal."""
+    """Return ``n`` bytes as mebibytes with one decimal."""
     return f"{n / (1 << 20):.1f} MiB"
 
 

@@ -24,7 +24,7 @@ def _names(types: tuple[type, ...]) -> str:
 
 
 def check_type(where: str, value: Any, types: type | tuple[type, ...], *, error: Error = InvalidArgument) -> Any:
-    """``value`` if it is an instance of ``types`` (a bool is not an int unless ``bool`` is listed)."""
+    """Return ``value`` if it is an instance of ``types`` (a bool is not an int unless ``bool`` is listed)."""
     types_t = types if isinstance(types, tuple) else (types,)
     if (isinstance(value, bool) and bool not in types_t) or not isinstance(value, types_t):
         raise error(f"{where} = {value!r}: expected {_names(types_t)}")
@@ -32,7 +32,7 @@ def check_type(where: str, value: Any, types: type | tuple[type, ...], *, error:
 
 
 def check_choice(where: str, value: Any, allowed: Iterable[Any], *, error: Error = InvalidArgument) -> Any:
-    """``value`` if it is one of ``allowed``."""
+    """Return ``value`` if it is one of ``allowed``."""
     allowed = tuple(allowed)
     if value not in allowed:
         raise error(f"{where} = {value!r}: allowed {', '.join(map(str, allowed))}")
@@ -40,7 +40,7 @@ def check_choice(where: str, value: Any, allowed: Iterable[Any], *, error: Error
 
 
 def check_choices(where: str, values: Iterable[Any], allowed: Iterable[Any], *, error: Error = InvalidArgument) -> list[Any]:
-    """``values`` without repeats, if non-empty and each one of ``allowed``."""
+    """Return ``values`` without repeats, if non-empty and each one of ``allowed``."""
     values, allowed = list(values), tuple(allowed)
     if not values:
         raise error(f"{where} is empty: give at least one of {', '.join(map(str, allowed))}")
@@ -52,7 +52,7 @@ def check_choices(where: str, values: Iterable[Any], allowed: Iterable[Any], *, 
 
 def check_range(where: str, value: Any, low: int | float | None = None, high: int | float | None = None, *,
                 error: Error = InvalidArgument) -> Any:
-    """``value`` if it is a number (not a bool) with ``low <= value <= high`` (a None bound is open)."""
+    """Return ``value`` if it is a number (not a bool) with ``low <= value <= high`` (a None bound is open)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise error(f"{where} = {value!r}: expected a number")
     if (low is not None and value < low) or (high is not None and value > high):
@@ -62,14 +62,14 @@ def check_range(where: str, value: Any, low: int | float | None = None, high: in
 
 
 def check_int(where: str, value: Any, low: int | None = None, high: int | None = None, *, error: Error = InvalidArgument) -> int:
-    """``value`` if it is an int (not a bool) within ``low..high``."""
+    """Return ``value`` if it is an int (not a bool) within ``low..high``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{where} = {value!r:.80}: expected an integer")
     return check_range(where, value, low, high, error=error)
 
 
 def check_positive(where: str, value: Any, *, error: Error = InvalidArgument) -> Any:
-    """``value`` if it is a number > 0."""
+    """Return ``value`` if it is a number > 0."""
     check_range(where, value, error=error)
     if not value > 0:
         raise error(f"{where} = {value!r}: must be > 0")
@@ -88,7 +88,7 @@ def check_numbers(where: str, value: Any, *, error: Error = InvalidArgument) -> 
 
 
 def check_text(where: str, value: Any, *, max_len: int, allow_empty: bool = False, error: Error = InvalidArgument) -> str:
-    """``value`` if it is a string of ``(0 if allow_empty else 1)..max_len`` characters."""
+    """Return ``value`` if it is a string of ``(0 if allow_empty else 1)..max_len`` characters."""
     low = 0 if allow_empty else 1
     if not isinstance(value, str) or len(value) < low or len(value) > max_len:
         raise error(f"{where} must be a string of {low}..{max_len} characters, got {value!r:.80}")

@@ -159,7 +159,7 @@ class ReceiverClient:
         return bool(keys)
 
     def publish(self, trial: str, op_id: int, epoch: int, digest: str, timeout: float | None = None) -> dict[str, Any]:
-        """``send_effect`` then ``wait_ack``; returns the ack."""
+        """Run ``send_effect`` then ``wait_ack``; returns the ack."""
         self.send_effect(trial, op_id, epoch, digest)
         return self.wait_ack(op_id, timeout, trial=trial)
 
@@ -170,7 +170,7 @@ class ReceiverClient:
 
     @property
     def pending(self) -> list[tuple[str, int]]:
-        """(trial, op_id) of every effect sent but not yet acknowledged, in send order."""
+        """Return (trial, op_id) of every effect sent but not yet acknowledged, in send order."""
         return list(self._unacked)
 
     def _key_for(self, op_id: int, trial: str | None) -> tuple[str, int]:

@@ -82,7 +82,7 @@ _commands.add_command(serve_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cutbench.receivers serve --store URL ...``; returns the exit code (2: bad arguments)."""
+    """Run ``python -m cutbench.receivers serve --store URL ...``; returns the exit code (2: bad arguments)."""
     try:
         _commands.main(args=argv, prog_name=PROG, standalone_mode=False)
     except click.ClickException as exc:

@@ -46,7 +46,7 @@ class StrayAdapter(RequestLog):
 
 
 class AdapterFaults(RequestService):
-    """``request_service`` with adapters on and a request log that misbehaves as ``adapter_fault`` says."""
+    """The workload ``request_service`` with adapters on and a request log that misbehaves as ``adapter_fault`` says."""
 
     name: ClassVar[str] = "adapter_faults"
     defaults: ClassVar[dict[str, Any]] = {**RequestService.defaults, "adapters": True, "adapter_fault": "none",

@@ -53,7 +53,7 @@ MAX_CLASSIFY = 48
 
 @dataclass(frozen=True)
 class Ready:
-    """``prepare``'s yes: the subsystem holds still at the cut, in the state ``state`` (``offset(7)``)."""
+    """A subsystem's yes to ``prepare``: the subsystem holds still at the cut, in the state ``state`` (``offset(7)``)."""
 
     state: str
 
@@ -65,7 +65,7 @@ class Adapter(Protocol):
     domain: str
 
     def prepare(self, epoch: int, deadline: float) -> "Ready | str":
-        """:class:`Ready`, or the reason it cannot join the cut ``epoch`` by ``deadline`` (``time.time()``)."""
+        """Return :class:`Ready`, or the reason it cannot join the cut ``epoch`` by ``deadline`` (``time.time()``)."""
         ...
 
     def commit(self, epoch: int) -> None:
@@ -205,7 +205,7 @@ class RequestLog:
     abort = commit
 
     def classify(self, key: int) -> str:
-        """``committed`` for what the log holds (it will not be sent again), else ``replay``."""
+        """Return ``committed`` for what the log holds (it will not be sent again), else ``replay``."""
         return "committed" if self.already_delivered(key) else "replay"
 
 

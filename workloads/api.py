@@ -165,7 +165,7 @@ OPTIONAL: dict[str, Any] = {
 
 
 def optional(cls: type, name: str) -> Any:
-    """``cls``'s optional class attribute ``name`` (one of :data:`OPTIONAL`), or its declared default."""
+    """Return ``cls``'s optional class attribute ``name`` (one of :data:`OPTIONAL`), or its declared default."""
     return getattr(cls, name, OPTIONAL[name])
 
 
@@ -464,7 +464,7 @@ def add_import_path(entries: "tuple[str, ...] | list[str]", *, environ: bool = F
 
 
 def resolve_params(cls: type[Workload], params: dict[str, Any]) -> dict[str, Any]:
-    """``cls.defaults`` updated with ``params``, type-checked; unknown keys are errors."""
+    """Return ``cls.defaults`` updated with ``params``, type-checked; unknown keys are errors."""
     out = dict(cls.defaults)
     for key, value in params.items():
         if key not in cls.defaults:

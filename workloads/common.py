@@ -68,7 +68,7 @@ def sums(xp: ModuleType, a: Any) -> Any:
 
 
 def host_ints(a: Any) -> list[int]:
-    """``a`` copied to the host as a list of Python ints (synchronises on a device)."""
+    """Return ``a`` copied to the host as a list of Python ints (synchronises on a device)."""
     return [int(v) for v in to_host(a).reshape(-1)]
 
 
@@ -127,7 +127,7 @@ class ReplayReference:
 
 
 def state_bytes(header: dict[str, Any], arrays: dict[str, Any]) -> bytes:
-    """``header`` (JSON-able) and ``arrays`` (NumPy, CuPy or torch) in the format :func:`load_state_file` reads."""
+    """Return ``header`` (JSON-able) and ``arrays`` (NumPy, CuPy or torch) in the format :func:`load_state_file` reads."""
     import io
 
     import numpy as np

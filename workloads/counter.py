@@ -48,7 +48,7 @@ BALLAST_CORRUPT = ":ballast-corrupt"
 
 
 def ballast(xp: ModuleType, mib: int, seed: int) -> Any:
-    """``mib`` MiB of deterministic uint64 words (None for 0)."""
+    """Return ``mib`` MiB of deterministic uint64 words (None for 0)."""
     if mib <= 0:
         return None
     return mix(xp, mib * (1 << 20) // 8, seed ^ BALLAST_SALT, 0)
@@ -161,7 +161,7 @@ class Counter:
 
     # -- the op's steps (a variant may change one of them) ----
     def point(self, op: int, phase: str) -> None:
-        """``rt.point``, then :meth:`on_point`: a restored process resumes inside
+        """Call ``rt.point``, then :meth:`on_point`: a restored process resumes inside
         ``rt.point``, so this is the first code it runs after a restore."""
         self.rt.point(op, phase)
         self.on_point()

@@ -30,7 +30,7 @@ SUCCESSORS = 4  # the corpus's Markov chain: how many tokens may follow each tok
 
 
 def corpus(seed: int, sequences: int, length: int, vocab: int) -> Any:
-    """``sequences`` token sequences of ``length`` tokens (NumPy int64, ``[sequences, length]``) from a sparse
+    """Return ``sequences`` token sequences of ``length`` tokens (NumPy int64, ``[sequences, length]``) from a sparse
     Markov chain over ``vocab`` tokens, all drawn from ``seed``."""
     import numpy as np
 
@@ -251,7 +251,7 @@ def worker_main(cfg: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cutbench.workloads.data_loader --loader-worker CONFIG``: one loader worker."""
+    """Run ``python -m cutbench.workloads.data_loader --loader-worker CONFIG``: one loader worker."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "--loader-worker":
         print("usage: python -m cutbench.workloads.data_loader --loader-worker CONFIG_JSON", file=sys.stderr)

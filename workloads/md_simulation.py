@@ -53,7 +53,7 @@ CPT_NAME = "md.cpt"
 
 
 def lattice(n: int, box: float) -> Any:
-    """``n`` positions on the sites of the smallest simple cubic lattice that holds them (NumPy, float64)."""
+    """Return ``n`` positions on the sites of the smallest simple cubic lattice that holds them (NumPy, float64)."""
     import numpy as np
 
     side = int(round(n ** (1.0 / 3.0)))

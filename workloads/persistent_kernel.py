@@ -188,7 +188,7 @@ class PersistentKernel(Counter):
         self.drain()
 
     def report(self) -> dict[str, Any]:
-        """``counter``'s report plus the host and device sequence numbers."""
+        """Return ``counter``'s report plus the host and device sequence numbers."""
         out = super().report()
         out["domain_ops"] = {"host": int(self.host_op), "device": int(self.devseq.get()[0])}
         out["quiesce_adapter"] = bool(self.p["quiesce_adapter"])

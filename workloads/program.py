@@ -122,7 +122,7 @@ class RegexRule:
 
 
 def scenario_import(target: str, search: str, what: str) -> Any:
-    """``module:name`` imported, the module found in ``search`` (the scenario's folder) first; raises what the
+    """Return ``module:name`` imported, the module found in ``search`` (the scenario's folder) first; raises what the
     import raises (the callers name the parameter)."""
     from cutbench.registry import import_target
     from cutbench.workloads.api import add_import_path
@@ -342,7 +342,7 @@ class Program:
 
     @classmethod
     def anchor(cls, params: dict[str, Any], base: Path) -> dict[str, Any]:
-        """``params`` with the paths a scenario wrote relative to its folder ``base`` made absolute (``files``,
+        """Return ``params`` with the paths a scenario wrote relative to its folder ``base`` made absolute (``files``,
         the parser's folder), so that a trial, a replay or a resume finds them from anywhere."""
         out = dict(params)
         out["files"] = [str((base / f).resolve()) for f in params["files"]]

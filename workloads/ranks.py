@@ -84,7 +84,7 @@ def contribution(xp: ModuleType, x: Any, seed: int, rank: int, op: int) -> Any:
 
 
 def apply_sum(xp: ModuleType, x: Any, total: Any) -> None:
-    """``x = x * MULT + total`` in place."""
+    """Compute ``x = x * MULT + total`` in place."""
     x *= xp.uint64(MULT)
     x += total
 

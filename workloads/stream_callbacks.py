@@ -98,7 +98,7 @@ class DeviceStream:
 
 
 def sums_digest(n: int, s1: int, s2: int) -> str:
-    """``counter``'s digest of a state of ``n`` elements, from its two sums (computed on the host)."""
+    """Return ``counter``'s digest of a state of ``n`` elements, from its two sums (computed on the host)."""
     return hashlib.blake2b(f"{n}:{s1}:{s2}".encode(), digest_size=16).hexdigest()
 
 
@@ -199,5 +199,5 @@ class StreamCallbacks(BaseWorkload):
 
     @classmethod
     def reference(cls, params: dict[str, Any]) -> CounterReference:
-        """``counter``'s reference: same state machine, same digest."""
+        """Return ``counter``'s reference: same state machine, same digest."""
         return CounterReference(params["seed"], params["state_size"])

@@ -90,13 +90,13 @@ GELU_C = math.sqrt(2.0 / math.pi)
 
 
 def transpose(xp: ModuleType, a: Any) -> Any:
-    """``a`` with its last two axes swapped (the array API's ``matrix_transpose``)."""
+    """Return ``a`` with its last two axes swapped (the array API's ``matrix_transpose``)."""
     f = getattr(xp, "matrix_transpose", None)
     return f(a) if f is not None else xp.swapaxes(a, -1, -2)
 
 
 def permute(xp: ModuleType, a: Any, axes: tuple[int, ...]) -> Any:
-    """``a`` with its axes in the order ``axes`` (the array API's ``permute_dims``)."""
+    """Return ``a`` with its axes in the order ``axes`` (the array API's ``permute_dims``)."""
     f = getattr(xp, "permute_dims", None)
     return f(a, axes) if f is not None else xp.transpose(a, axes)
 

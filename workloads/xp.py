@@ -187,7 +187,7 @@ def word_dtype(xp: ModuleType) -> Any:
 
 
 def word(xp: ModuleType, value: int) -> Any:
-    """``value mod 2**64`` as a host scalar word for arithmetic with ``xp``'s word arrays:
+    """Return ``value mod 2**64`` as a host scalar word for arithmetic with ``xp``'s word arrays:
     a NumPy ``uint64`` on NumPy and CuPy, a 0-d int64 CPU tensor on torch.
 
     Either way the value reaches a device kernel as an argument, with no
@@ -202,7 +202,7 @@ def word(xp: ModuleType, value: int) -> Any:
 
 
 def shift_right(xp: ModuleType, x: Any, bits: int) -> Any:
-    """``x >> bits`` as a logical shift of 64-bit words (zeros come in from the top), for ``0 < bits < 64``."""
+    """Return ``x >> bits`` as a logical shift of 64-bit words (zeros come in from the top), for ``0 < bits < 64``."""
     if not 0 < bits < 64:
         raise InvalidArgument(f"shift_right: bits = {bits!r}; allowed 1..63")
     if backend_name(xp) == "torch":

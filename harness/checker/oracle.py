@@ -100,7 +100,7 @@ def _differs(digests: pd.Series, expected: list[Any], codes: np.ndarray) -> np.n
 
 
 def find_duplicates(effects: pd.DataFrame | None) -> list[Finding]:
-    """``duplicate``: an op whose effect became visible at the receiver more than once.
+    """Find ``duplicate``: an op whose effect became visible at the receiver more than once.
 
     Fires once per op with two or more rows whose decision is ``applied`` or
     ``committed``, whatever their attempt or epoch. A redelivery the receiver
@@ -140,7 +140,7 @@ def _distinct_per_op(rows: pd.DataFrame) -> list[list[int]]:
 
 
 def find_missing(effects: pd.DataFrame | None, committed: int) -> list[Finding]:
-    """``missing``: an op ``i <= committed`` that has no visible row at the receiver.
+    """Find ``missing``: an op ``i <= committed`` that has no visible row at the receiver.
 
     ``committed`` is :attr:`TrialRecord.committed_op`: the last op the workload itself
     considers done. A workload commits op *i* only after the receiver
@@ -226,7 +226,7 @@ def state_mismatches(report: dict[str, Any] | None, reference: Any) -> list[Find
 
 
 def find_mixed_epoch(effects: pd.DataFrame | None, report: dict[str, Any] | None, reference: Any) -> list[Finding]:
-    """``mixed_epoch``: state observed at one moment that comes from two.
+    """Find ``mixed_epoch``: state observed at one moment that comes from two.
 
     Fires when
 
@@ -249,7 +249,7 @@ def find_mixed_epoch(effects: pd.DataFrame | None, report: dict[str, Any] | None
 
 
 def find_pointer_changes(report: dict[str, Any] | None) -> list[Finding]:
-    """``pointer_changed``: pointer identity did not survive the restore.
+    """Find ``pointer_changed``: pointer identity did not survive the restore.
 
     Fires for every buffer name in ``report["pointers_initial"]`` (addresses
     recorded before any cut) whose address in ``report["pointers_final"]``
@@ -272,7 +272,7 @@ def find_pointer_changes(report: dict[str, Any] | None) -> list[Finding]:
 
 
 def find_deadlock(trial: TrialRecord) -> list[Finding]:
-    """``deadlock``: no progress within the watchdog after a cut.
+    """Find ``deadlock``: no progress within the watchdog after a cut.
 
     Fires when the runner's status is ``deadlock`` — its watchdog saw no cut
     point passed for ``watchdog_s`` while the workload had not finished — and
@@ -292,7 +292,7 @@ def find_deadlock(trial: TrialRecord) -> list[Finding]:
 
 
 def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
-    """``unsafe_acceptance``: a restore went ahead although a domain the workload uses is not covered.
+    """Find ``unsafe_acceptance``: a restore went ahead although a domain the workload uses is not covered.
 
     The workload declares the state domains it uses (``workload_domains``:
     cpu, cuda, peer, ipc, uvm, disk, receiver); the backend declares what a
@@ -310,7 +310,7 @@ def find_unsafe_acceptance(trial: TrialRecord) -> list[Finding]:
 
 
 def find_process_lost(trial: TrialRecord) -> list[Finding]:
-    """``process_lost``: a stage the checkpoint tool owns destroyed the application or its checkpoint.
+    """Find ``process_lost``: a stage the checkpoint tool owns destroyed the application or its checkpoint.
 
     Fires when the runner's status is ``lost``: a backend stage failed and
     the application did not survive it — the process died during the dump or
@@ -327,7 +327,7 @@ def find_process_lost(trial: TrialRecord) -> list[Finding]:
 
 
 def find_restarted(trial: TrialRecord) -> list[Finding]:
-    """``restarted``: a restore was reported, but the execution started anew instead of continuing from the cut.
+    """Find ``restarted``: a restore was reported, but the execution started anew instead of continuing from the cut.
 
     Ground truth, not the tool's word: every workload process that begins at
     op 1 — neither a restored image nor an application-level resume — counts
@@ -344,7 +344,7 @@ def find_restarted(trial: TrialRecord) -> list[Finding]:
 
 
 def find_certificate_unsound(trial: TrialRecord, findings: list[Finding]) -> list[Finding]:
-    """``certificate_unsound``: a restore the certificate called eligible, in a trial the other findings make invalid.
+    """Find ``certificate_unsound``: a restore the certificate called eligible, in a trial the other findings make invalid.
 
     The certificate is a claim and the oracle the ground truth: an eligible,
     restored cut followed by a duplicate, a missing op, a mixed epoch or any

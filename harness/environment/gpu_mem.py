@@ -16,7 +16,7 @@ MIB = 1 << 20
 
 
 def process_gpu_memory(pids: Iterable[int]) -> dict[int, dict[str, int]]:
-    """``{pid: {gpu_uuid: bytes}}`` for the given pids that hold device memory now."""
+    """Return ``{pid: {gpu_uuid: bytes}}`` for the given pids that hold device memory now."""
     wanted = set(pids)
     rows = _nvml_rows()
     if rows is None:
@@ -82,6 +82,6 @@ def _smi_rows() -> list[tuple[int, str, int]] | None:
 
 
 def free_bytes() -> dict[str, int]:
-    """``{gpu_uuid: free bytes}`` from NVML; empty when NVML is unusable."""
+    """Return ``{gpu_uuid: free bytes}`` from NVML; empty when NVML is unusable."""
     per_gpu = _per_nvml_device(lambda nvml, handle, uuid: (uuid, int(nvml.nvmlDeviceGetMemoryInfo(handle).free)))
     return dict(per_gpu or [])

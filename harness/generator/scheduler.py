@@ -97,7 +97,7 @@ def exhaustive(scenario: Scenario, arm: Arm) -> list[CutPlan]:
 
 
 def random_plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
-    """``scenario.trials`` seeded plans of 1 to ``cuts_per_trial`` cuts at increasing positions.
+    """Return ``scenario.trials`` seeded plans of 1 to ``cuts_per_trial`` cuts at increasing positions.
 
     The seed mixes the scenario seed with the arm label (:func:`arm_seed`), so
     each arm gets its own reproducible stream and adding an arm does not
@@ -122,7 +122,7 @@ def random_plans(scenario: Scenario, arm: Arm) -> list[CutPlan]:
 
 
 def periodic(scenario: Scenario, arm: Arm) -> list[CutPlan]:
-    """``scenario.trials`` copies of one plan: a cut every ``plan.interval_ops`` ops over ``plan.ops``.
+    """Return ``scenario.trials`` copies of one plan: a cut every ``plan.interval_ops`` ops over ``plan.ops``.
 
     Periodic checkpoints, as a job's checkpointer takes them, for the
     steady-state overhead of a tool: each cut is precise, at the first of

@@ -94,7 +94,7 @@ def judge(world: World, step: Step, expected: Expect, observed: dict[str, Any]) 
 
 
 def judge_close(world: World, leftovers: list[str]) -> list[Deviation]:
-    """``nothing_left``: what the sequence's end found still there (empty when nothing was)."""
+    """Return ``nothing_left``: what the sequence's end found still there (empty when nothing was)."""
     if not leftovers:
         return []
     observed = {"answer": "refused", "state": "gone", "detail": "; ".join(leftovers)}

@@ -263,7 +263,7 @@ def random_walk(tool: str, open_session: Callable[[str], LifecycleSession], log:
 
 
 def tighten(tool: str, open_session: Callable[[str], LifecycleSession], log: HuntLog, found: Found) -> Found:
-    """``found`` with every step removed that the deviation does not need; returns the shortest that still shows it.
+    """Return ``found`` with every step removed that the deviation does not need; returns the shortest that still shows it.
 
     Hypothesis's shrink stops at the search's hard deadline; this pass
     finishes the job one step at a time: drop a step, replay the rest on a

@@ -92,7 +92,7 @@ class Step:
     args: tuple[tuple[str, object], ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        """``{"action", "args"}``: the form a reproducer's SEQUENCE holds."""
+        """Return ``{"action", "args"}``: the form a reproducer's SEQUENCE holds."""
         return {"action": self.action, "args": dict(self.args)}
 
     def __str__(self) -> str:
@@ -152,7 +152,7 @@ class Expect:
     source: str
 
     def describe(self) -> str:
-        """"ok → locked" or "refused (stays running)", as a finding states the promise."""
+        """Return "ok → locked" or "refused (stays running)", as a finding states the promise."""
         parts = []
         if "ok" in self.answers:
             parts.append(f"ok → {self.after_ok}")
@@ -350,7 +350,7 @@ def public_report(action: str, invariant: str, sequence: list[str], detail: str 
 
 
 def check_tool(tool: str) -> str:
-    """``tool`` when it has a lifecycle model; a :class:`InvalidArgument` naming the choices otherwise."""
+    """Return ``tool`` when it has a lifecycle model; a :class:`InvalidArgument` naming the choices otherwise."""
     if tool not in TOOLS:
         raise InvalidArgument(f"hunt: no lifecycle model for tool {tool!r}; the tools are {', '.join(TOOLS)}")
     return tool

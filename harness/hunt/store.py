@@ -39,7 +39,7 @@ def write_hunt(out: Path, doc: dict[str, Any]) -> Path:
 
 
 def read_hunt(out: Path) -> dict[str, Any]:
-    """``hunt.json`` of a hunt directory; :class:`InvalidArgument` naming the file when it is missing or damaged."""
+    """Return ``hunt.json`` of a hunt directory; :class:`InvalidArgument` naming the file when it is missing or damaged."""
     path = out / "hunt.json"
     try:
         return dict(json.loads(path.read_text()))
@@ -102,7 +102,7 @@ def _on_probe(f: dict[str, Any]) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    """``FINDINGS.md``: the environment, the search's counts, then one section per deviation."""
+    """Return the text of ``FINDINGS.md``: the environment, the search's counts, then one section per deviation."""
     env = doc.get("environment", {})
     s, w = doc["search"], doc.get("walk")
     lines = [f"# Lifecycle hunt: {doc['tool']}", "",

@@ -106,7 +106,7 @@ class GateResult:
         return "\n".join(lines)
 
     def properties(self) -> list[tuple[str, str]]:
-        """``(name, value)`` pairs for JUnit XML ``<property>`` elements."""
+        """Return ``(name, value)`` pairs for JUnit XML ``<property>`` elements."""
         v = self.verdict
         props = [
             ("cutbench_gate", "passed" if self.passed else "failed"),
@@ -263,7 +263,7 @@ TRIAL_KEYWORDS: dict[str, str] = {
 
 
 def trial_overrides(keywords: dict[str, Any]) -> list[str]:
-    """``run_trial``'s keywords as ``--set`` overrides (``workload.params`` one key each, so a scenario's others
+    """Return ``run_trial``'s keywords as ``--set`` overrides (``workload.params`` one key each, so a scenario's others
     stay); InvalidArgument naming an unknown keyword and the known ones."""
     unknown = sorted(set(keywords) - set(TRIAL_KEYWORDS))
     if unknown:

@@ -253,7 +253,7 @@ class GateRun:
 
     @property
     def replay_commands(self) -> list[str]:
-        """``cutbench replay`` commands of the failing trials."""
+        """Return ``cutbench replay`` commands of the failing trials."""
         return [f["replay"] for f in self.result.failing]
 
     def check(self) -> None:

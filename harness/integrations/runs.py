@@ -212,7 +212,7 @@ class Run:
         return _summary.failing_trials(self.trials, limit)
 
     def compare(self, other: "Run | str | Path") -> Comparison:
-        """``other`` beside this run on the plans both ran (as ``cutbench compare THIS OTHER``): per-plan
+        """Return ``other`` beside this run on the plans both ran (as ``cutbench compare THIS OTHER``): per-plan
         changes (``regressions``: valid here, invalid there), rates per group and stage timings."""
         other = other if isinstance(other, Run) else open_run(other)
         return _compare.compare(self._stored_trials, other._stored_trials, f"{self.run_id} ({self.path})", f"{other.run_id} ({other.path})")

@@ -58,7 +58,7 @@ def select_rows(names: tuple[str, ...] | list[str] = ()) -> list[tuple[str, type
 
 
 def check_tools(tools: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``tools`` checked against the registered backends (default: :func:`default_tools`)."""
+    """Return ``tools`` checked against the registered backends (default: :func:`default_tools`)."""
     if not tools:
         return default_tools()
     known = CHECKPOINTERS.names()
@@ -69,7 +69,7 @@ def check_tools(tools: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 def check_faults(faults: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``faults`` checked (default :data:`FAULTS`); only ``none`` and ``kill`` belong in the matrix."""
+    """Return ``faults`` checked (default :data:`FAULTS`); only ``none`` and ``kill`` belong in the matrix."""
     if not faults:
         return FAULTS
     for fault in faults:

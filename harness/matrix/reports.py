@@ -66,7 +66,7 @@ def deviations_markdown(deviations: pd.DataFrame | None) -> list[str]:
 
 def markdown(table: pd.DataFrame, unavailable: dict[str, str] | None = None,
              deviations: pd.DataFrame | None = None) -> str:
-    """``matrix.md``: the environment, the cell counts, the grid, then every cell that is not identical with
+    """Return the text of ``matrix.md``: the environment, the cell counts, the grid, then every cell that is not identical with
     its detail and replay command, then the tools' lifecycle deviations (``deviations``: the stored table of
     :func:`cutbench.harness.hunt.store.deviation_rows`). ``unavailable``: tools left out because they
     cannot run here, and why."""

@@ -44,7 +44,7 @@ def utility_version() -> str:
 
 
 def display_path(path: Path) -> str:
-    """``path`` as the matrix's replay commands name it: relative to the working directory when inside it
+    """Return ``path`` as the matrix's replay commands name it: relative to the working directory when inside it
     (a committed reference run reads the same on every checkout), else absolute."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))

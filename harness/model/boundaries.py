@@ -55,7 +55,7 @@ class Boundary:
         return asdict(self)
 
     def words(self) -> str:
-        """``write(stdout) `done 17 ab12…``` , ``fsync(file:jobs.db)``, ``exit_group``."""
+        """Return the boundary in words: ``write(stdout) `done 17 ab12…``` , ``fsync(file:jobs.db)``, ``exit_group``."""
         if self.call == "exit_group":
             return "exit_group"
         shown = " ".join(self.head.split())

@@ -69,7 +69,7 @@ class Position:
     phase: str
 
     def label(self) -> str:
-        """``3/publish``."""
+        """Return the position as text: ``3/publish``."""
         return f"{self.op}/{self.phase}" if self.phase else f"{self.op}/-"
 
 

@@ -228,7 +228,7 @@ class Scenario:
 
 
 def select_variants(scenario: "Scenario", names: tuple[str, ...] | list[str]) -> "Scenario":
-    """``scenario`` with only the ``[[variants]]`` named in ``names`` (all of them when ``names`` is empty).
+    """Return ``scenario`` with only the ``[[variants]]`` named in ``names`` (all of them when ``names`` is empty).
 
     Raises :class:`InvalidArgument` naming an unknown variant and the known ones.
     """
@@ -414,7 +414,7 @@ def parse_jobs(where: str, text: str) -> int | str:
 
 
 def check_jobs(where: str, value: Any) -> int | str:
-    """``value`` as a number of trials to run at once: an integer from 1 to ``LIMITS["run.jobs"]``, or "auto".
+    """Return ``value`` as a number of trials to run at once: an integer from 1 to ``LIMITS["run.jobs"]``, or "auto".
 
     "auto" is one trial per CPU, or on a GPU host ``run.trials_per_gpu`` per
     GPU (the runner resolves it). ``where`` names the field or option in the
@@ -430,7 +430,7 @@ def check_jobs(where: str, value: Any) -> int | str:
 
 
 def check_executor(executor: Any, ray_address: Any = None) -> tuple[str, str]:
-    """``(run.executor, run.ray_address)`` checked together; return them (the address "" when absent).
+    """Return ``(run.executor, run.ray_address)`` checked together; return them (the address "" when absent).
 
     ``executor`` is one of :data:`EXECUTORS`. ``ray_address`` is read only
     under ``"ray"``: a Ray cluster's address (``HOST:PORT``, or ``auto`` for
@@ -492,7 +492,7 @@ def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
 
 
 def toml_value(value: Any) -> str:
-    """``value`` as the TOML text an override (``section.key=TEXT``) reads back as ``value``."""
+    """Return ``value`` as the TOML text an override (``section.key=TEXT``) reads back as ``value``."""
     return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
 
 

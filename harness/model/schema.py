@@ -327,7 +327,7 @@ def fields_of(section: str) -> tuple[Field, ...]:
 
 
 def check(f: Field, value: Any) -> Any:
-    """``value`` given for field ``f``, checked and converted to what a ``Scenario`` holds.
+    """Return ``value`` given for field ``f``, checked and converted to what a ``Scenario`` holds.
 
     Raises :class:`~cutbench.errors.InvalidArgument` naming the field, the bad
     value and what is allowed. A ``CUSTOM`` field gets its type checked only
@@ -405,7 +405,7 @@ def default_text(f: Field) -> str:
 
 
 def help_text(f: Field) -> str:
-    """``f.help`` with ``{choices}`` spelled out: each allowed value, with its meaning where it has one."""
+    """Return ``f.help`` with ``{choices}`` spelled out: each allowed value, with its meaning where it has one."""
     if "{choices}" not in f.help:
         return f.help
     return f.help.replace("{choices}", _meaning(f.allowed(), f.meanings))
@@ -430,7 +430,7 @@ def markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cutbench.harness.model.schema --markdown``: print the reference tables; return the exit status."""
+    """Run ``python -m cutbench.harness.model.schema --markdown``: print the reference tables; return the exit status."""
     parser = argparse.ArgumentParser(prog="python -m cutbench.harness.model.schema",
                                      description="The scenario schema (harness/model/schema.py).")
     parser.add_argument("--markdown", action="store_true", required=True,

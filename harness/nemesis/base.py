@@ -229,7 +229,7 @@ OPTIONAL: dict[str, Any] = {
 
 
 def optional(backend: Any, name: str) -> Any:
-    """``backend``'s (a class or an instance) optional member ``name`` (one of :data:`OPTIONAL`), or its default."""
+    """Return ``backend``'s (a class or an instance) optional member ``name`` (one of :data:`OPTIONAL`), or its default."""
     return getattr(backend, name, OPTIONAL[name])
 
 

@@ -155,7 +155,7 @@ def helper_thread(owner: int) -> Iterator[None]:
 def run_measured(argv: list[str], *, role: str, timeout: float, text: bool = True, input: bytes | str | None = None,
                  stdin: Any = None, env: Mapping[str, str] | None = None,
                  cwd: str | None = None, pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess:
-    """``subprocess.run(argv, capture_output=True, timeout=timeout)``, and the child's usage credited under ``role``.
+    """Run ``subprocess.run(argv, capture_output=True, timeout=timeout)``, and the child's usage credited under ``role``.
 
     ``input`` is fed to its stdin; otherwise ``stdin`` is passed on (None: this process's, as ``subprocess.run``
     does). ``pass_fds`` stay open in the child (a restore's inherited pipes).
@@ -273,7 +273,7 @@ class ProcSample:
 
     @property
     def key(self) -> tuple[int, int]:
-        """``(pid, start)``: a process, even where its pid is reused (a restore into the same pid)."""
+        """Return ``(pid, start)``: a process, even where its pid is reused (a restore into the same pid)."""
         return self.pid, self.start
 
 
@@ -299,7 +299,7 @@ class ProcessReader:
         return self._last.get(pid)
 
     def read(self, pid: int, *, threads: bool = True, tight: bool = False) -> ProcSample | None:
-        """``pid`` now; the last read of it (``gone``) when it has vanished, None when it was never read. Never raises.
+        """Return ``pid`` now; the last read of it (``gone``) when it has vanished, None when it was never read. Never raises.
 
         ``threads``: also read its CUDA driver threads (:attr:`ProcSample.cuda`).
         ``tight``: a process read before is read as cheaply as can be (its
@@ -380,7 +380,7 @@ class ProcessReader:
             return []
 
     def tree(self, pid: int, *, tight: bool = False) -> list[ProcSample]:
-        """``pid`` and its live descendants, one read each (a vanished root: its last read, without descendants).
+        """Return ``pid`` and its live descendants, one read each (a vanished root: its last read, without descendants).
 
         ``tight``: the descendants are those of the last full read of the tree (no ``children`` files are read),
         each read ``tight`` (:meth:`read`).

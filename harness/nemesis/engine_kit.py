@@ -181,7 +181,7 @@ class EngineSession(Session):
         return " | ".join(lines[-n:])
 
     def state(self) -> str:
-        """``running`` while the probe's container runs and its probe lives, else ``gone``."""
+        """Return ``running`` while the probe's container runs and its probe lives, else ``gone``."""
         return "running" if alive(self.pid) and self._running() else "gone"
 
     # -- the actions -------------------------------------------------------------------

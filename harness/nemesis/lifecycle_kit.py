@@ -145,7 +145,7 @@ class Session:
                 "seconds": round(time.monotonic() - started, 3)}
 
     def observe(self, action: str, **args: Any) -> dict[str, Any]:
-        """:meth:`do`, then, when the probe runs, its digest: ``continues`` (and ``continues_detail`` when not).
+        """Run :meth:`do`, then, when the probe runs, its digest: ``continues`` (and ``continues_detail`` when not).
 
         A step left at its launch is not digested: the digest would wait for its work, and the next step is
         to find it in flight."""
@@ -426,7 +426,7 @@ def gpu_leftovers(pids: set[int], settle_s: float = 10.0) -> list[str]:
 
 
 def classify(detail: str) -> str:
-    """``ok``, ``hang``, ``gone``, ``harness`` (the kit's own trouble) or ``refused``: the class of an answer."""
+    """Return ``ok``, ``hang``, ``gone``, ``harness`` (the kit's own trouble) or ``refused``: the class of an answer."""
     if detail == "ok" or detail.startswith("ok"):
         return "ok"
     for word in ("hang", "gone", "harness"):

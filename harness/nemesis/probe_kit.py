@@ -215,7 +215,7 @@ class Utility:
         self.bound_s = bound_s
 
     def call(self, pid: int, op: str, timeout_ms: int = 0) -> str:
-        """"ok", or the utility's own words when it refuses; raises Hang past the bound."""
+        """Return "ok", or the utility's own words when it refuses; raises Hang past the bound."""
         args = ["--get-state"] if op == "state" else ["--action", op]
         if op == "lock" and timeout_ms:
             args += ["--timeout", str(timeout_ms)]
@@ -249,7 +249,7 @@ class Driver:
         return self.proc
 
     def call(self, pid: int, op: str, timeout_ms: int = 0) -> str:
-        """"ok", or the CUresult's name when the driver refuses; raises Hang past the bound."""
+        """Return "ok", or the CUresult's name when the driver refuses; raises Hang past the bound."""
         import selectors
 
         agent = self._agent()
@@ -296,7 +296,7 @@ def release_network_lock(images: Path | str) -> str | None:
 
 
 def release_lock_of(inventory: bytes) -> str | None:
-    """:func:`release_network_lock` of the dump whose ``inventory.img`` holds ``inventory``."""
+    """Run :func:`release_network_lock` of the dump whose ``inventory.img`` holds ``inventory``."""
     found = re.search(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", inventory)
     nft = shutil.which("nft")
     if found is None or nft is None:

@@ -131,7 +131,7 @@ class Observer(ServerClients):
         return "\n".join(lines[-20:])
 
     def last_line(self) -> str:
-        """``": <its last line>"`` of :meth:`last_words` (to end a message with), "" when it said nothing."""
+        """Return ``": <its last line>"`` of :meth:`last_words` (to end a message with), "" when it said nothing."""
         words = self.last_words(settle_s=2.0)
         return f": {words.splitlines()[-1]}" if words.strip() else ""
 

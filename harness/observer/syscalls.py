@@ -37,7 +37,7 @@ START_S = 10.0
 
 
 def waiting_command(command: Sequence[str], directory: str | Path) -> list[str]:
-    """``command`` behind :data:`WRAPPER`, waiting on a fifo made in ``directory`` until :meth:`Tracer.start`."""
+    """Return ``command`` behind :data:`WRAPPER`, waiting on a fifo made in ``directory`` until :meth:`Tracer.start`."""
     fifo = Path(directory) / START_FIFO
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)

@@ -62,7 +62,7 @@ libc.ptrace.restype = ctypes.c_long
 
 
 class Regs(ctypes.Structure):
-    """x86-64 ``struct user_regs_struct``."""
+    """The x86-64 ``struct user_regs_struct``."""
 
     _fields_ = [(n, ctypes.c_ulonglong) for n in (
         "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi", "rdi",
@@ -70,7 +70,7 @@ class Regs(ctypes.Structure):
 
 
 class SyscallInfo(ctypes.Structure):
-    """``struct ptrace_syscall_info`` (entry: nr and args; exit: rval) as one flat layout."""
+    """The ``struct ptrace_syscall_info`` (entry: nr and args; exit: rval) as one flat layout."""
 
     _fields_ = [("op", ctypes.c_uint8), ("pad", ctypes.c_uint8 * 3), ("arch", ctypes.c_uint32),
                 ("ip", ctypes.c_uint64), ("sp", ctypes.c_uint64), ("nr", ctypes.c_uint64),
@@ -123,7 +123,7 @@ class Tracer:
 
     # -- what a call is --------------------------------------------------------------------------
     def target(self, pid: int, nr: int, args: list[int]) -> tuple[str, int, str] | None:
-        """``(target, bytes, head)`` of a call that counts, else None."""
+        """Return ``(target, bytes, head)`` of a call that counts, else None."""
         kind = CALLS[NAMES[nr]][1]
         if kind == "exit":
             return ("process", 0, "") if pid == self.root else None

@@ -115,7 +115,7 @@ class SlurmPaths:
         return self.root / (f"munge/{daemon}.pid" if daemon == "munged" else f"{daemon}.pid")
 
     def log(self, daemon: str) -> Path:
-        """``daemon``'s own log (read it when the cluster does not come up)."""
+        """Return ``daemon``'s own log (read it when the cluster does not come up)."""
         return self.root / f"{daemon}.log"
 
 

@@ -71,7 +71,7 @@ def declared(runs: list[StoredRun], names: list[str]) -> dict[str, dict[str, Any
 
 
 def stage_roles(stages: list[str] | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(checkpoint stages, restore stages)`` of a backend's declared ``stages``.
+    """Return ``(checkpoint stages, restore stages)`` of a backend's declared ``stages``.
 
     A stage named ``…restore``, ``…unlock`` (or the restart's spawn and
     catch-up) brings the workload back; the others take the checkpoint.

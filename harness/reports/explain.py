@@ -65,7 +65,7 @@ def sender_of(row: Any) -> int | None:
 
 
 def senders(effects: pd.DataFrame) -> list[int | None]:
-    """:func:`sender_of` of every row of ``effects``, in its order."""
+    """Return :func:`sender_of` of every row of ``effects``, in its order."""
     if effects.empty:
         return []
     columns = [c for c in ("sender", "epoch") if c in effects]
@@ -74,7 +74,7 @@ def senders(effects: pd.DataFrame) -> list[int | None]:
 
 
 def op_ranges(ops: list[int]) -> str:
-    """``[3, 4, 5, 7]`` as ``"ops 3–5 and 7"`` (``"op 3"`` for one)."""
+    """Return ``[3, 4, 5, 7]`` as ``"ops 3–5 and 7"`` (``"op 3"`` for one)."""
     ops = sorted(set(ops))
     if not ops:
         return "no op"

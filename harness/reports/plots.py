@@ -80,7 +80,7 @@ def stage_colours(stages: Iterable[str]) -> dict[str, str]:
 
 
 def timeline_colours(timeline: pd.DataFrame) -> dict[str, str]:
-    """:func:`stage_colours` of a run's timeline, in the order the per-trial timelines meet the stages.
+    """Return :func:`stage_colours` of a run's timeline, in the order the per-trial timelines meet the stages.
 
     The report's timelines and the stage-time plot both call this, so they agree on every colour.
     """

@@ -299,7 +299,7 @@ PID_PREFIX = re.compile(r"(?<!exit )(?<![\w/])\d+: (?=Error|Warn)")
 
 
 def render_refusals(trials: pd.DataFrame) -> list[str]:
-    """``summary.md``'s section on the refused trials: each distinct reason in the tool's words, with its trials and
+    """Return ``summary.md``'s section on the refused trials: each distinct reason in the tool's words, with its trials and
     arms and the tool's own suggestion; nothing when no trial was refused."""
     groups = refusal_groups(trials)
     if not groups:

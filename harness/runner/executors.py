@@ -174,7 +174,7 @@ class SerialExecutor(_Local):
 
 
 class ThreadExecutor(_Local):
-    """``jobs`` worker threads of the one session, taking the specs in plan order (see :class:`~cutbench.harness.runner.workers.Workers`).
+    """An executor of ``jobs`` worker threads of the one session, taking the specs in plan order (see :class:`~cutbench.harness.runner.workers.Workers`).
 
     Each workload tree runs in a PID namespace of its own where the backend
     copes (``criu``; see ``cutbench.procs``): CRIU restores the pids a tree

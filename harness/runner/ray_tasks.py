@@ -42,7 +42,7 @@ def gpu_ids(visible: str | None, count: int) -> list[str]:
 
 
 def trial_visible_devices(gpus: list[str], assigned: list[str], original: str | None) -> str | None:
-    """``CUDA_VISIBLE_DEVICES`` for a trial's process (None: leave it unset).
+    """Return ``CUDA_VISIBLE_DEVICES`` for a trial's process (None: leave it unset).
 
     ``gpus`` are every GPU of the node, ``assigned`` those Ray gave the task,
     ``original`` the driver's own value. A task without a GPU gets the

@@ -375,7 +375,7 @@ class ReceiverWatch:
         self.on_lost(self.lost)
 
     def spoiled(self, result: TrialResult) -> TrialResult:
-        """``result`` as ``unknown``: the receiver died in every attempt of its trial, so what the last one saw
+        """Return ``result`` as ``unknown``: the receiver died in every attempt of its trial, so what the last one saw
         may be of the harness's making (never judged)."""
         why = f"harness: the run's receiver died during each of the {RECEIVER_RERUNS + 1} attempts of this trial"
         result.record.status, result.record.error = "unknown", why

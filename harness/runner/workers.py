@@ -64,7 +64,7 @@ class ExclusiveGate:
 
 
 class Workers:
-    """``jobs`` threads running the specs of one session, taking them in plan order.
+    """A pool of ``jobs`` threads running the specs of one session, taking them in plan order.
 
     Results come back to the thread that calls :meth:`run`. A KeyboardInterrupt
     (Ctrl-C) there is raised in every worker that is inside a trial, where it

@@ -180,7 +180,7 @@ class RunDir:
 
     # -- reading ---------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        """``run.toml`` as a dict; :class:`InvalidArgument` naming the file when it is not readable TOML."""
+        """Return ``run.toml`` as a dict; :class:`InvalidArgument` naming the file when it is not readable TOML."""
         import tomllib
 
         return read_document(self.path / "run.toml", tomllib.loads, what="run file", fmt="TOML",
@@ -382,7 +382,7 @@ def _trial_checked(label: str, data: Any) -> dict[str, Any]:
 
 
 def as_stored(value: Any) -> Any:
-    """``value`` as ``run.toml`` gives it back: tuples as lists, None dropped (to compare a live value with a stored one)."""
+    """Return ``value`` as ``run.toml`` gives it back: tuples as lists, None dropped (to compare a live value with a stored one)."""
     import tomllib
 
     return tomllib.loads(tomli_w.dumps({"v": _drop_none(value)}))["v"]

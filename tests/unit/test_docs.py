@@ -241,3 +241,25 @@ def test_shell_blocks_name_real_subcommands(page: Path):
             if why:
                 wrong.append(f"block at line {line}: {why}")
     assert not wrong, f"{_rel(page)}:\n" + "\n".join(wrong)
+
+
+def test_every_public_docstring_opens_with_a_plain_sentence():
+    """A public function's or class's docstring starts as a sentence a newcomer reads ("Return ``value`` if…",
+    "The workload ``probe_x``: …"), not with a code fragment or a lower-case phrase; the command group's help, which
+    opens with the command's name, is the one exception."""
+    import ast
+
+    from tests.conftest import REPO
+
+    exempt = {("harness/integrations/cli.py", "cli")}
+    fragments = []
+    for folder in ("harness", "cutbench", "receivers", "workloads"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+                    continue
+                doc = (ast.get_docstring(node) or "").strip()
+                if doc and not re.match(r"[A-Z0-9]", doc) and (rel, node.name) not in exempt:
+                    fragments.append(f"{rel}:{node.lineno} {node.name}: {doc.splitlines()[0][:60]}")
+    assert fragments == []

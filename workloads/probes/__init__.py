@@ -135,7 +135,7 @@ def buffer_digest(arr: Any) -> str:
 
 
 def backend_name_of(arr: Any) -> str:
-    """"numpy", "cupy" or "torch" for an array of that library."""
+    """Return "numpy", "cupy" or "torch" for an array of that library."""
     import array_api_compat as compat
 
     if compat.is_numpy_array(arr):
@@ -204,7 +204,7 @@ class Probe(RecordedWorkload):
         self.pointers_initial = self.pointers()
 
     def run_op(self, op: int) -> None:
-        """admit → launch (the feature's work enqueued) → device_done → record (the digest) → publish/ack/commit."""
+        """Run one op: admit → launch (the feature's work enqueued) → device_done → record (the digest) → publish/ack/commit."""
         rt = self.rt
         rt.point(op, "admit")
         self.launch(op)

@@ -34,7 +34,7 @@ def _check(call: str, result: Any) -> Any:
 
 
 class MallocAsyncProbe(Probe):
-    """``probe_malloc_async``: ``blocks`` blocks from the device's default memory pool (release threshold
+    """The workload ``probe_malloc_async``: ``blocks`` blocks from the device's default memory pool (release threshold
     ``threshold_mib``) on a stream; each op frees one (a partial free), allocates a new one of another size,
     and steps every live block. The anchor block lives from the first op to the last."""
 
@@ -103,7 +103,7 @@ class MallocAsyncProbe(Probe):
 
 
 class VmmAliasProbe(Probe):
-    """``probe_vmm_alias``: one physical allocation (``cuMemCreate``, POSIX-fd exportable or not) mapped at
+    """The workload ``probe_vmm_alias``: one physical allocation (``cuMemCreate``, POSIX-fd exportable or not) mapped at
     two virtual addresses; each op writes through the first and reads through the second, so the alias must
     survive a restore (a copy at each address would no longer show the other's writes)."""
 
@@ -170,7 +170,7 @@ class VmmAliasProbe(Probe):
 
 
 class ManagedProbe(Probe):
-    """``probe_managed``: ``size_mib`` of managed memory (``cudaMallocManaged``); each op the host writes one
+    """The workload ``probe_managed``: ``size_mib`` of managed memory (``cudaMallocManaged``); each op the host writes one
     word per page, the memory is prefetched to the GPU, a kernel steps it, and it is prefetched back. Kept
     small: asking for more managed memory than the GPU holds can hang the GPU."""
 

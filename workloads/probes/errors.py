@@ -30,7 +30,7 @@ FILLER_FILE = "filler.json"
 
 
 class RestoreOomProbe(Probe):
-    """``probe_restore_oom``: see the module docstring."""
+    """The workload ``probe_restore_oom``: see the module docstring."""
 
     name = "probe_restore_oom"
     features = frozenset({"restore_out_of_memory"})

@@ -28,7 +28,7 @@ extern "C" __global__ void copy_step(unsigned long long* out, const unsigned lon
 
 
 class GraphProbe(Probe):
-    """``probe_graph``: a CUDA graph in one of three ``mode`` s (see the module docstring), on a stream of its own."""
+    """The workload ``probe_graph``: a CUDA graph in one of three ``mode`` s (see the module docstring), on a stream of its own."""
 
     name = "probe_graph"
     features = frozenset({"cuda_graphs"})

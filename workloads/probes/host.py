@@ -44,7 +44,7 @@ def _device_pointer(host_ptr: int) -> int:
 
 
 class PinnedProbe(Probe):
-    """``probe_pinned``: mapped host memory of one ``kind`` (see the module docstring)."""
+    """The workload ``probe_pinned``: mapped host memory of one ``kind`` (see the module docstring)."""
 
     name = "probe_pinned"
     features = frozenset({"pinned_host_memory"})

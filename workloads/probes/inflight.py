@@ -17,7 +17,7 @@ from cutbench.workloads.probes import Probe, launch_step
 
 
 class StreamsProbe(Probe):
-    """``probe_streams``: ``streams`` non-blocking streams, each a kernel of ``spin_ms``, each recording an
+    """The workload ``probe_streams``: ``streams`` non-blocking streams, each a kernel of ``spin_ms``, each recording an
     event that a join stream waits on before its own kernel: every op leaves four kernels and their events
     in flight."""
 
@@ -75,7 +75,7 @@ class StreamsProbe(Probe):
 
 
 class HostFuncProbe(Probe):
-    """``probe_host_func``: each op queues a kernel of ``spin_ms``, then a host function (run by a driver
+    """The workload ``probe_host_func``: each op queues a kernel of ``spin_ms``, then a host function (run by a driver
     thread) that records the op and a value the kernel wrote, then another kernel; at a cut at ``launch``
     the host function is still queued behind the first kernel."""
 
@@ -103,7 +103,7 @@ class HostFuncProbe(Probe):
             self.calls.append((int(op), int(self.peek_view[0])))
 
     def launch(self, op: int) -> None:
-        """kernel (spin) → copy one word to pinned memory → host function → kernel."""
+        """Launch one op: kernel (spin) → copy one word to pinned memory → host function → kernel."""
         launch_step(self.arr, op, stream=self.stream, spin_ns=int(self.p["spin_ms"] * 1e6))
         self.arr[:1].get(stream=self.stream, out=self.peek_view, blocking=False)
         self.stream.launch_host_func(self._callback, op)
@@ -128,7 +128,7 @@ class HostFuncProbe(Probe):
 
 
 class LockTimeoutProbe(Probe):
-    """``probe_lock_timeout``: at op ``long_op`` one kernel runs ``long_ms`` — longer than the CUDA lock's
+    """The workload ``probe_lock_timeout``: at op ``long_op`` one kernel runs ``long_ms`` — longer than the CUDA lock's
     timeout (5 s in the harness) — so a lock taken at that op's ``launch`` must time out; the process has
     to run on (a bounded, refused checkpoint), or the tool must wait it out."""
 

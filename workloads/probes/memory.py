@@ -17,7 +17,7 @@ MIB = 1 << 20
 
 
 class MemoryProbe(Probe):
-    """``probe_memory``: one buffer of ``size_bytes``, every byte changed by every op.
+    """The workload ``probe_memory``: one buffer of ``size_bytes``, every byte changed by every op.
 
     On CuPy it is device memory (``cudaMalloc`` through CuPy's pool), on NumPy
     host memory: the same probe measures a CPU tool on the host and a GPU tool
@@ -45,7 +45,7 @@ class MemoryProbe(Probe):
 
     @classmethod
     def check_params(cls, p: dict[str, Any]) -> None:
-        """``size_bytes`` from 1 byte to 64 GiB."""
+        """Return ``size_bytes`` from 1 byte to 64 GiB."""
         super().check_params(p)
         check_range("size_bytes", p["size_bytes"], 1, 64 * GIB)
 
@@ -59,7 +59,7 @@ class MemoryProbe(Probe):
         self.buf = xp.ascontiguousarray(xp.tile(xp.asarray(pattern), reps)[:n])
 
     def launch(self, op: int) -> None:
-        """``buf = buf * 31 + op`` on every byte (a device kernel on CuPy)."""
+        """Compute ``buf = buf * 31 + op`` on every byte (a device kernel on CuPy)."""
         self.buf *= self.xp.uint8(31)
         self.buf += self.xp.uint8(op & 0xFF)
 
@@ -91,7 +91,7 @@ __global__ void step_globals(unsigned long long v) {
 
 
 class GlobalsProbe(Probe):
-    """``probe_globals``: a module's ``__device__`` array and ``__constant__`` table, read and written by its kernel."""
+    """The workload ``probe_globals``: a module's ``__device__`` array and ``__constant__`` table, read and written by its kernel."""
 
     name = "probe_globals"
     features = frozenset({"module_globals"})
@@ -137,7 +137,7 @@ extern "C" __global__ void tex_step(cudaTextureObject_t tex, cudaSurfaceObject_t
 
 
 class TextureProbe(Probe):
-    """``probe_texture``: two CUDA arrays, a texture object and a surface object over each; each op reads
+    """The workload ``probe_texture``: two CUDA arrays, a texture object and a surface object over each; each op reads
     one through its texture and writes the other through its surface (ping-pong)."""
 
     name = "probe_texture"

@@ -61,7 +61,7 @@ class _ModuleLoading(Probe):
 
 
 class LazyLoadingProbe(_ModuleLoading):
-    """``probe_lazy_loading``: the module under ``CUDA_MODULE_LOADING=LAZY`` (functions load at first use)."""
+    """The workload ``probe_lazy_loading``: the module under ``CUDA_MODULE_LOADING=LAZY`` (functions load at first use)."""
 
     name = "probe_lazy_loading"
     environment: ClassVar[dict[str, str]] = {"CUDA_MODULE_LOADING": "LAZY"}
@@ -70,7 +70,7 @@ class LazyLoadingProbe(_ModuleLoading):
 
 
 class EagerLoadingProbe(_ModuleLoading):
-    """``probe_eager_loading``: the module under ``CUDA_MODULE_LOADING=EAGER``."""
+    """The workload ``probe_eager_loading``: the module under ``CUDA_MODULE_LOADING=EAGER``."""
 
     name = "probe_eager_loading"
     environment: ClassVar[dict[str, str]] = {"CUDA_MODULE_LOADING": "EAGER"}
@@ -79,7 +79,7 @@ class EagerLoadingProbe(_ModuleLoading):
 
 
 class NvrtcProbe(Probe):
-    """``probe_nvrtc``: from op ``compile_from`` on, every op compiles a new kernel with NVRTC (the op's
+    """The workload ``probe_nvrtc``: from op ``compile_from`` on, every op compiles a new kernel with NVRTC (the op's
     constant in its source) and launches it: compilation and module loading after the cut. CuPy's kernel
     cache stays in memory, so each source really goes through NVRTC in this process."""
 
@@ -123,7 +123,7 @@ CURAND_METHODS = ("philox", "mtgp32", "xorwow")
 
 
 class CurandProbe(Probe):
-    """``probe_curand``: a cuRAND generator (``method``) created before the cut; every op draws ``n``
+    """The workload ``probe_curand``: a cuRAND generator (``method``) created before the cut; every op draws ``n``
     uniform floats and adds them to an accumulator. A restored generator must continue its sequence."""
 
     name = "probe_curand"
@@ -161,7 +161,7 @@ class CurandProbe(Probe):
 
 
 class CublasProbe(Probe):
-    """``probe_cublas``: a cuBLAS handle made before the cut; every op multiplies two ``size``² float32
+    """The workload ``probe_cublas``: a cuBLAS handle made before the cut; every op multiplies two ``size``² float32
     matrices of small integers (exact in float32) and folds the product back into the first."""
 
     name = "probe_cublas"
@@ -188,7 +188,7 @@ class CublasProbe(Probe):
         self.handle = int(cupy.cuda.device.get_cublas_handle())
 
     def launch(self, op: int) -> None:
-        """``a = (a @ b + op) mod 17`` (cuBLAS SGEMM)."""
+        """Compute ``a = (a @ b + op) mod 17`` (cuBLAS SGEMM)."""
         import cupy
 
         self.a = cupy.fmod(self.a @ self.b + float(op), 17)

@@ -16,7 +16,7 @@ from cutbench.workloads.probes.memory import MemoryProbe
 
 
 class PeerAccessProbe(Probe):
-    """``probe_peer_access``: a buffer on each of two GPUs with peer access enabled; each op a kernel on
+    """The workload ``probe_peer_access``: a buffer on each of two GPUs with peer access enabled; each op a kernel on
     GPU 0 steps its buffer, which is copied peer-to-peer onto GPU 1 and folded into GPU 1's buffer there."""
 
     name = "probe_peer_access"
@@ -72,7 +72,7 @@ class PeerAccessProbe(Probe):
 
 
 class MigrationProbe(MemoryProbe):
-    """``probe_migration``: :class:`MemoryProbe` restored onto the other GPU (the row asks for
+    """The workload ``probe_migration``: :class:`MemoryProbe` restored onto the other GPU (the row asks for
     ``restore_target = "other_gpu"``): the device memory must come back whole at its addresses there."""
 
     name = "probe_migration"
@@ -89,7 +89,7 @@ class MigrationProbe(MemoryProbe):
 
 
 class NcclProbe(NcclRanks):
-    """``probe_nccl``: the ``nccl_ranks`` job (two ranks, an NCCL all-reduce every op) as a matrix row."""
+    """The workload ``probe_nccl``: the ``nccl_ranks`` job (two ranks, an NCCL all-reduce every op) as a matrix row."""
 
     name = "probe_nccl"
     features: ClassVar[frozenset[str]] = frozenset({"nccl"})

@@ -67,7 +67,7 @@ class _PipeChild:
 
 
 class ForkProbe(Probe):
-    """``probe_fork``: a child forked without exec works on host memory each op and answers its digest;
+    """The workload ``probe_fork``: a child forked without exec works on host memory each op and answers its digest;
     with ``share = "anon_shared"`` it writes into anonymous shared memory the parent reads. On CuPy the
     parent also steps device memory: a CUDA process with a forked, CUDA-free child."""
 
@@ -168,7 +168,7 @@ def _fork_child(r: int, w: int, n: int, seed: int, shared: Any) -> None:
 
 
 class IpcProbe(Probe):
-    """``probe_ipc``: the parent shares a device buffer through a CUDA IPC memory handle with a child
+    """The workload ``probe_ipc``: the parent shares a device buffer through a CUDA IPC memory handle with a child
     process (a fresh interpreter, CuPy); each op the child steps it through the handle and answers."""
 
     name = "probe_ipc"
@@ -223,7 +223,7 @@ class IpcProbe(Probe):
 
 
 class NvmlProbe(Probe):
-    """``probe_nvml``: an NVML handle opened before the cut and asked every op (name, UUID, memory size),
+    """The workload ``probe_nvml``: an NVML handle opened before the cut and asked every op (name, UUID, memory size),
     beside a device buffer stepped every op."""
 
     name = "probe_nvml"

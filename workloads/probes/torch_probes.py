@@ -32,7 +32,7 @@ class _TorchProbe(Probe):
 
 
 class TorchAllocatorProbe(_TorchProbe):
-    """``probe_torch_allocator``: ``tensors`` int64 tensors of varied sizes through PyTorch's caching
+    """The workload ``probe_torch_allocator``: ``tensors`` int64 tensors of varied sizes through PyTorch's caching
     allocator; each op frees one into the cache and allocates another (served from the cache), and steps
     them all. The anchor tensor lives from the first op to the last."""
 
@@ -85,7 +85,7 @@ class TorchAllocatorProbe(_TorchProbe):
 
 
 class TorchCompileProbe(_TorchProbe):
-    """``probe_torch_compile``: a step ``torch.compile``'d (Inductor, Triton kernels) and run once before the
+    """The workload ``probe_torch_compile``: a step ``torch.compile``'d (Inductor, Triton kernels) and run once before the
     cut; every op runs the compiled kernel."""
 
     name = "probe_torch_compile"
@@ -118,7 +118,7 @@ class TorchCompileProbe(_TorchProbe):
 
 
 class TorchGraphProbe(_TorchProbe):
-    """``probe_torch_cuda_graph``: a ``torch.cuda.CUDAGraph`` of three steps over static tensors, captured
+    """The workload ``probe_torch_cuda_graph``: a ``torch.cuda.CUDAGraph`` of three steps over static tensors, captured
     before the cut; every op sets its input and replays it."""
 
     name = "probe_torch_cuda_graph"

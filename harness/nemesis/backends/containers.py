@@ -199,7 +199,7 @@ class Engine(Protocol):
     """What a container handle asks of its engine."""
 
     def state(self, container: str) -> tuple[bool, int, int]:
-        """``(running, exit_code, pid)`` of ``container`` as the engine reports it."""
+        """Return ``(running, exit_code, pid)`` of ``container`` as the engine reports it."""
         ...
 
     def kill(self, container: str) -> None:

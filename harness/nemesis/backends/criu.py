@@ -101,7 +101,7 @@ class CriuCheckpointer:
         self.dump(target, ctx, leave_running=ctx.cut.fault != "kill")
 
     def dump(self, target: Child, ctx: CutContext, *, leave_running: bool) -> None:
-        """``criu dump`` of ``target`` into ``ctx.images_dir``; refuses cleanly if the target survives a failure."""
+        """Run ``criu dump`` of ``target`` into ``ctx.images_dir``; refuses cleanly if the target survives a failure."""
         images = ctx.images_dir
         images.mkdir(parents=True, exist_ok=True)
         # --skip-in-flight: a connection still waiting in a listening socket's queue (a client of a server that

@@ -27,7 +27,7 @@ class CriuCudaPluginCheckpointer(CriuCheckpointer):
 
     @property
     def extra_args(self) -> tuple[str, ...]:  # type: ignore[override]
-        """``--libdir`` with the plugin directory (empty when none is found)."""
+        """Return ``--libdir`` with the plugin directory (empty when none is found)."""
         path = plugin_dir()
         return ("--libdir", str(path)) if path else ()
 

@@ -361,7 +361,7 @@ class CudaCheckpointer:
         self.resume_cuda(target.pid, ctx)
 
     def resume_cuda(self, pid: int, ctx: CutContext) -> None:
-        """``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes."""
+        """Run ``cuda_restore`` (+ remap) and ``cuda_unlock`` of the cut's processes."""
         procs = self.stages.procs
         if procs is None:
             raise HarnessFault("cuda_restore", "no checkpointed processes to resume")

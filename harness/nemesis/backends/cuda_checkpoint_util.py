@@ -26,7 +26,7 @@ CALL_TIMEOUT_S = 120.0
 
 
 class UtilityDriver:
-    """:class:`~cutbench.harness.nemesis.backends.cuda_driver.DriverApi` through the ``cuda-checkpoint`` executable."""
+    """The :class:`~cutbench.harness.nemesis.backends.cuda_driver.DriverApi` through the ``cuda-checkpoint`` executable."""
 
     supports_remap = False
 
@@ -60,21 +60,21 @@ class UtilityDriver:
         raise call_error("get-state", pid, -1, f"{TOOL} output", out)
 
     def lock(self, pid: int, timeout_ms: int) -> None:
-        """``--action lock --timeout MS``."""
+        """Run the utility with ``--action lock --timeout MS``."""
         self._run("lock", pid, "--action", "lock", "--timeout", str(int(timeout_ms)))
 
     def checkpoint(self, pid: int) -> None:
-        """``--action checkpoint``."""
+        """Run the utility with ``--action checkpoint``."""
         self._run("checkpoint", pid, "--action", "checkpoint")
 
     def restore(self, pid: int, pairs: Sequence[tuple[str, str]] = ()) -> None:
-        """``--action restore`` (no remap: see ``supports_remap``)."""
+        """Run the utility with ``--action restore`` (no remap: see ``supports_remap``)."""
         if pairs:
             raise call_error("restore", pid, 801, "CUDA_ERROR_NOT_SUPPORTED", f"{TOOL} cannot remap GPUs")
         self._run("restore", pid, "--action", "restore")
 
     def unlock(self, pid: int) -> None:
-        """``--action unlock``."""
+        """Run the utility with ``--action unlock``."""
         self._run("unlock", pid, "--action", "unlock")
 
     def gpu_uuids(self) -> list[str]:
@@ -109,7 +109,7 @@ class CudaCheckpointUtilCheckpointer(_ThroughUtility, CudaCheckpointer):
 
 
 class CudaCheckpointUtilCriuCheckpointer(_ThroughUtility, CudaCriuCheckpointer):
-    """``cuda-checkpoint+criu``: NVIDIA's documented recipe, the utility's lock/checkpoint, CRIU's dump,
+    """The ``cuda-checkpoint+criu`` backend: NVIDIA's documented recipe, the utility's lock/checkpoint, CRIU's dump,
     CRIU's restore, the utility's restore/unlock — the ``cuda+criu`` stages, split window and faults,
     so the same plans run through the utility and through the driver API."""
 

@@ -90,7 +90,7 @@ class CudaCriuCheckpointer(CudaCheckpointer):
         self.criu.cleanup(ctx)
 
     def restore(self, ctx: CutContext) -> int:
-        """``criu_restore``, then ``cuda_restore`` (remapped when asked) and ``cuda_unlock``; returns the root pid.
+        """Run ``criu_restore``, then ``cuda_restore`` (remapped when asked) and ``cuda_unlock``; returns the root pid.
 
         A restored tree whose GPU state cannot be brought back is killed (and
         reaped) before :class:`StageFailed` is raised: nothing stays behind.

@@ -85,7 +85,7 @@ class DriverApi(Protocol):
 
 
 class CudaDriver:
-    """:class:`DriverApi` through ``cuda.bindings.driver`` (cuda-python >= 12.8 bindings).
+    """The :class:`DriverApi` through ``cuda.bindings.driver`` (cuda-python >= 12.8 bindings).
 
     Building one imports the bindings and calls ``cuInit``; either failing raises (ImportError, or
     :class:`CudaCallError` for ``cuInit``). Whether that will work is

@@ -89,7 +89,7 @@ class DockerCheckpointer:
         return None
 
     def state(self, container: str) -> tuple[bool, int, int]:
-        """``(running, exit_code, pid)`` from the engine (a removed container: stopped, exit -1)."""
+        """Return ``(running, exit_code, pid)`` from the engine (a removed container: stopped, exit -1)."""
         try:
             st = self.api.inspect_container(container)["State"]
         except Exception:

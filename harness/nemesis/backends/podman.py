@@ -88,7 +88,7 @@ class PodmanCheckpointer:
 
     # -- Engine, for the container handle --------------------------------------
     def state(self, container: str) -> tuple[bool, int, int]:
-        """``(running, exit_code, pid)`` from ``podman inspect`` (an absent container: stopped, exit -1)."""
+        """Return ``(running, exit_code, pid)`` from ``podman inspect`` (an absent container: stopped, exit -1)."""
         p = self.podman("container", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.Pid}}",
                         container, timeout=30)
         try:
@@ -124,7 +124,7 @@ class PodmanCheckpointer:
     # -- the workload's container ------------------------------------------------
     def launch(self, argv: list[str], *, cwd: str, labels: dict[str, str] | None = None,
                env: dict[str, str] | None = None, image: str = "") -> Child:
-        """``podman run --detach`` of ``argv``, as :meth:`DockerCheckpointer.launch
+        """Run ``podman run --detach`` of ``argv``, as :meth:`DockerCheckpointer.launch
         <cutbench.harness.nemesis.backends.docker.DockerCheckpointer.launch>` starts it, with the container's CRIU
         options file named by its annotation; returns its handle."""
         if not image:

@@ -72,12 +72,12 @@ def default_prefix() -> Path:
 
 
 def prefix_or_default(prefix: Path | str | None) -> Path:
-    """``prefix`` as a Path, or :func:`default_prefix` when None: what every ``prefix=None`` argument means."""
+    """Return ``prefix`` as a Path, or :func:`default_prefix` when None: what every ``prefix=None`` argument means."""
     return Path(prefix) if prefix is not None else default_prefix()
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
-    """``(4, 2, 1)`` from ``criu --version`` output ("Version: 4.2.1"), else None."""
+    """Return ``(4, 2, 1)`` from ``criu --version`` output ("Version: 4.2.1"), else None."""
     m = re.search(r"Version:\s*(\d+(?:\.\d+)*)", text)
     return tuple(int(p) for p in m.group(1).split(".")) if m else None
 
@@ -113,7 +113,7 @@ def bundled(prefix: Path | None = None) -> CriuInstall | None:
 
 
 def on_path() -> CriuInstall | None:
-    """``criu`` on PATH with its version (any version, no ``criu check``), or None."""
+    """Return ``criu`` on PATH with its version (any version, no ``criu check``), or None."""
     exe = shutil.which("criu")
     if exe is None:
         return None
