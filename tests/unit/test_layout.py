@@ -365,3 +365,33 @@ def test_the_harness_map_names_every_module_of_the_ground_floor():
     ground = sorted(p.stem for p in (REPO / "cutbench").glob("*.py")
                     if p.stem != "__init__" and rank(f"cutbench.{p.stem}") == ("ground", 0))
     assert ground and [m for m in ground if f"``{m}``" not in doc and f"``cutbench.{m}``" not in doc] == []
+
+
+def test_the_plug_in_tables_are_edges_that_land_on_what_they_list():
+    """The two tables of built-ins name their plug-ins as ``"module:Class"`` strings (imported on first use, so a CPU
+    machine never loads the GPU bindings): the backends' in ``cutbench/registry.py``, the workloads' in
+    ``workloads/api.py``. Each string lands on a class of that name in a module of the folder the table lists
+    (``harness/nemesis/backends/``, ``workloads/``), and every backend class a module there defines
+    (``class …Checkpointer``) is in the table: the one wiring no import shows, held here."""
+    from cutbench.registry import CHECKPOINTERS
+    from cutbench.workloads.api import BUILTIN
+
+    def lands(target: str, folder: str) -> str | None:
+        module, _, cls = target.partition(":")
+        prefix = f"cutbench.{folder.replace('/', '.')}."
+        if not module.startswith(prefix):
+            return f"{target}: not a module of {folder}/"
+        path = REPO / folder / (module[len(prefix):].replace(".", "/") + ".py")
+        tree = ast.parse(path.read_text()) if path.exists() else None
+        if tree is None or not any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
+            return f"{target}: no class {cls} in {path.relative_to(REPO)}"
+        return None
+
+    wrong = [why for t in CHECKPOINTERS.builtin.values() if (why := lands(t, "harness/nemesis/backends"))]
+    wrong += [why for t in BUILTIN.values() if (why := lands(t, "workloads"))]
+    assert wrong == []
+    listed = {t.partition(":")[2] for t in CHECKPOINTERS.builtin.values()}
+    defined = {n.name for p in (REPO / "harness" / "nemesis" / "backends").glob("*.py")
+               for n in ast.parse(p.read_text()).body
+               if isinstance(n, ast.ClassDef) and n.name.endswith("Checkpointer") and not n.name.startswith("_")}
+    assert defined - listed == set(), "backend classes no table lists"
