@@ -83,7 +83,9 @@ def test_each_job_script_under_a_real_preemption_gets_its_verdict_and_nothing_st
     # measured (results/reference/slurm), the program ran to its end before Slurm took the node back (refused), or
     # Slurm cancelled the job at a later pass and it was requeued (valid).
     foreground = rows["foreground"]
-    assert foreground["slurm_grace_s"] >= cluster.GRACE_S - 0.5 > resume["slurm_grace_s"]
+    # Seen every 0.2 s, a look that comes late moves time from one stage to the next: the signal-to-off-node sum holds.
+    off_node = {name: rows[name]["slurm_grace_s"] + rows[name]["slurm_kill_s"] for name in ("foreground", "requeue-resume")}
+    assert off_node["foreground"] >= cluster.GRACE_S - 0.5 > off_node["requeue-resume"], off_node
     assert foreground["outcome"] == "valid" or foreground["status"] == "refused", foreground["error"]
     assert cutbench_jobs() == []
 
