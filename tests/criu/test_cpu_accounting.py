@@ -54,5 +54,8 @@ def test_a_restored_workload_with_a_new_host_pid_is_followed(criu, mixed_scenari
     assert stages[list(CPU_COLUMNS)].notna().all().all()
     restores, after = stages[stages["stage"] == "criu_restore"], stages[stages["stage"] == "run_to_end"]
     assert len(restores) == 2 and (restores["cpu_criu_s"] > 0).all()
-    # The restored process runs CRIU's restorer before it resumes, then the rest of the workload: both its own.
-    assert restores["cpu_workload_s"].max() > 0 and (after["cpu_workload_s"] > 0).all()
+    # The restored process, under its new host pid, runs the rest of the workload: its own CPU, read in every stage
+    # after the restore. (Its restorer's few milliseconds inside the restore stage may read as 0: /proc counts
+    # 10 ms ticks, docs/cpu-accounting.md, "Resolution"; measured 0 in both restores in 2 runs of 4 on a loaded
+    # 2-core machine.)
+    assert (restores["cpu_workload_s"] >= 0).all() and (after["cpu_workload_s"] > 0).all()
