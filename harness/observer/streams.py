@@ -115,11 +115,18 @@ class Observer(ServerClients):
             return len(self.keys)
 
     def last_words(self, settle_s: float = 0.0) -> str:
-        """The program's last lines on stderr (stdout's where stderr said nothing); a program in a container:
-        the last lines its engine kept of both, waited for up to ``settle_s`` while there are none (an engine
-        copies a container's output into its log a moment after the container wrote it, or ended)."""
+        """The program's last lines on stderr (stdout's where stderr said nothing), after up to ``settle_s`` for its
+        pipes' readers to reach their end; a program in a container: the last lines its engine kept of both,
+        waited for up to ``settle_s`` while there are none (an engine copies a container's output into its log a
+        moment after the container wrote it, or ended)."""
+        deadline = time.monotonic() + settle_s
+        if self._words is None and settle_s > 0:
+            # A program that ended: its last lines may still be in its pipes, which its readers drain to their end.
+            with self.lock:
+                draining = [t for t in self.readers if t.name.endswith(f"-{self.incarnation}")]
+            for thread in draining:
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self._words is not None:
-            deadline = time.monotonic() + settle_s
             said = self._words().strip()
             while not said and not self._said and time.monotonic() < deadline:
                 time.sleep(0.1)
