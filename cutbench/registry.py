@@ -2,7 +2,10 @@
 
 A :class:`Registry` maps names to ``"module:attr"`` import paths and imports a
 plug-in only when it is asked for (so a CPU machine never imports GPU
-bindings it lacks). Third-party packages add plug-ins with an entry point in
+bindings it lacks). Each kind's table of built-ins lives next to what it
+lists: the workloads' in ``workloads/api.py`` (handed in as a dict), the
+backends' in ``harness/nemesis/backends/__init__.py``, which this floor names
+by its address alone and reads on first use (see ``CHECKPOINTERS``). Third-party packages add plug-ins with an entry point in
 their own ``pyproject.toml``::
 
     [project.entry-points."cutbench.checkpointers"]
@@ -14,7 +17,8 @@ names only, so nothing else holds a copy of a plug-in's abilities.
 
 ``CHECKPOINTERS`` lives here, on the ground floor, because the model (scenario
 validation) must know backend names and capabilities while sitting below the
-nemesis that implements them. Workloads keep their own registry
+nemesis that implements them; its table is the backends' own, read through
+one address. Workloads keep their own registry
 (``cutbench.workloads.api.WORKLOADS``).
 """
 
@@ -28,12 +32,24 @@ from cutbench.errors import InvalidArgument, Unavailable
 
 
 class Registry:
-    """Named plug-ins of one ``kind``: ``builtin`` first, then the entry points of ``group``."""
+    """Named plug-ins of one ``kind``: the built-ins first, then the entry points of ``group``.
 
-    def __init__(self, kind: str, group: str, builtin: dict[str, str]):
+    ``builtin`` is the table of built-ins (name to ``"module:attr"``), or the ``"module:attr"`` address of that
+    table, read on first use: a floor below the plug-ins names where their table is, not what is in it.
+    """
+
+    def __init__(self, kind: str, group: str, builtin: dict[str, str] | str):
         self.kind = kind
         self.group = group
-        self.builtin = dict(builtin)
+        self._builtin = dict(builtin) if isinstance(builtin, dict) else None
+        self._table = builtin if isinstance(builtin, str) else ""
+
+    @property
+    def builtin(self) -> dict[str, str]:
+        """Return the built-ins' table, name to import path, in its listed order."""
+        if self._builtin is None:
+            self._builtin = dict(import_target(self._table, f"the {self.kind}s' table"))
+        return self._builtin
 
     def available(self) -> dict[str, str]:
         """Every registered name mapped to its import path (built-ins win a name clash)."""
@@ -94,19 +110,7 @@ def declared_capabilities(cls: Any, name: str) -> Any:
     return caps
 
 
-# The built-in checkpoint backends. Adding one: a module under
-# harness/nemesis/backends/ and one line here (or, outside this repository,
-# an entry point in the group below). See docs/backends.md.
-CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", {
-    "criu": "cutbench.harness.nemesis.backends.criu:CriuCheckpointer",
-    "cuda": "cutbench.harness.nemesis.backends.cuda:CudaCheckpointer",
-    "cuda-checkpoint": "cutbench.harness.nemesis.backends.cuda_checkpoint_util:CudaCheckpointUtilCheckpointer",
-    "cuda+criu": "cutbench.harness.nemesis.backends.cuda_criu:CudaCriuCheckpointer",
-    "cuda-checkpoint+criu": "cutbench.harness.nemesis.backends.cuda_checkpoint_util:CudaCheckpointUtilCriuCheckpointer",
-    "restart": "cutbench.harness.nemesis.backends.restart:RestartCheckpointer",
-    "criu-cuda-plugin": "cutbench.harness.nemesis.backends.criu_cuda_plugin:CriuCudaPluginCheckpointer",
-    "app": "cutbench.harness.nemesis.backends.app:AppCheckpointer",
-    "docker": "cutbench.harness.nemesis.backends.docker:DockerCheckpointer",
-    "podman": "cutbench.harness.nemesis.backends.podman:PodmanCheckpointer",
-    "slurm": "cutbench.harness.nemesis.backends.slurm:SlurmCheckpointer",
-})
+# The built-in checkpoint backends: their table is ``BUILTIN`` next to them, in harness/nemesis/backends/
+# (adding one: a module there and one line in that table; outside this repository, an entry point in the group
+# below). See docs/backends.md.
+CHECKPOINTERS = Registry("backend", "cutbench.checkpointers", "cutbench.harness.nemesis.backends:BUILTIN")

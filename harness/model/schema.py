@@ -161,7 +161,7 @@ FIELDS: tuple[Field, ...] = (
                     "fenced": "prepare, then commit only up to the checkpoint's fence"}, arm=True),
     # -- [pipeline]
     Field("pipeline", "backends", CHOICES, ("criu",),
-          "any registered backend: the built-ins of `cutbench/registry.py` and those plug-ins add (`cutbench list "
+          "any registered backend: the built-ins of `harness/nemesis/backends/` and those plug-ins add (`cutbench list "
           "backends` lists them and says which run here)", attr="backends", choices=CHECKPOINTERS.names, arm=True),
     Field("pipeline", "faults", CHOICES, ("kill",),
           "any of {choices}. A backend that cannot do a fault skips that arm with the reason", attr="faults",

@@ -369,10 +369,12 @@ def test_the_harness_map_names_every_module_of_the_ground_floor():
 
 def test_the_plug_in_tables_are_edges_that_land_on_what_they_list():
     """The two tables of built-ins name their plug-ins as ``"module:Class"`` strings (imported on first use, so a CPU
-    machine never loads the GPU bindings): the backends' in ``cutbench/registry.py``, the workloads' in
-    ``workloads/api.py``. Each string lands on a class of that name in a module of the folder the table lists
-    (``harness/nemesis/backends/``, ``workloads/``), and every backend class a module there defines
-    (``class …Checkpointer``) is in the table: the one wiring no import shows, held here."""
+    machine never loads the GPU bindings), each next to what it lists: the backends' in
+    ``harness/nemesis/backends/__init__.py`` (the ground floor's registry reads it by its address), the workloads' in
+    ``workloads/api.py``. Each string lands on a class of that name in a module of the folder the table lists, and
+    every backend class a module there defines (``class …Checkpointer``) is in the table: wiring no import shows,
+    held here."""
+    from cutbench.harness.nemesis.backends import BUILTIN as BACKENDS
     from cutbench.registry import CHECKPOINTERS
     from cutbench.workloads.api import BUILTIN
 
@@ -387,10 +389,11 @@ def test_the_plug_in_tables_are_edges_that_land_on_what_they_list():
             return f"{target}: no class {cls} in {path.relative_to(REPO)}"
         return None
 
-    wrong = [why for t in CHECKPOINTERS.builtin.values() if (why := lands(t, "harness/nemesis/backends"))]
+    assert CHECKPOINTERS.builtin == BACKENDS  # the registry's built-ins are the table next to the backends
+    wrong = [why for t in BACKENDS.values() if (why := lands(t, "harness/nemesis/backends"))]
     wrong += [why for t in BUILTIN.values() if (why := lands(t, "workloads"))]
     assert wrong == []
-    listed = {t.partition(":")[2] for t in CHECKPOINTERS.builtin.values()}
+    listed = {t.partition(":")[2] for t in BACKENDS.values()}
     defined = {n.name for p in (REPO / "harness" / "nemesis" / "backends").glob("*.py")
                for n in ast.parse(p.read_text()).body
                if isinstance(n, ast.ClassDef) and n.name.endswith("Checkpointer") and not n.name.startswith("_")}
