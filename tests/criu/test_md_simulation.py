@@ -58,44 +58,6 @@ def test_its_own_checkpoint_on_disk_is_state_no_process_image_holds(criu, tmp_pa
     assert (trials[trials["backend"] == "app"]["outcome"] == "valid").all()
 
 
-REQUEUE = """
-name = "md-requeue"
-[workload]
-name = "md_simulation"
-array = "numpy"
-params = { ops = 8, particles = 216, cpt_every_ops = 2, continue_from_cpt = CONTINUE }
-[receiver]
-modes = ["idempotent"]
-[pipeline]
-backends = ["restart"]
-faults = ["kill"]
-[plan]
-source = "exhaustive"
-ops = [5, 5]
-phases = ["commit"]
-"""
-
-
-@pytest.mark.parametrize("restart_path", [True, False])
-def test_a_requeue_recomputes_only_the_steps_since_the_simulation_s_own_last_checkpoint(criu, tmp_path: Path,
-                                                                                      restart_path: bool):
-    """With its restart path (GROMACS's -cpi) the requeued job continues after step 4, the last it saved, and
-    recomputes step 5 alone; without it, steps 1..5 and the oracle says it started again."""
-    import pandas as pd
-
-    scenario = tmp_path / "requeue.toml"
-    scenario.write_text(REQUEUE.replace("CONTINUE", str(restart_path).lower()))
-    out = cli("run", str(scenario), "--out", str(tmp_path / "r"), "--json", timeout=600)
-    assert out.returncode in (0, 1), out.stderr[-3000:]
-    [trial] = pd.read_parquet((tmp_path / "r" / "latest").resolve() / "trials.parquet").itertuples()
-    kinds = {f["kind"] for f in json.loads(trial.findings)}
-    assert trial.recomputed_ops == (1 if restart_path else 5), trial
-    assert ("restarted" in kinds) is not restart_path, kinds
-    # Its effects after the cut are the uninterrupted run's: the checkpoint on disk is what the restart path
-    # reads, so the only other finding is the coverage rule's (state on disk no process image holds).
-    assert kinds <= {"restarted", "unsafe_acceptance"}, trial.findings
-
-
 MAXH = """
 name = "md-maxh"
 [workload]

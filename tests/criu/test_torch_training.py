@@ -57,38 +57,3 @@ def test_a_system_level_restore_and_its_own_save_continue_training_bit_for_bit(c
     assert (cpt_criu["unsafe_acceptance"] > 0).all(), show
     restart = trials[trials["backend"] == "restart"]
     assert (restart["outcome"] == "invalid").all() and (restart["restarted"] > 0).all(), show
-
-
-REQUEUE = """
-name = "train-requeue"
-[workload]
-name = "torch_training"
-array = "numpy"
-params = { ops = 8, loader_workers = 1, cpt_every_ops = 3, continue_from_cpt = CONTINUE }
-[receiver]
-modes = ["idempotent"]
-[pipeline]
-backends = ["restart"]
-faults = ["kill"]
-[plan]
-source = "exhaustive"
-ops = [5, 5]
-phases = ["commit"]
-"""
-
-
-@pytest.mark.parametrize("restart_path", [True, False])
-def test_a_requeue_resumes_from_the_script_s_own_last_checkpoint(criu, tmp_path: Path, restart_path: bool):
-    """With its resume the requeued job (new loader workers included) continues after step 3, the last it
-    saved, and recomputes steps 4 and 5; without it, steps 1..5 and the oracle says it started again."""
-    scenario = tmp_path / "requeue.toml"
-    scenario.write_text(REQUEUE.replace("CONTINUE", str(restart_path).lower()))
-    out = cli("run", str(scenario), "--out", str(tmp_path / "r"), "--json", timeout=600)
-    assert out.returncode in (0, 1), out.stderr[-3000:]
-    [trial] = pd.read_parquet((tmp_path / "r" / "latest").resolve() / "trials.parquet").itertuples()
-    kinds = {f["kind"] for f in json.loads(trial.findings)}
-    assert trial.recomputed_ops == (2 if restart_path else 5), trial
-    assert ("restarted" in kinds) is not restart_path, kinds
-    # Its steps after the cut are the uninterrupted run's (no mixed_epoch, nothing missing): the only other
-    # finding is the coverage rule's for its checkpoint on disk.
-    assert kinds <= {"restarted", "unsafe_acceptance"}, trial.findings
