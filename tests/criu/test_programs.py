@@ -86,7 +86,8 @@ def test_gromacs_as_it_is_under_criu_its_own_restart_and_a_requeue(criu, gromacs
     # -cpi: the records since its last checkpoint are logged again, each with the energies first logged, and md.gro
     # is equal: only the work is lost (none when the cut fell on one of its checkpoints).
     for fault in ("kill", "leave_running"):
-        assert rows[("app", fault)]["outcome"] == "valid"
+        app = rows[("app", fault)]
+        assert app["outcome"] == "valid", (app["plan"], app["findings"], app["error"])  # what it was, if it ever is not
         # A requeue without -cpi: from step 0 again.
         assert rows[("restart", fault)]["kinds"] == {"restarted"} and rows[("restart", fault)]["recomputed_ops"] >= 60
 
