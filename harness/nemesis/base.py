@@ -225,6 +225,9 @@ OPTIONAL: dict[str, Any] = {
     # Its launch writes the program's stdout and stderr to files the observer reads (a batch job's output files):
     # a program watched through its pipes can run under it.
     "output_files": False,
+    # Why it cannot cut a program held at a system call (plan.phases "syscall"), or "" when it can: the check
+    # refuses such a scenario before any trial with these words.
+    "held_calls": "",
 }
 
 

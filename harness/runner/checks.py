@@ -102,6 +102,8 @@ def _check_program_under(scenario: Scenario, name: str, backend: Any) -> None:
                               "the container's cgroup, and a program held stopped at a system call in it is never "
                               "checkpointed (the engine's call hangs); cut it at its system calls under criu, or in "
                               "its container at effects (plan.phases = [\"effect\"])")
+    if scenario.params.get("syscalls") and (why := optional(backend, "held_calls")):
+        raise InvalidArgument(f"plan.phases has \"syscall\" under {name!r}: {why}")
     image = scenario.params["image"]
     if image and not engine:
         raise InvalidArgument(f"workload.params.image = {image!r}: a program in its own image runs under a container "

@@ -199,3 +199,18 @@ def test_a_program_s_outside_world_is_never_fenced(tmp_path):
     with pytest.raises(InvalidArgument, match="receiver.modes: a program's outside world"):
         parse_scenario({**_scenario(tmp_path, cut_mode="async"), "receiver": {"modes": ["fenced"]}},
                        source_path=str(tmp_path / "s.toml"))
+
+
+def test_a_backend_that_cannot_cut_a_held_program_refuses_syscall_cuts_before_any_trial_saying_why():
+    """criu-cuda-plugin declares why it cannot cut a program held at a system call (``held_calls``): a scenario that
+    asks for it is refused by the checks, on any machine, naming the backends that can."""
+    from cutbench.harness.runner.checks import check_backends
+
+    data = {"workload": {"name": "program", "params": {"command": ["python3", "-c", "print('step 1 a')"],
+                                                       "effects": r"^step (?P<index>\d+) (?P<payload>\w+)$",
+                                                       "ops": 1}},
+            "pipeline": {"backends": ["criu-cuda-plugin"], "skip_unavailable": True},
+            "plan": {"phases": ["syscall"], "ops": [1, 1], "cut_mode": "async"}}
+    with pytest.raises(InvalidArgument, match="plan.phases has \"syscall\" under 'criu-cuda-plugin': its plugin takes "
+                                              "the CUDA lock inside CRIU's dump.*cuda\\+criu or cuda-checkpoint\\+criu"):
+        check_backends(parse_scenario(data))

@@ -24,6 +24,16 @@ class CriuCudaPluginCheckpointer(CriuCheckpointer):
     # CRIU's plugin does the GPU side itself: the harness times only CRIU's stages.
     capabilities = Capabilities(stages=("criu_dump", "criu_restore"), covers=frozenset({"cpu", "ipc", "cuda"}),
                                 tools=frozenset({"criu"}))
+    # Measured on an H100 (driver 580, CRIU 4.2.1): the training script held at its calls 247 and 104 was refused
+    # both times ("cuda_plugin: Unable to read output of cuda-checkpoint: Interrupted system call"), after its 28th
+    # and 10th effects valid both times. The plugin takes the CUDA lock inside CRIU's dump, and a held program's
+    # tree is stopped before CRIU may seize it, CUDA threads included; cuda+criu and cuda-checkpoint+criu lock it
+    # first, with those threads running.
+    held_calls = ("its plugin takes the CUDA lock inside CRIU's dump, after the program held at its call has been "
+                  "stopped whole for CRIU to seize it, CUDA threads included (on an H100 both such cuts were refused: "
+                  "'Unable to read output of cuda-checkpoint'); cut it at its system calls under cuda+criu or "
+                  "cuda-checkpoint+criu, which lock first, or under criu-cuda-plugin at effects (plan.phases = "
+                  "[\"effect\"])")
 
     @property
     def extra_args(self) -> tuple[str, ...]:  # type: ignore[override]
