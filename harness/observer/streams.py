@@ -94,6 +94,7 @@ class Observer(ServerClients):
         self.read_bytes: dict[str, int] = dict.fromkeys(self.watched, 0)
         self.heads: dict[str, list[str]] = {name: [] for name in self.watched}
         self.readers: list[threading.Thread] = []
+        self._pipe_readers: dict[int, list[threading.Thread]] = {}  # each incarnation's, to wait for its last lines
         # Each watched pipe's reader of the running incarnation and its parser (each reader owns its parser: a
         # restored incarnation's reader continues a copy of its predecessor's, once that one read to its end).
         self._stream_readers: dict[str, tuple[threading.Thread, dict[str, Any]]] = {}
@@ -123,7 +124,7 @@ class Observer(ServerClients):
         if self._words is None and settle_s > 0:
             # A program that ended: its last lines may still be in its pipes, which its readers drain to their end.
             with self.lock:
-                draining = [t for t in self.readers if t.name.endswith(f"-{self.incarnation}")]
+                draining = list(self._pipe_readers.get(self.incarnation, ()))
             for thread in draining:
                 thread.join(max(0.0, deadline - time.monotonic()))
         if self._words is not None:
@@ -234,6 +235,7 @@ class Observer(ServerClients):
         thread = threading.Thread(target=self._reader, args=(name, fd, incarnation, parsing), daemon=True,
                                   name=f"cutbench-{name}-{incarnation}")
         self.readers.append(thread)
+        self._pipe_readers.setdefault(incarnation, []).append(thread)
         if name in self.watched:
             self._stream_readers[name] = (thread, parsing)
         thread.start()
