@@ -5,8 +5,9 @@ plug-in only when it is asked for (so a CPU machine never imports GPU
 bindings it lacks). Each kind's table of built-ins lives next to what it
 lists: the workloads' in ``workloads/api.py`` (handed in as a dict), the
 backends' in ``harness/nemesis/backends/__init__.py``, which this floor names
-by its address alone and reads on first use (see ``CHECKPOINTERS``). Third-party packages add plug-ins with an entry point in
-their own ``pyproject.toml``::
+by its address alone and reads on first use (see ``CHECKPOINTERS``).
+Third-party packages add plug-ins with an entry point in their own
+``pyproject.toml``::
 
     [project.entry-points."cutbench.checkpointers"]
     my-tool = "my_package.backend:MyCheckpointer"
