@@ -1,6 +1,8 @@
 """What tracing a program's system calls costs it: the same program run uninterrupted, untraced and traced
 (recording its counted calls, as a scenario with ``plan.phases = ["syscall"]`` records its ground truth),
-alternated in one run; the ratio of the medians is the figure (goal <= 1.05).
+alternated in one run; the ratio of the medians is the figure (goal <= 1.05). Traced twice: as a run traces
+(the kernel's counters, a stop only after a call whose name counts) and with a stop at every call
+(``--stops``, what a machine without the counters gets), each with the stops its threads made.
 
     python benchmarks/syscall_overhead.py examples/programs/ticker/ticker.toml [--repeat 5] [--json OUT]
 
@@ -35,9 +37,10 @@ def program(scenario: Path) -> tuple[list[str], list[Path], dict[str, str]]:
     return list(params["command"]), files, {**os.environ, **params.get("env", {})}
 
 
-def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: bool) -> tuple[float, int]:
-    """One uninterrupted run in a fresh directory: its wall time (from its release to its exit) and the calls the
-    tracer counted (0 untraced)."""
+def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: bool,
+         stops: bool = False) -> tuple[float, int, dict]:
+    """One uninterrupted run in a fresh directory: its wall time (from its release to its exit), the calls the
+    tracer counted (0 untraced) and its last word (``ended``: the stops; ``{}`` untraced)."""
     work = Path(tempfile.mkdtemp(prefix="cutbench-overhead-"))
     try:
         for f in files:
@@ -49,12 +52,14 @@ def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: 
         tracer = None
         if traced:
             tracer = subprocess.Popen([sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(child.pid),
-                                       "--dir", str(work)],  # every call plan.syscalls names by default
+                                       "--dir", str(work), *(["--stops"] if stops else [])],  # every call by default
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert tracer.stdout is not None
-            first = json.loads(tracer.stdout.readline())
-            if "seized" not in first:
-                raise SystemExit(f"the tracer could not seize the program: {first}")
+            said = json.loads(tracer.stdout.readline())
+            while "mode" in said:
+                said = json.loads(tracer.stdout.readline())
+            if "seized" not in said:
+                raise SystemExit(f"the tracer could not seize the program: {said}")
             # Its lines read as they come, as a run reads them: a full pipe would stop the tracer and the program.
             lines: list[str] = []
             reader = threading.Thread(target=lambda: lines.extend(tracer.stdout), daemon=True)
@@ -64,14 +69,15 @@ def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: 
             go.write("\n")
         rc = child.wait()
         elapsed = time.perf_counter() - start
-        counted = 0
+        counted, last = 0, {}
         if tracer is not None:
             tracer.wait()
             reader.join()
             counted = sum(1 for line in lines if '"n"' in line)
+            last = json.loads(lines[-1]) if lines else {}
         if rc != 0:
             raise SystemExit(f"{' '.join(command)} exited {rc} in {work}")
-        return elapsed, counted
+        return elapsed, counted, last
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -83,19 +89,26 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     command, files, env = program(args.scenario)
-    plain: list[float] = []
-    traced: list[float] = []
+    times: dict[str, list[float]] = {"untraced": [], "counters": [], "stops": []}
+    stops: dict[str, list[int]] = {"counters": [], "stops": []}
     counted = 0
     for _ in range(args.repeat):
-        plain.append(once(command, files, env, traced=False)[0])
-        t, counted = once(command, files, env, traced=True)
-        traced.append(t)
-    ratio = statistics.median(traced) / statistics.median(plain)
+        times["untraced"].append(once(command, files, env, traced=False)[0])
+        for arm in ("counters", "stops"):
+            t, counted, last = once(command, files, env, traced=True, stops=arm == "stops")
+            times[arm].append(t)
+            stops[arm].append(int(last.get("stops", 0)))
+    median = {arm: statistics.median(ts) for arm, ts in times.items()}
+    ratio = {arm: median[arm] / median["untraced"] for arm in ("counters", "stops")}
     figures = {"scenario": str(args.scenario), "repeat": args.repeat, "counted_calls": counted,
-               "untraced_s": plain, "traced_s": traced, "median_untraced_s": statistics.median(plain),
-               "median_traced_s": statistics.median(traced), "ratio": ratio}
-    print(f"{args.scenario}: {counted} counted calls; untraced median {figures['median_untraced_s']:.3f} s, traced "
-          f"{figures['median_traced_s']:.3f} s: ratio {ratio:.3f} ({args.repeat} runs each, alternated)")
+               **{f"{arm}_s": ts for arm, ts in times.items()}, **{f"median_{arm}_s": m for arm, m in median.items()},
+               **{f"{arm}_stops": n for arm, n in stops.items()},
+               "ratio": ratio["counters"], "ratio_stops": ratio["stops"]}
+    print(f"{args.scenario}: {counted} counted calls; untraced median {median['untraced']:.3f} s; "
+          f"traced with counters {median['counters']:.3f} s, ratio {ratio['counters']:.3f} "
+          f"({statistics.median(stops['counters']):.0f} stops); with a stop at every call {median['stops']:.3f} s, "
+          f"ratio {ratio['stops']:.3f} ({statistics.median(stops['stops']):.0f} stops); "
+          f"{args.repeat} runs each, alternated")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     return 0

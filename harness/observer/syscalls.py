@@ -5,7 +5,8 @@
 uninterrupted runs record), and, for a cut of phase ``syscall``, that it holds the program just before its k-th
 counted call. The runner then hands the program over to the tool (:meth:`Tracer.freeze`: the whole tree in a
 group stop, the tracer gone) and lets it go on as the fault says (:meth:`Tracer.release`). Nothing of the
-tracer stays in the program: it only ever ptrace-attached, and detached.
+tracer stays in the program: it only ever ptrace-attached and opened the kernel's counters on it, and it closes
+those and detaches.
 """
 
 from __future__ import annotations
@@ -81,17 +82,22 @@ class Tracer:
     """
 
     def __init__(self, child: Child, *, calls: Sequence[str], directory: str | Path, stop_at: int = 0,
-                 count_from: int = 0, attached: bool = False, hold_tid: int = 0):
+                 count_from: int = 0, attached: bool = False, hold_tid: int = 0, stops: bool = False):
         self.child = child
         self.calls, self.directory, self.stop_at, self.count_from = tuple(calls), str(directory), stop_at, count_from
         self.attached = attached  # the program itself, stopped at its held call (a restored copy): see rehold
         self.hold_tid = hold_tid  # with attached: the thread whose call is held (the others' pass)
+        self.only_stops = stops  # count at a stop of every call, without the kernel's counters
         self.held_tid = 0  # the thread held at the boundary
         self.boundaries: list[Boundary] = []
         self.held: Boundary | None = None
         self.error = ""
         self.frozen = False
         self.released = False
+        # How it counts: "counters" (the kernel's, stopping a thread only after a call whose name counts, until
+        # near the held call) or "stops" (a stop at every call); and how many stops the program made.
+        self.mode = ""
+        self.stops = 0
         self._seized = threading.Event()
         self._held = threading.Event()
         self._done = threading.Event()
@@ -105,7 +111,8 @@ class Tracer:
         argv = [sys.executable, "-m", "cutbench.harness.observer.tracer", "--pid", str(self.pid),
                 "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
                 "--count-from", str(self.count_from), *(["--attached"] if self.attached else []),
-                *(["--hold-tid", str(self.hold_tid)] if self.hold_tid else [])]
+                *(["--hold-tid", str(self.hold_tid)] if self.hold_tid else []),
+                *(["--stops"] if self.only_stops else [])]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=package_env(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)
@@ -148,8 +155,13 @@ class Tracer:
                 self.held = Boundary.from_dict(said)
                 self.held_tid = int(said.get("tid") or 0)
                 self._held.set()
+            elif "mode" in said:
+                self.mode = str(said["mode"])
             elif "frozen" in said:
                 self.frozen = bool(said["frozen"])
+                self.stops = int(said.get("stops") or 0)
+            elif "ended" in said:
+                self.stops = int(said.get("stops") or 0)
             elif "n" in said:
                 self.boundaries.append(Boundary.from_dict(said))
         self._done.set()
@@ -236,11 +248,15 @@ class Tracer:
         return (self._proc.stderr.read() or "no word from it").strip()[-500:]
 
     def close(self) -> None:
-        """End the tracer (the kernel detaches what it still traces, which runs on) and wait for it."""
+        """End the tracer, which lets what it still traces run on, and wait for it."""
         if self._proc is None:
             return
         if self._proc.poll() is None:
-            self._proc.kill()
+            self._proc.terminate()  # it closes its counters and detaches: none of their signals reaches the program
+            try:
+                self._proc.wait(START_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
         self._proc.wait()
         for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
             if stream is not None:

@@ -12,6 +12,14 @@ a target that counts: its stdout or stderr pipe, a socket, a file within ``--dir
 its checkpoint file), and the root process's ``exit_group``. Each counted call is one line of JSON on stdout
 (``{"n": 17, "call": "write", "target": "stdout", "bytes": 41, "head": "done 17 ab…"}``).
 
+A stop at every call is what tracing costs (a program's threads make tens of thousands of ``futex`` calls), so
+the kernel counts until near the held call (:class:`Counters`): a thread stops only after a call whose name
+counts, and is counted there by target as at a stop. ``MARGIN`` counted calls before the held one the tracer
+closes the counters and stops at every call (``full``); a thread that was inside such a call then is a
+*suspect* until its counter's signal has come, and a freeze or release waits for the suspects (``DRAIN_S``), as
+a signal that came after the tracer let go would kill the program. Without the counters (an older kernel, no
+tracefs, ``--stops``) every call stops from the start. The first line says which (``{"mode": "counters"}``).
+
 With ``--stop-at K`` the program is held just before its K-th counted call: the thread that makes it is stopped
 at the call's entry, the call is skipped and the thread rewound onto it (``orig_rax = -1`` at entry; at exit the
 instruction pointer back over the ``syscall`` instruction and ``rax`` the call's number), so the call runs once,
@@ -38,7 +46,9 @@ import json
 import os
 import select
 import signal
+import struct
 import sys
+import time
 import threading
 from pathlib import Path
 
@@ -46,19 +56,29 @@ from cutbench.harness.model.boundaries import CALLS
 
 # ptrace requests and options (linux/ptrace.h).
 PTRACE_CONT, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH, PTRACE_SYSCALL = 7, 12, 13, 17, 24
-PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_GET_SYSCALL_INFO = 0x4206, 0x4207, 0x420E
+PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_GETSIGINFO, PTRACE_GET_SYSCALL_INFO = 0x4206, 0x4207, 0x4202, 0x420E
 OPTIONS = 0x1 | 0x2 | 0x4 | 0x8 | 0x10  # TRACESYSGOOD, TRACEFORK, TRACEVFORK, TRACECLONE, TRACEEXEC
-EVENT_EXEC, EVENT_STOP = 4, 128
+EVENT_EXEC, EVENT_EXIT, EVENT_STOP = 4, 6, 128
+OPTION_EXIT = 0x40  # TRACEEXIT: a process that counts with counters has its exit_group counted at its exit
 SYSCALL_ENTRY, SYSCALL_EXIT = 1, 2
 WALL = 0x40000000  # __WALL: threads too
 STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 
 NAMES = {nr: name for name, (nr, _) in CALLS.items()}
+EXIT_GROUP = CALLS["exit_group"][0]
 HEAD = 48  # bytes of a write read for its boundary's name
+# How many counted calls before the held one the tracer stops every call again (see the module docstring): a
+# margin for the calls other threads are making while it switches.
+MARGIN = 3
+# How long a freeze or a release waits for a thread that may still have a counter's signal to come.
+DRAIN_S = 1.0
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 libc.ptrace.restype = ctypes.c_long
+libc.syscall.restype = ctypes.c_long
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_char_p]
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 
 
 class Regs(ctypes.Structure):
@@ -93,11 +113,108 @@ def say(**fields: object) -> None:
     sys.stdout.flush()
 
 
+def signed(value: int) -> int:
+    """Return a register's 64 bits as a signed number (``orig_rax`` is -1 outside a call)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+class Counters:
+    """The kernel's count of the calls whose names count, one perf event per traced process.
+
+    Each is a tracepoint event on ``raw_syscalls:sys_enter``, filtered to those call numbers, with a period of 1
+    and ``sigtrap``: the thread that makes such a call gets a ``SIGTRAP`` (``TRAP_PERF``) as the call returns, a
+    ptrace signal stop in which the tracer reads the call from its registers (the arguments are still there) and
+    suppresses the signal. ``inherit`` follows its threads and children; ``remove_on_exec`` (which ``sigtrap``
+    requires) ends it at an ``exec``, after which the tracer watches the new program. Closing an event removes it
+    from the process and its children: nothing of it stays in the program.
+    """
+
+    PERF_EVENT_OPEN, TYPE_TRACEPOINT, FD_CLOEXEC = 298, 2, 8
+    ENABLE, DISABLE, SET_FILTER = 0x2400, 0x2401, 0x40082406
+    # disabled (until its filter is set: unfiltered, every call would signal), inherit, remove_on_exec, sigtrap
+    FLAGS = 1 << 0 | 1 << 1 | 1 << 36 | 1 << 37
+    TRAP_PERF = 6
+    SIG_DATA = 0x6375746265  # in each signal's si_perf_data: the tracer's, not one of the program's own events
+    TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+    def __init__(self, calls: set[int], tracepoint: int):
+        self.filter = " || ".join(f"id == {nr}" for nr in sorted(calls)).encode()
+        self.tracepoint = tracepoint
+        self.fds: list[int] = []
+
+    @classmethod
+    def open(cls, calls: set[int]) -> "tuple[Counters | None, str]":
+        """Return counters for ``calls`` once one event opened on the tracer itself, else None and why not."""
+        tracepoint = cls._tracepoint()
+        if tracepoint is None:
+            return None, "no tracefs with raw_syscalls:sys_enter (a kernel without syscall tracepoints?)"
+        counters = cls(calls, tracepoint)
+        try:
+            counters.watch(os.getpid(), enable=False)
+        except OSError as exc:
+            return None, f"perf_event_open refused a sigtrap tracepoint event: {exc}"
+        counters.close()
+        return counters, ""
+
+    @classmethod
+    def _tracepoint(cls) -> int | None:
+        for root in cls.TRACEFS:
+            path = Path(root) / "events/raw_syscalls/sys_enter/id"
+            if not path.exists() and root == cls.TRACEFS[0] and Path(root).is_dir():
+                libc.mount(b"nodev", root.encode(), b"tracefs", 0, None)  # not mounted yet: as root, mount it
+            try:
+                return int(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def watch(self, tid: int, *, enable: bool = True) -> None:
+        """Count the calls of ``tid`` (and of the threads and children it makes from now on); raises OSError."""
+        attr = bytearray(136)  # struct perf_event_attr, PERF_ATTR_SIZE_VER8
+        struct.pack_into("IIQQQQQ", attr, 0, self.TYPE_TRACEPOINT, len(attr), self.tracepoint, 1, 0, 0, self.FLAGS)
+        struct.pack_into("Q", attr, 120, self.SIG_DATA)
+        fd = libc.syscall(self.PERF_EVENT_OPEN, ctypes.create_string_buffer(bytes(attr), len(attr)), tid, -1, -1,
+                          self.FD_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        if libc.ioctl(fd, self.SET_FILTER, self.filter) < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"filter {self.filter.decode()!r}: {os.strerror(err)}")
+        self.fds.append(fd)
+        if enable and libc.ioctl(fd, self.ENABLE, None) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"enable: {os.strerror(err)}")
+
+    def close(self) -> None:
+        """Remove every event: no more signals are made (one already on its way still comes)."""
+        for fd in self.fds:
+            libc.ioctl(fd, self.DISABLE, None)
+            os.close(fd)
+        self.fds.clear()
+
+    @classmethod
+    def signalled(cls, tid: int) -> bool:
+        """Whether ``tid``, in a ``SIGTRAP`` signal stop, was stopped by one of these events."""
+        info = ctypes.create_string_buffer(128)
+        try:
+            ptrace(PTRACE_GETSIGINFO, tid, 0, ctypes.cast(info, ctypes.c_void_p))
+        except OSError:
+            return False
+        _, _, code = struct.unpack_from("iii", info.raw, 0)
+        return code == cls.TRAP_PERF and struct.unpack_from("Q", info.raw, 24)[0] == cls.SIG_DATA
+
+
+class _Ending(Exception):
+    """Raised by the SIGTERM handler into a blocking ``waitpid``."""
+
+
 class Tracer:
     """The loop over the tree's stops (see the module docstring)."""
 
     def __init__(self, root: int, calls: set[int], directory: str, stop_at: int, count_from: int,
-                 hold_tid: int = 0):
+                 hold_tid: int = 0, counters: Counters | None = None):
         self.root, self.calls, self.stop_at, self.count = root, calls, stop_at, count_from
         # A restored copy held again (--attached): only this thread's call is the held one; the program's other
         # threads are past the boundary already (they ran on while it was held), and their calls pass.
@@ -113,7 +230,16 @@ class Tracer:
         self.info = SyscallInfo()
         self.command: str | None = None
         self.said_error = False
-
+        # Counted by the kernel's counters until near the held call, then by a stop at every call (``full``).
+        self.counters = counters
+        self.full = counters is None or bool(stop_at and count_from >= stop_at - 1 - MARGIN)
+        self.switching: set[int] = set()  # threads interrupted at the switch, their first stop not seen yet
+        self.suspects: set[int] = set()  # threads that may have a counter's signal still to come
+        self.exits: set[int] = set()  # threads whose exit_group was counted at its entry
+        self.drain_until: float | None = None
+        self.ending = False  # told to end (SIGTERM): the program is let go, as by ``release``
+        self.waiting = False
+        self.stops = 0  # what the tracing cost the program: how many times one of its threads stopped
     @staticmethod
     def _link(pid: int, fd: int) -> str:
         try:
@@ -202,28 +328,51 @@ class Tracer:
         held thread rewound onto its call): its calls count from ``count_from``, and the harness continues it."""
         tids = [int(t) for t in os.listdir(f"/proc/{self.root}/task")] if attached else [self.root]
         for tid in tids:
-            ptrace(PTRACE_SEIZE, tid, 0, OPTIONS)
+            ptrace(PTRACE_SEIZE, tid, 0, OPTIONS | (OPTION_EXIT if self.counters is not None else 0))
             self.tracees.add(tid)
             ptrace(PTRACE_INTERRUPT, tid)  # its first stop, where its calls start to be traced
+            if attached and not self.full:
+                self._watch(tid)
         self.started = attached
         say(seized=self.root)
 
     def run(self) -> int:
         """Trace until the tree is gone or a command detached from it; return the exit status for the process."""
+        signal.signal(signal.SIGTERM, self._terminated)
         while self.tracees:
-            if self.held is not None:
-                self._await_command()
-                if self.command in ("freeze", "release"):
+            if self.held is not None or self.ending:
+                if self.held is not None:
+                    self._await_command()
+                if self.command in ("freeze", "release") and self._drained():
                     return self._detach(stop=self.command == "freeze")
+            polling = self.held is not None or self.ending
             try:
-                tid, status = os.waitpid(-1, WALL | (os.WNOHANG if self.held is not None else 0))
+                self.waiting = not polling
+                tid, status = os.waitpid(-1, WALL | (os.WNOHANG if polling else 0))
             except ChildProcessError:
                 break
+            except _Ending:
+                continue
+            finally:
+                self.waiting = False
             if tid == 0:
+                if self.ending and self.held is None:
+                    time.sleep(0.001)
                 continue
             self._stop(tid, status)
-        say(ended=self.count)
+        say(ended=self.count, stops=self.stops)
         return 0
+
+    def _terminated(self, signum: int, frame: object) -> None:
+        """SIGTERM (the harness closes the tracer, or its stdin closed): let the program go, as ``release``
+        does, once no counter's signal can still reach it (which, untraced, would kill it)."""
+        if not self.ending:
+            self.ending = True
+            self.command = self.command or "release"
+            if not self.full and self.held is None:
+                self._switch(0)
+        if self.waiting:
+            raise _Ending
 
     def _await_command(self) -> None:
         """While held: look for the harness's command without blocking the other threads' stops long."""
@@ -231,15 +380,26 @@ class Tracer:
             line = sys.stdin.readline()
             self.command = line.strip() if line else "release"  # stdin closed: let it go
 
+    def _drained(self) -> bool:
+        """Whether no thread may still get a counter's signal, or the wait for them is over (``DRAIN_S``)."""
+        if not self.suspects:
+            return True
+        if self.drain_until is None:
+            self.drain_until = time.monotonic() + DRAIN_S
+        return time.monotonic() > self.drain_until
+
     def _stop(self, tid: int, status: int) -> None:
         if os.WIFEXITED(status) or os.WIFSIGNALED(status):
             self.tracees.discard(tid)
             self.rewind.pop(tid, None)
+            self.suspects.discard(tid)
+            self.switching.discard(tid)
             return
         if not os.WIFSTOPPED(status):
             return
         sig, event = os.WSTOPSIG(status), status >> 16
         self.tracees.add(tid)  # a new thread or child reports its first stop
+        self.stops += 1
         if sig == signal.SIGTRAP | 0x80:
             if self._syscall(tid):
                 return  # held: it stays stopped
@@ -247,16 +407,93 @@ class Tracer:
         elif event:  # a fork, clone or exec; a new tracee's first stop, the seize's interrupt, a group stop
             if event == EVENT_EXEC:
                 self.started = self.started or self._tgid(tid) == self.root  # the wrapper became the program
+                if self.started and not self.full:
+                    self._watch(tid)  # its counter ended with the exec (remove_on_exec)
+            elif event == EVENT_EXIT:
+                self._exiting(tid)
+            elif event == EVENT_STOP and tid in self.switching:
+                self.switching.discard(tid)
+                if signed(self._regs(tid).orig_rax) in self.calls:
+                    self.suspects.add(tid)  # stopped inside such a call: its counter's signal may be to come
             self._resume(tid)
+        elif sig == signal.SIGTRAP and Counters.signalled(tid):
+            self._counted(tid)
+            self._resume(tid)  # the counter's signal is the tracer's, not the program's: suppressed
         else:
             self._resume(tid, sig)  # a signal for the program: delivered as it would be
 
     def _resume(self, tid: int, sig: int = 0) -> None:
-        # While held, the other threads run free of syscall stops: a held program's CUDA threads serve the lock.
+        # Every call stops while counting at stops (``full``), but for a held program's other threads, which run
+        # free (its CUDA threads serve a GPU tool's lock), unless a counter's signal may still come to them.
+        stops = self.full and (self.held is None or tid in self.suspects)
         try:
-            ptrace(PTRACE_CONT if self.held is not None else PTRACE_SYSCALL, tid, 0, sig)
+            ptrace(PTRACE_SYSCALL if stops else PTRACE_CONT, tid, 0, sig)
         except OSError:
             pass  # gone meanwhile
+
+    def _watch(self, tid: int) -> None:
+        assert self.counters is not None
+        try:
+            self.counters.watch(tid)
+        except OSError as exc:  # it worked on the tracer itself: count this program at stops from here on
+            say(mode="ptrace", why=f"perf_event_open on pid {tid}: {exc}")
+            self._switch(tid)
+
+    def _switch(self, tid: int) -> None:
+        """Count at stops from now on: the counters closed, every other thread interrupted so that it stops at
+        its calls from its next resume. ``tid`` is stopped already (0: none is)."""
+        self.full = True
+        if self.counters is not None:
+            self.counters.close()
+        for other in self.tracees - {tid}:
+            try:
+                ptrace(PTRACE_INTERRUPT, other)
+                self.switching.add(other)
+            except OSError:
+                pass
+
+    def _counted(self, tid: int) -> None:
+        """A counter's signal: ``tid`` has just made a call whose name counts; count it if it counts."""
+        self.suspects.discard(tid)
+        if self.held is not None or not self.started:
+            return
+        regs = self._regs(tid)
+        nr = signed(regs.orig_rax)
+        boundary = self._count(tid, nr, [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9])
+        if boundary is not None:
+            say(**boundary)
+            if not self.full and self.stop_at and self.count >= self.stop_at - 1 - MARGIN:
+                self._switch(tid)
+
+    def _exiting(self, tid: int) -> None:
+        """A thread about to exit: the root process's ``exit_group``, if its entry was not counted, counts here."""
+        if tid in self.exits or not self.started or self.held is not None:
+            return
+        regs = self._regs(tid)
+        if signed(regs.orig_rax) == EXIT_GROUP:
+            boundary = self._count(tid, EXIT_GROUP, [regs.rdi, 0, 0, 0, 0, 0])
+            if boundary is not None:
+                say(**boundary)
+
+    def _count(self, tid: int, nr: int, args: list[int]) -> dict[str, object] | None:
+        """Count the call ``nr`` of ``tid`` if it counts; return its boundary, else None."""
+        if nr not in self.calls or (self.hold_tid and tid != self.hold_tid):
+            return None
+        what = self.target(self._tgid(tid), nr, args)
+        if what is None:
+            return None
+        self.count += 1
+        where, size, head = what
+        return {"n": self.count, "call": NAMES[nr], "target": where, "bytes": size, "head": head}
+
+    @staticmethod
+    def _regs(tid: int) -> Regs:
+        regs = Regs()
+        try:
+            ptrace(PTRACE_GETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
+        except OSError:
+            regs.orig_rax = 2**64 - 1
+        return regs
 
     def _syscall(self, tid: int) -> bool:
         """Handle a syscall stop; True when ``tid`` is now held at the boundary."""
@@ -271,35 +508,31 @@ class Tracer:
             nr = self.rewind.pop(tid, None)
             if nr is None:
                 return False
-            regs = Regs()
-            ptrace(PTRACE_GETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
+            regs = self._regs(tid)
             regs.rax, regs.orig_rax, regs.rip = nr, nr, regs.rip - 2  # back onto its `syscall` instruction
             ptrace(PTRACE_SETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
             self.held = tid
             return True
-        if self.info.op != SYSCALL_ENTRY or not self.started:
+        if self.info.op != SYSCALL_ENTRY:
             return False
+        self.suspects.discard(tid)  # a new call: what the last one brought has come
+        if not self.started or self.held is not None or self.rewind:
+            return False  # held: the other threads' calls come after the boundary
         nr = int(self.info.nr)
-        if nr not in self.calls or (self.hold_tid and tid != self.hold_tid):
+        boundary = self._count(tid, nr, list(self.info.args))
+        if boundary is None:
             return False
-        pid = self._tgid(tid)
-        what = self.target(pid, nr, list(self.info.args))
-        if what is None:
-            return False
-        self.count += 1
-        where, size, head = what
-        boundary = {"n": self.count, "call": NAMES[nr], "target": where, "bytes": size, "head": head}
-        if self.count != self.stop_at:
+        if nr == EXIT_GROUP:
+            self.exits.add(tid)
+        if not self.stop_at or self.count < self.stop_at:
             say(**boundary)
             return False
-        regs = Regs()
-        ptrace(PTRACE_GETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
+        regs = self._regs(tid)
         regs.orig_rax = 2**64 - 1  # -1: the kernel skips the call; it runs when the thread goes on
         ptrace(PTRACE_SETREGS, tid, 0, ctypes.c_void_p(ctypes.addressof(regs)))
         self.rewind[tid] = nr
-        say(held=self.count, pid=pid, tid=tid, **boundary)
+        say(held=self.count, pid=self._tgid(tid), tid=tid, **boundary)
         return False  # on to its exit stop, where it is rewound and held
-
     @staticmethod
     def _tgid(tid: int) -> int:
         try:
@@ -312,6 +545,8 @@ class Tracer:
 
     def _detach(self, *, stop: bool) -> int:
         """Detach from every thread: stopped, in a group stop of its whole tree (``stop``), or running on."""
+        if self.counters is not None:
+            self.counters.close()
         processes = {self._tgid(t) for t in self.tracees}
         if stop:
             for pid in processes:
@@ -350,7 +585,7 @@ class Tracer:
             except OSError:
                 pass
             pending.discard(tid)
-        say(frozen=stop, count=self.count)
+        say(frozen=stop, count=self.count, stops=self.stops)
         return 0
 
     def _resume_held(self, stop: bool) -> None:
@@ -377,9 +612,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attached", action="store_true",
                         help="--pid is the program itself, stopped (a restored copy held again at its call)")
     parser.add_argument("--hold-tid", type=int, default=0, help="with --attached: the thread whose call is held")
+    parser.add_argument("--stops", action="store_true",
+                        help="count at a stop of every call, without the kernel's counters (as where there are none)")
     args = parser.parse_args(argv)
     calls = {CALLS[name][0] for name in args.calls.split(",") if name}
-    tracer = Tracer(args.pid, calls, args.dir, args.stop_at, args.count_from, args.hold_tid)
+    counters, why = (None, "--stops") if args.stops else Counters.open(calls)
+    tracer = Tracer(args.pid, calls, args.dir, args.stop_at, args.count_from, args.hold_tid, counters)
+    if tracer.full and counters is not None:
+        tracer.counters, why = None, "the held call is near"
+    say(mode="stops" if tracer.counters is None else "counters", why=why)
     try:
         tracer.seize(attached=args.attached)
     except OSError as exc:
@@ -392,10 +633,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _watch_stdin() -> None:
-    """A recording tracer whose harness went away (stdin closed) ends, and the kernel lets its tracees go."""
+    """A recording tracer whose harness went away (stdin closed) ends, letting its tracees go (as SIGTERM)."""
     while sys.stdin.read(1):
         pass
-    os._exit(0)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,8 @@ class ProgramRunner(TrialRunner):
             # A refusal after which the program did not run to its end was not a clean refusal.
             state.status, state.error = "unknown", f"{state.error}; then the program ended with exit {child.returncode}"
         words = self.observer.last_words()
+        if self.tracer is not None:  # how its calls were counted, and what that cost it in stops
+            state.facts["trace_mode"], state.facts["trace_stops"] = self.tracer.mode, self.tracer.stops
         record = TrialRecord(
             trial_id=spec.trial_id, status=state.status, error=state.error, failed_stage=state.failed_stage,
             # A server the harness stopped once its clients were done ended as it should: exit 0.

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cutbench.harness.observer.syscalls import Tracer, unavailable_reason, waiting_command
 from cutbench.procs import spawn, stat_fields
 
@@ -49,12 +51,12 @@ time.sleep(0.3)
 CALLS = ("write", "fsync", "rename", "unlink", "unlinkat", "exit_group")
 
 
-def start(tmp_path: Path, source: str, *, stop_at: int = 0, calls=CALLS, args=()):
+def start(tmp_path: Path, source: str, *, stop_at: int = 0, calls=CALLS, args=(), stops: bool = False):
     (tmp_path / "prog.py").write_text(source)
     read, write = os.pipe()
     child = spawn(waiting_command([sys.executable, "prog.py", *args], tmp_path), cwd=str(tmp_path), stdout=write)
     os.close(write)
-    tracer = Tracer(child, calls=calls, directory=tmp_path, stop_at=stop_at)
+    tracer = Tracer(child, calls=calls, directory=tmp_path, stop_at=stop_at, stops=stops)
     try:
         tracer.start()
     except BaseException:
@@ -81,6 +83,85 @@ def test_the_counted_calls_are_those_on_the_program_s_own_targets(tmp_path: Path
     assert said == ["write(stdout) `line 1`", "write(stdout) `line 2`", "write(file:state.tmp) `saved`",
                     "fsync(file:state.tmp)", "rename(file:state.tmp -> file:state)", "unlink(file:scratch)",
                     "exit_group"], said
+
+
+def test_the_kernel_s_counters_count_what_a_stop_at_every_call_counts_for_a_fraction_of_the_stops(tmp_path: Path):
+    # The same program recorded both ways; 3,000 calls that never count stop it only where every call stops.
+    recorded = {}
+    for stops in (False, True):
+        work = tmp_path / f"stops-{stops}"
+        work.mkdir()
+        child, tracer, out = start(work, "import os\nfor _ in range(3000): os.getppid()\n" + PROGRAM,
+                                   args=[str(tmp_path / "elsewhere")], stops=stops)
+        try:
+            assert child.wait(30) == 0 and tracer.wait_ended(10)
+        finally:
+            tracer.close()
+            out.close()
+        recorded[stops] = [b.words() for b in tracer.boundaries], tracer.mode, tracer.stops
+    (counted, mode, stops_made), (counted_at_stops, mode_at_stops, stops_at_every_call) = recorded[False], recorded[True]
+    assert counted == counted_at_stops and len(counted) == 7 and counted[-1] == "exit_group", recorded
+    assert (mode, mode_at_stops) == ("counters", "stops")
+    assert 0 < stops_made * 10 < stops_at_every_call, recorded
+
+
+# Lines on stdout, each a counted call: far more than the margin before the held call, so the kernel's counters
+# count the first ones and a stop at every call the last ones before it.
+LINES = """
+import os
+for i in range(1, 401):
+    os.write(1, b"line %d\\n" % i)
+"""
+
+# Four threads writing their lines at once: the held call's count must survive calls in flight at the switch.
+WRITERS = """
+import os, threading
+def lines(t):
+    for i in range(100):
+        os.write(1, b"t%d line %d\\n" % (t, i))
+        for _ in range(20):
+            os.getppid()
+threads = [threading.Thread(target=lines, args=(t,)) for t in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+def test_a_program_held_far_from_its_start_is_held_at_that_very_call(tmp_path: Path):
+    child, tracer, out = start(tmp_path, LINES, stop_at=300, calls=("write",))
+    try:
+        assert tracer.wait_held(20) and tracer.mode == "counters"
+        assert tracer.held.words() == "write(stdout) `line 300`", tracer.held
+        tracer.freeze()
+        time.sleep(0.2)
+        assert [out.readline() for _ in range(299)][-1] == "line 299\n"
+        tracer.release(child)
+        assert child.wait(20) == 0 and out.read() == "".join(f"line {i}\n" for i in range(300, 401))
+    finally:
+        tracer.close()
+        child.kill()
+        out.close()
+
+
+@pytest.mark.parametrize("then", ["freeze", "release"])
+def test_threads_writing_at_once_are_held_at_the_call_and_make_every_call_once(tmp_path: Path, then: str):
+    child, tracer, out = start(tmp_path, WRITERS, stop_at=250, calls=("write",))
+    try:
+        assert tracer.wait_held(20) and tracer.held.n == 250 and tracer.mode == "counters"
+        if then == "freeze":
+            tracer.freeze()
+            assert stat_fields(f"/proc/{child.pid}/stat")[1][0] == "T"
+        tracer.release(child)
+        # No counter's signal reached the program untraced (it would have died of SIGTRAP), no call was lost
+        # or made twice.
+        assert child.wait(30) == 0
+        lines = out.read().splitlines()
+        assert sorted(lines) == sorted(f"t{t} line {i}" for t in range(4) for i in range(100))
+        assert tracer.held.head.rstrip("\n") in lines
+    finally:
+        tracer.close()
+        child.kill()
+        out.close()
 
 
 def test_a_held_program_has_not_made_its_call_and_makes_it_once_when_continued(tmp_path: Path):
