@@ -252,7 +252,7 @@ class Tracer:
         if self._proc is None:
             return
         if self._proc.poll() is None:
-            self._proc.terminate()  # it closes its counters and detaches: none of their signals reaches the program
+            self._proc.terminate()  # it disables its counters and detaches: none of their signals reaches the program
             try:
                 self._proc.wait(START_S)
             except subprocess.TimeoutExpired:

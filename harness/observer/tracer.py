@@ -15,7 +15,7 @@ its checkpoint file), and the root process's ``exit_group``. Each counted call i
 A stop at every call is what tracing costs (a program's threads make tens of thousands of ``futex`` calls), so
 the kernel counts until near the held call (:class:`Counters`): a thread stops only after a call whose name
 counts, and is counted there by target as at a stop. ``MARGIN`` counted calls before the held one the tracer
-closes the counters and stops at every call (``full``); a thread that was inside such a call then is a
+disables the counters and stops at every call (``full``); a thread that was inside such a call then is a
 *suspect* until its counter's signal has come, and a freeze or release waits for the suspects (``DRAIN_S``), as
 a signal that came after the tracer let go would kill the program. Without the counters (an older kernel, no
 tracefs, ``--stops``) every call stops from the start. The first line says which (``{"mode": "counters"}``).
@@ -153,7 +153,8 @@ class Counters:
             counters.watch(os.getpid(), enable=False)
         except OSError as exc:
             return None, f"perf_event_open refused a sigtrap tracepoint event: {exc}"
-        counters.close()
+        # Kept, never enabled, for the tracer's life: while one event holds the tracepoint registered, opening
+        # the program's at each exec and their removal at the next cost it no registration (tens of ms each).
         return counters, ""
 
     @classmethod
@@ -187,12 +188,12 @@ class Counters:
             err = ctypes.get_errno()
             raise OSError(err, f"enable: {os.strerror(err)}")
 
-    def close(self) -> None:
-        """Remove every event: no more signals are made (one already on its way still comes)."""
+    def disable(self) -> None:
+        """Disable every event: no more signals are made (one already on its way still comes). The events go
+        with the tracer's descriptors when it ends, right after it lets the program go: closing the last one
+        unregisters the tracepoint, which would stop the thread the tracer holds at the switch for tens of ms."""
         for fd in self.fds:
             libc.ioctl(fd, self.DISABLE, None)
-            os.close(fd)
-        self.fds.clear()
 
     @classmethod
     def signalled(cls, tid: int) -> bool:
@@ -240,6 +241,7 @@ class Tracer:
         self.ending = False  # told to end (SIGTERM): the program is let go, as by ``release``
         self.waiting = False
         self.stops = 0  # what the tracing cost the program: how many times one of its threads stopped
+        self.tgids: dict[int, int] = {}
     @staticmethod
     def _link(pid: int, fd: int) -> str:
         try:
@@ -308,11 +310,15 @@ class Tracer:
 
     def _read(self, pid: int, address: int, size: int) -> bytes:
         try:
-            with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-                mem.seek(address)
-                return mem.read(size) or b""
+            mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        except OSError:
+            return b""
+        try:
+            return os.pread(mem, size, address)
         except (OSError, ValueError, OverflowError):
             return b""
+        finally:
+            os.close(mem)
 
     def _head(self, pid: int, address: int, size: int) -> str:
         return self._read(pid, address, min(size, HEAD)).decode(errors="replace")
@@ -391,6 +397,7 @@ class Tracer:
     def _stop(self, tid: int, status: int) -> None:
         if os.WIFEXITED(status) or os.WIFSIGNALED(status):
             self.tracees.discard(tid)
+            self.tgids.pop(tid, None)
             self.rewind.pop(tid, None)
             self.suspects.discard(tid)
             self.switching.discard(tid)
@@ -406,6 +413,7 @@ class Tracer:
             self._resume(tid)
         elif event:  # a fork, clone or exec; a new tracee's first stop, the seize's interrupt, a group stop
             if event == EVENT_EXEC:
+                self.tgids.pop(tid, None)  # a thread that execs becomes its process's leader
                 self.started = self.started or self._tgid(tid) == self.root  # the wrapper became the program
                 if self.started and not self.full:
                     self._watch(tid)  # its counter ended with the exec (remove_on_exec)
@@ -436,15 +444,15 @@ class Tracer:
         try:
             self.counters.watch(tid)
         except OSError as exc:  # it worked on the tracer itself: count this program at stops from here on
-            say(mode="ptrace", why=f"perf_event_open on pid {tid}: {exc}")
+            say(mode="stops", why=f"perf_event_open on pid {tid}: {exc}")
             self._switch(tid)
 
     def _switch(self, tid: int) -> None:
-        """Count at stops from now on: the counters closed, every other thread interrupted so that it stops at
+        """Count at stops from now on: the counters disabled, every other thread interrupted so that it stops at
         its calls from its next resume. ``tid`` is stopped already (0: none is)."""
         self.full = True
         if self.counters is not None:
-            self.counters.close()
+            self.counters.disable()
         for other in self.tracees - {tid}:
             try:
                 ptrace(PTRACE_INTERRUPT, other)
@@ -533,12 +541,16 @@ class Tracer:
         self.rewind[tid] = nr
         say(held=self.count, pid=self._tgid(tid), tid=tid, **boundary)
         return False  # on to its exit stop, where it is rewound and held
-    @staticmethod
-    def _tgid(tid: int) -> int:
+    def _tgid(self, tid: int) -> int:
+        """Return the process of thread ``tid`` (kept: it is asked at every stop that may count)."""
+        known = self.tgids.get(tid)
+        if known is not None:
+            return known
         try:
             for line in Path(f"/proc/{tid}/status").read_text().splitlines():
                 if line.startswith("Tgid:"):
-                    return int(line.split()[1])
+                    self.tgids[tid] = int(line.split()[1])
+                    return self.tgids[tid]
         except (OSError, ValueError):
             pass
         return tid
@@ -546,7 +558,7 @@ class Tracer:
     def _detach(self, *, stop: bool) -> int:
         """Detach from every thread: stopped, in a group stop of its whole tree (``stop``), or running on."""
         if self.counters is not None:
-            self.counters.close()
+            self.counters.disable()
         processes = {self._tgid(t) for t in self.tracees}
         if stop:
             for pid in processes:
