@@ -56,8 +56,9 @@ def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: 
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert tracer.stdout is not None
             said = json.loads(tracer.stdout.readline())
+            mode = said
             while "mode" in said:
-                said = json.loads(tracer.stdout.readline())
+                mode, said = said, json.loads(tracer.stdout.readline())
             if "seized" not in said:
                 raise SystemExit(f"the tracer could not seize the program: {said}")
             # Its lines read as they come, as a run reads them: a full pipe would stop the tracer and the program.
@@ -74,7 +75,7 @@ def once(command: list[str], files: list[Path], env: dict[str, str], *, traced: 
             tracer.wait()
             reader.join()
             counted = sum(1 for line in lines if '"n"' in line)
-            last = json.loads(lines[-1]) if lines else {}
+            last = {**(json.loads(lines[-1]) if lines else {}), "mode": mode.get("mode", ""), "why": mode.get("why", "")}
         if rc != 0:
             raise SystemExit(f"{' '.join(command)} exited {rc} in {work}")
         return elapsed, counted, last
@@ -91,24 +92,26 @@ def main() -> int:
     command, files, env = program(args.scenario)
     times: dict[str, list[float]] = {"untraced": [], "counters": [], "stops": []}
     stops: dict[str, list[int]] = {"counters": [], "stops": []}
-    counted = 0
+    counted, modes = 0, set()
     for _ in range(args.repeat):
         times["untraced"].append(once(command, files, env, traced=False)[0])
         for arm in ("counters", "stops"):
             t, counted, last = once(command, files, env, traced=True, stops=arm == "stops")
             times[arm].append(t)
             stops[arm].append(int(last.get("stops", 0)))
+            if arm == "counters":
+                modes.add(f"{last['mode']}{': ' + last['why'] if last['why'] else ''}")
     median = {arm: statistics.median(ts) for arm, ts in times.items()}
     ratio = {arm: median[arm] / median["untraced"] for arm in ("counters", "stops")}
     figures = {"scenario": str(args.scenario), "repeat": args.repeat, "counted_calls": counted,
                **{f"{arm}_s": ts for arm, ts in times.items()}, **{f"median_{arm}_s": m for arm, m in median.items()},
                **{f"{arm}_stops": n for arm, n in stops.items()},
-               "ratio": ratio["counters"], "ratio_stops": ratio["stops"]}
+               "ratio": ratio["counters"], "ratio_stops": ratio["stops"], "counters_mode": sorted(modes)}
     print(f"{args.scenario}: {counted} counted calls; untraced median {median['untraced']:.3f} s; "
           f"traced with counters {median['counters']:.3f} s, ratio {ratio['counters']:.3f} "
           f"({statistics.median(stops['counters']):.0f} stops); with a stop at every call {median['stops']:.3f} s, "
           f"ratio {ratio['stops']:.3f} ({statistics.median(stops['stops']):.0f} stops); "
-          f"{args.repeat} runs each, alternated")
+          f"{args.repeat} runs each, alternated; the counters' arm counted with {', '.join(sorted(modes))}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     return 0

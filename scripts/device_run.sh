@@ -56,6 +56,9 @@ step_run() { run_scenario "${SCENARIO:?set SCENARIO=name of scenarios/NAME.toml}
 # A program as it is (examples/programs/$PROGRAM/$PROGRAM.toml), e.g. PROGRAM=training.
 # PROGRAM_SCENARIO: another scenario of that folder (e.g. PROGRAM=server PROGRAM_SCENARIO=inference).
 step_program() { set -f; timeout -s INT ${SCENARIO_TIMEOUT:-580} $CB run "examples/programs/${PROGRAM:?set PROGRAM=name of examples/programs/NAME}/${PROGRAM_SCENARIO:-$PROGRAM}.toml" --out "$RES" ${SCENARIO_ARGS:-} 2>&1 | tail -45; set +f; }
+# What tracing a program's system calls costs it (PROGRAM as above; OVERHEAD_REPEAT runs of each arm).
+step_overhead() { $PY benchmarks/syscall_overhead.py "examples/programs/${PROGRAM:?set PROGRAM}/${PROGRAM_SCENARIO:-$PROGRAM}.toml" \
+    --repeat ${OVERHEAD_REPEAT:-3} --json "$RES/overhead-$PROGRAM.json" 2>&1 | tail -5; }
 step_speed() { $PY benchmarks/gpu_speed.py --out "$RES/gpu-speed" ${SPEED_SIZES:+--sizes $SPEED_SIZES} 2>&1 | tail -30; }
 step_probe() { $PY benchmarks/cuda_call_while_cut.py --out "$RES/probe" 2>&1 | tail -60; }
 # The tool-failure reproducers (benchmarks/repro/): driver API and NVIDIA's utility, CRIU, no harness.
