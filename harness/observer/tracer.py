@@ -207,10 +207,6 @@ class Counters:
         return code == cls.TRAP_PERF and struct.unpack_from("Q", info.raw, 24)[0] == cls.SIG_DATA
 
 
-class _Ending(Exception):
-    """Raised by the SIGTERM handler into a blocking ``waitpid``."""
-
-
 class Tracer:
     """The loop over the tree's stops (see the module docstring)."""
 
@@ -239,7 +235,6 @@ class Tracer:
         self.exits: set[int] = set()  # threads whose exit_group was counted at its entry
         self.drain_until: float | None = None
         self.ending = False  # told to end (SIGTERM): the program is let go, as by ``release``
-        self.waiting = False
         self.stops = 0  # what the tracing cost the program: how many times one of its threads stopped
         self.tgids: dict[int, int] = {}
     @staticmethod
@@ -353,14 +348,9 @@ class Tracer:
                     return self._detach(stop=self.command == "freeze")
             polling = self.held is not None or self.ending
             try:
-                self.waiting = not polling
                 tid, status = os.waitpid(-1, WALL | (os.WNOHANG if polling else 0))
             except ChildProcessError:
                 break
-            except _Ending:
-                continue
-            finally:
-                self.waiting = False
             if tid == 0:
                 if self.ending and self.held is None:
                     time.sleep(0.001)
@@ -371,14 +361,13 @@ class Tracer:
 
     def _terminated(self, signum: int, frame: object) -> None:
         """SIGTERM (the harness closes the tracer, or its stdin closed): let the program go, as ``release``
-        does, once no counter's signal can still reach it (which, untraced, would kill it)."""
-        if not self.ending:
-            self.ending = True
-            self.command = self.command or "release"
-            if not self.full and self.held is None:
-                self._switch(0)
-        if self.waiting:
-            raise _Ending
+        does, once no counter's signal can still reach it (which, untraced, would kill it). Every thread is
+        interrupted, so that a blocking ``waitpid`` returns with a stop (raising out of it could lose one)."""
+        if self.ending:
+            return
+        self.ending = True
+        self.command = self.command or "release"
+        self._switch(0)
 
     def _await_command(self) -> None:
         """While held: look for the harness's command without blocking the other threads' stops long."""
@@ -450,7 +439,7 @@ class Tracer:
     def _switch(self, tid: int) -> None:
         """Count at stops from now on: the counters disabled, every other thread interrupted so that it stops at
         its calls from its next resume. ``tid`` is stopped already (0: none is)."""
-        self.full = True
+        self.full = True  # already so when ending while counting at stops: the interrupts wake the loop
         if self.counters is not None:
             self.counters.disable()
         for other in self.tracees - {tid}:

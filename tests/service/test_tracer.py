@@ -164,6 +164,23 @@ def test_threads_writing_at_once_are_held_at_the_call_and_make_every_call_once(t
         out.close()
 
 
+def test_a_recording_tracer_ended_mid_run_lets_the_program_go_unharmed(tmp_path: Path):
+    # The harness ends a tracer with SIGTERM (Tracer.close): it disables its counters and detaches, and no
+    # counter's signal reaches the program after it (untraced, one would kill it with SIGTRAP).
+    child, tracer, out = start(tmp_path, WRITERS, calls=("write",))
+    try:
+        while len(tracer.boundaries) < 100:
+            time.sleep(0.005)
+        tracer.close()
+        assert tracer._proc.returncode == 0, "the tracer did not end on SIGTERM by itself"
+        assert child.wait(30) == 0
+        assert sorted(out.read().splitlines()) == sorted(f"t{t} line {i}" for t in range(4) for i in range(100))
+    finally:
+        tracer.close()
+        child.kill()
+        out.close()
+
+
 def test_a_held_program_has_not_made_its_call_and_makes_it_once_when_continued(tmp_path: Path):
     child, tracer, out = start(tmp_path, PROGRAM, stop_at=3, args=[str(tmp_path / "elsewhere")])
     try:
