@@ -75,6 +75,10 @@ def trial_row(result: TrialResult, stages: tuple[str, ...]) -> dict[str, Any]:
         "boundary": rec.facts.get("boundary", ""),
         # Where the call it was held before is not the uninterrupted runs' k-th (their calls differ there).
         "boundary_landed": rec.facts.get("boundary_landed", ""),
+        # How the tracer counted its calls ("counters", the kernel's, or "stops" at every call) and how many times
+        # one of its threads stopped for it ("" and None for a program not traced).
+        "trace_mode": rec.facts.get("trace_mode", ""),
+        "trace_stops": rec.facts.get("trace_stops"),
         # CRIU's own options the arm passed (pipeline.criu_options), space-separated; "" for none.
         "criu_options": " ".join(spec.arm.criu_options),
         # The certificate's claim about the restores of this trial: eligible only if every decided one was.
