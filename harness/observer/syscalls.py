@@ -220,9 +220,11 @@ class Tracer:
             except OSError:
                 pass
         if not again.wait_held(START_S):
+            ended = again.wait_ended(0)
             again.close()
-            raise HarnessFault("trace", f"the program (pid {pid}) was not held at its call again: "
-                                        f"{again.error or 'it made another call first'}")
+            why = again.error or ("its threads were gone before it" if ended else
+                                  f"its thread {self.held_tid} made no counted call within {START_S:g} s")
+            raise HarnessFault("trace", f"the program (pid {pid}) was not held at its call again: {why}")
         return again
 
     def release(self, target: Child) -> None:
