@@ -202,6 +202,9 @@ class Program:
         "artefacts": [],
         "resume": [],  # its own restart flag, appended to the command by the `app` backend (GROMACS: -cpi md.cpt)
         "domains": [],  # state domains it keeps beyond a plain process's (e.g. "disk")
+        # The file its own checkpoint (or its job script's) writes, relative to its directory: under
+        # pipeline.certify its mtime dates the image (docs/certificates.md, "Programs"). "" for none.
+        "checkpoint_file": "",
         "cut_time_ms": 100.0,  # a cut at op k of phase "time" lands k x this after the program started
         "cut_bytes": 4096,  # a cut at op k of phase "size" lands once k x this many bytes of its stream were read
         # The system calls that count, traced from its start (plan.syscalls, where plan.phases has "syscall"): [] for
@@ -235,6 +238,10 @@ class Program:
                                 "'file:PATH' (a file the program appends to, relative to its directory), 'socket' "
                                 "(it connects to cutbench on 127.0.0.1:{port}) or 'http' (a server cutbench's clients "
                                 "stream from)")
+        checkpoint_file = params["checkpoint_file"]
+        if not isinstance(checkpoint_file, str) or checkpoint_file.startswith("/") or ".." in Path(checkpoint_file).parts:
+            raise WorkloadError(f"workload.params.checkpoint_file = {checkpoint_file!r}: a path within the program's "
+                                "directory, e.g. \"criu-images/inventory.img\"")
         if params["slurm"]:
             cls.slurm_settings(params)
         if stream == HTTP:

@@ -25,13 +25,15 @@ earlier position valid for the later one.
 
 1. every domain the workload uses is covered by the backend's image or is
    the external receiver (``unknown`` is empty),
-2. the covered domains were captured at compatible epochs, and
+2. the covered domains were captured at compatible epochs,
 3. the external effects are handled: ``fenced`` commits through the cut's
    fence and aborts what a rolled-back process prepared after it;
    ``idempotent`` deduplicates a replayed op; ``at_least_once`` is safe only
    when no effect of an op past the cut became visible before the restore
-   (such an effect would be sent again), and
-4. every CUDA feature the workload declares (``features``) is *continued
+   (such an effect would be sent again),
+4. no file of the workload's ``disk`` domain was written after the image was
+   taken (``written_after``: a program's checkpoint file dates its image), and
+5. every CUDA feature the workload declares (``features``) is *continued
    identically* by this tool, under this fault, on this driver, as the measured
    support matrix says (``cutbench matrix``); a feature the matrix marks
    otherwise, or did not measure here, is unknown (``feature:<name>``).
@@ -106,6 +108,9 @@ class Evidence:
     # effect id -> the restored process's classification of it (committed, replay, discard).
     adapters: dict[str, str] = field(default_factory=dict)
     classified: dict[int, str] = field(default_factory=dict)
+    # A program's files it wrote after its image was taken (its checkpoint file dates the image): the disk is
+    # ahead of the process the image holds.
+    written_after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,12 @@ def certify(ev: Evidence) -> Certificate:
     for (d1, p1), (d2, p2) in zip(captured, captured[1:]):
         if not compatible(p1, p2, ev.phases):
             reasons.append(f"{d1}@{p1.label()} and {d2}@{p2.label()} are at incompatible epochs (device work in between)")
+    if ev.written_after and "disk" in used:
+        shown = ", ".join(ev.written_after[:3]) + (f" and {len(ev.written_after) - 3} more" if len(ev.written_after) > 3
+                                                  else "")
+        domains["disk"] = f"ahead of the image ({shown})"
+        reasons.append(f"disk: {shown} written after the image was taken, which holds the process from before them "
+                       "(restored, it would meet files from its future)")
     fence, in_flight = _effects(ev, reasons)
     if EXTERNAL in ev.workload_domains:
         domains[EXTERNAL] = fence

@@ -228,6 +228,10 @@ OPTIONAL: dict[str, Any] = {
     # Why it cannot cut a program held at a system call (plan.phases "syscall"), or "" when it can: the check
     # refuses such a scenario before any trial with these words.
     "held_calls": "",
+    # The file in the program's directory from which what comes back after the cut reads the restore decision
+    # (``restore`` or ``restart``: the slurm backend's requeued job, ``$CUTBENCH_DECISION``): under
+    # pipeline.certify = "enforce" an ineligible restore is then started over rather than refused. "" for none.
+    "decision_file": "",
 }
 
 

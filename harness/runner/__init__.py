@@ -17,7 +17,7 @@ run ``trial_worker`` (one trial in a process of its own), as each task of
 Hypothesis search); ``replay`` reruns a stored trial;
 ``catalog`` lists what a run can be made of here (``cutbench list``);
 ``program`` runs a program that knows nothing of cutbench, judged from
-what it shows the outside world.
+what it shows the outside world, and ``program_certifier`` certifies its cuts from that and its files.
 
 The table of trial runners is filled here, below: ``Session.runner`` takes
 the first whose ``runs`` says it runs a trial's workload (``session`` cannot

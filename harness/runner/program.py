@@ -24,6 +24,7 @@ import pandas as pd
 from cutbench.errors import HarnessFault, WorkloadError
 from cutbench.harness.model import boundaries
 from cutbench.harness.model.boundaries import Boundary
+from cutbench.harness.model.certificate import CERTIFY_OFF
 from cutbench.harness.model.trial import TrialRecord
 from cutbench.interrupts import shielded
 from cutbench.harness.nemesis.base import CutContext, optional
@@ -31,6 +32,7 @@ from cutbench.harness.nemesis.pipeline import execute_cut
 from cutbench.harness.observer.streams import Observer, free_port
 from cutbench.harness.observer.syscalls import Tracer, waiting_command
 from cutbench.harness.runner.arming import TrialState, launcher
+from cutbench.harness.runner.program_certifier import ProgramCertifier
 from cutbench.harness.runner.trial import POLL_S, RECEIVER_GONE, TrialRunner
 from cutbench.procs import Child, kill_processes_in, spawn
 from cutbench.workloads import api as workload_api
@@ -98,6 +100,7 @@ class ProgramRunner(TrialRunner):
         # Its system calls' tracer (workload.params.syscalls: a cut of phase "syscall", or the control runs that
         # record the boundaries), on its first start only; None when it is not traced.
         self.tracer: Tracer | None = None
+        self.certificates: list[dict[str, Any]] = []  # the cuts' certificates, when the arm certifies
         self.reference: workload_api.RecordedReference | None = None  # the uninterrupted runs' (a trial's, not theirs)
 
     def _hwm(self) -> int | None:
@@ -227,7 +230,7 @@ class ProgramRunner(TrialRunner):
             workload_domains=sorted(program_api.Program.domains | program_api.Program.domains_for(params)),
             covered_domains=sorted(backend.capabilities.covers), duration_s=duration_s,
             facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
-            fresh_starts=self.fresh_starts,
+            fresh_starts=self.fresh_starts, certificates=self.certificates, cut_evidence=state.evidence,
         )
         if state.status == "completed" and not completed:
             record.status, record.error = "unknown", f"the program ended with exit {record.exit_code}{self.observer.last_line()}"
@@ -308,7 +311,8 @@ class ProgramRunner(TrialRunner):
         ctx = CutContext(images_dir=Path(self.spec.images_dir) / f"cutbench-{self.s.run_id}-{self.spec.trial_id}-c{i}",
                          timeline=self.timeline, cut_index=i, cut=cut, stage_timeout_s=self.spec.stage_timeout_s,
                          prepare_timeout_s=self.spec.prepare_timeout_s, phases=self.phases,
-                         criu_options=self.spec.arm.criu_options, program=ProgramHooks(self))
+                         criu_options=self.spec.arm.criu_options, program=ProgramHooks(self),
+                         certifier=self._certifier(backend, i, cut))
         held = self.tracer if self.tracer is not None and self.tracer.held is not None and cut.phase == "syscall" else None
         if held is not None:
             ctx.freeze = held.freeze  # the tool gets the tree stopped, the tracer gone (before CRIU seizes it)
@@ -322,19 +326,45 @@ class ProgramRunner(TrialRunner):
                               before_resume=self.observer.restoring, keep_images=self.spec.keep_images,
                               discard=self.s.images.discard)
         state.outcomes.append(asdict(outcome))
+        if ctx.certifier is not None:
+            state.evidence.append(ctx.certifier.evidence_of())
         if held is not None and held.held is not None:
             state.facts.update(self._boundary_facts(cut.op, held.held))
         for key, value in ctx.facts.items():
             state.facts[key] = state.facts.get(key, 0) + value if isinstance(value, (int, float)) else value
         if outcome.status == "restored":
             state.restores += 1
+            if ctx.certifier is not None:
+                ctx.certifier.restored()
             return True
+        if outcome.stage == "certify_restore":
+            # The certificate declined the restore: the program stays down; a safe refusal.
+            state.status, state.error, state.failed_stage, state.down = "refused", outcome.error, outcome.stage, True
+            return False
         if outcome.status in ("refused", "failed", "error"):
             state.status = {"refused": "refused", "failed": "lost", "error": "unknown"}[outcome.status]
             state.error, state.failed_stage = outcome.error, outcome.stage
             state.down = outcome.status == "failed"
             return False
         return True
+
+    def _certifier(self, backend: Any, i: int, cut: Any) -> ProgramCertifier | None:
+        """The cut's certifier when the arm certifies (pipeline.certify), else None."""
+        if self.spec.arm.certify == CERTIFY_OFF:
+            return None
+        params, order = self.spec.params, self.order or {}
+        seen = self.observer.seen
+
+        def effects() -> list[tuple[float, int]]:
+            return [(s.t, order[s.key]) for s in list(seen) if s.key in order]
+
+        return ProgramCertifier(
+            index=i, cut=cut, receiver_mode=self.spec.receiver_mode, certify_mode=self.spec.arm.certify,
+            phases=self.phases, domains=tuple(sorted(program_api.Program.domains | program_api.Program.domains_for(params))),
+            covers=tuple(sorted(backend.capabilities.covers)), seen=effects, directory=self.tdir,
+            checkpoint_file=params.get("checkpoint_file") or "",
+            ignore=frozenset(getattr(self.child, "files", {}).values()), decision_file=optional(backend, "decision_file"),
+            certificates=self.certificates)
 
     def _thaw(self, pid: int) -> None:
         """A GPU tool's CRIU half is done: the frozen program ``pid`` runs again but for its held call

@@ -50,6 +50,17 @@ def test_effects_escaped_after_the_cut_depend_on_the_receiver_mode():
     assert fenced.in_flight == {4: "discard", 5: "discard"}
 
 
+def test_files_written_after_the_image_put_the_disk_ahead_of_it():
+    ahead = dict(workload_domains=("cpu", "disk", "receiver"), covers=("cpu", "disk"), receiver_mode="idempotent",
+                 written_after=("jobs.db", "jobs.db-wal", "log/1", "log/2"))
+    cert = certify(evidence(**ahead))
+    assert not cert.eligible and cert.domains["disk"] == "ahead of the image (jobs.db, jobs.db-wal, log/1 and 1 more)"
+    assert cert.reason.startswith("disk: jobs.db, jobs.db-wal, log/1 and 1 more written after the image")
+    # A program without a disk domain keeps no state in its files: what it wrote is not the image's concern.
+    assert certify(evidence(**{**ahead, "workload_domains": ("cpu", "receiver")})).eligible
+    assert certify(evidence(**{**ahead, "written_after": ()})).eligible
+
+
 def test_a_reconnecting_restore_resends_what_was_not_acknowledged():
     # Cut after publish of op 3: sent, not yet acknowledged. A leave_running restore closes the
     # connection, so the restored client sends op 3 again: a duplicate under at_least_once.

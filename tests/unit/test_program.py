@@ -45,6 +45,8 @@ def params(**over):
     ({"artefacts": ["../up.txt"]}, "'../up.txt': a path relative to the program's directory, within it"),
     ({"cut_time_ms": float("nan")}, "workload.params.cut_time_ms = nan: a number > 0"),
     ({"cut_bytes": -1}, "workload.params.cut_bytes = -1: a number > 0"),
+    ({"checkpoint_file": "/tmp/img"}, "workload.params.checkpoint_file = '/tmp/img': a path within the program's"),
+    ({"checkpoint_file": "../img"}, "workload.params.checkpoint_file = '../img': a path within the program's"),
 ])
 def test_bad_program_parameters_name_the_field(over, names):
     with pytest.raises(api.WorkloadError, match=names.replace(".", r"\.")):
