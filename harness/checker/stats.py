@@ -54,7 +54,10 @@ def certificate_matrix(trials: Any) -> dict[str, Any]:
     # Soundness: invalid among eligible; over-refusal: ineligible among valid (both rates of the same form).
     out["soundness"] = invalid_rate(out["eligible_invalid"], out["eligible_valid"])
     out["over_refusal"] = invalid_rate(out["ineligible_valid"], out["eligible_valid"])
-    enforced = cert[(cert["certify"] == "enforce") & (cert["restores"] > 0)] if "certify" in cert else cert.iloc[0:0]
+    # An ineligible certificate under enforce accepted nothing: its restore was refused, or started over (a
+    # requeued program that reads the decision, which counts a restore stage all the same).
+    enforced = (cert[(cert["certify"] == "enforce") & (cert["restores"] > 0) & eligible] if "certify" in cert
+                else cert.iloc[0:0])
     out["enforce_accepted"] = int(len(enforced))
     out["enforce_accepted_invalid"] = int((enforced["outcome"] == "invalid").sum())
     return out
