@@ -90,6 +90,29 @@ def test_each_job_script_under_a_real_preemption_gets_its_verdict_and_nothing_st
     assert cutbench_jobs() == []
 
 
+def test_the_certificate_decides_the_requeue_a_stale_image_starts_again(slurm_cluster, tmp_path):
+    # The job worker dumped with --leave-running runs on and commits jobs its image knows nothing of. Restored
+    # as it is (certify off), its copy meets a database from its future; under enforce the certificate sees the
+    # files written after the image and the requeued job starts the worker from the beginning, which a consumer
+    # that keeps each job once takes whole. Slurm's requeue (no grace time) keeps the trials short.
+    proc = cli("run", str(REPO / "examples" / "slurm" / "jobs.toml"), "--out", str(tmp_path), "--json",
+               "--variant", "criu-leave-running", "--set", "workload.params.command=[\"python3\", \"worker.py\", "
+               "\"--jobs\", \"40\", \"--interval-ms\", \"200\"]", "--set", "workload.params.ops=40",
+               "--set", 'workload.params.slurm={script = "criu-leave-running.sh", preempt = "requeue"}',
+               timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = (tmp_path / "latest").resolve()
+    trials = {r["certify"]: r for r in pd.read_parquet(run_dir / "trials.parquet").to_dict("records")}
+    restored, decided = trials["off"], trials["enforce"]
+    assert restored["outcome"] == "invalid", (restored["status"], restored["error"])
+    assert decided["outcome"] == "valid", (decided["status"], decided["error"], decided["cert_reason"])
+    assert not decided["cert_eligible"] and "jobs.db-wal" in decided["cert_reason"], decided["cert_reason"]
+    assert "written after the image" in decided["cert_reason"], decided["cert_reason"]
+    certificates = pd.read_parquet(run_dir / "certificates.parquet")
+    assert certificates["restored"].tolist() == [False]  # started again from the beginning, not restored
+    assert cutbench_jobs() == []
+
+
 def test_a_partition_the_cluster_lacks_is_refused_before_any_trial_naming_the_ones_it_has(slurm_cluster, tmp_path):
     proc = cli("run", str(SCENARIO), "--out", str(tmp_path), *SHORT, "--set",
                'workload.params.slurm={script = "requeue-resume.sh", partition = "gpu-low"}', timeout=300)

@@ -57,6 +57,8 @@ POLL_S = 0.2
 # The job's output files in the program's directory: the observer reads them as the program's stdout and stderr.
 OUTPUT = {"stdout": "slurm-job.out", "stderr": "slurm-job.err"}
 JOB_PREFIX = "cutbench-"
+# Where a job script finds the restore decision when the run certifies (pipeline.certify): "restore" or "restart".
+DECISION = "cutbench-decision"
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,8 @@ class SlurmCheckpointer:
         semantic_adapters=False,  # nothing of cutbench runs inside the job
     )
     output_files = True  # the program's stdout and stderr are the job's output files (SlurmChild.files)
+    # The requeued job's script reads the certificate's decision here ($CUTBENCH_DECISION): restore, or restart.
+    decision_file = DECISION
 
     def __init__(self) -> None:
         self._cuts: dict[Path, _Cut] = {}  # by the cut's images_dir
@@ -241,11 +245,13 @@ class SlurmCheckpointer:
         """Submit the program (``argv``, in ``cwd``) as a batch job through the scenario's job script and wait until
         it runs; returns its handle. The script gets the program's command as its arguments and, in its
         environment, ``RESUME_ARGS`` (the program's own restart flag, shell-quoted) and ``CRIU`` (the project's
-        CRIU). Raises :class:`StageRefused` when the job is not running within ``pending_s``."""
+        CRIU) and ``CUTBENCH_DECISION`` (the file of the restore decision, written when the run certifies).
+        Raises :class:`StageRefused` when the job is not running within ``pending_s``."""
         settings = program_api.Program.slurm_settings(params or {})
         label = (labels or {}).get("cutbench.trial") or Path(cwd).name
         environment = {**cluster.client_env(), **(env or {}),
-                       "RESUME_ARGS": shlex.join((params or {}).get("resume") or []), "CRIU": _criu()}
+                       "RESUME_ARGS": shlex.join((params or {}).get("resume") or []), "CRIU": _criu(),
+                       "CUTBENCH_DECISION": str(Path(cwd) / DECISION)}
         submit = subprocess.run(
             ["sbatch", "--parsable", f"--partition={settings['partition']}", f"--job-name={JOB_PREFIX}{label}",
              f"--chdir={cwd}", f"--output={Path(cwd) / OUTPUT['stdout']}", f"--error={Path(cwd) / OUTPUT['stderr']}",
