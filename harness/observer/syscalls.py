@@ -112,7 +112,10 @@ class Tracer:
                 "--calls", ",".join(self.calls), "--dir", self.directory, "--stop-at", str(self.stop_at),
                 "--count-from", str(self.count_from), *(["--attached"] if self.attached else []),
                 *(["--hold-tid", str(self.hold_tid)] if self.hold_tid else []),
-                *(["--stops"] if self.only_stops else [])]
+                *(["--stops"] if self.only_stops else []),
+                # CUTBENCH_TRACER_LOG (a directory): each tracer appends every stop it sees to a file there.
+                *(["--log", str(Path(log) / f"tracer-{self.pid}{'-again' if self.attached else ''}.log")]
+                  if (log := os.environ.get("CUTBENCH_TRACER_LOG")) else [])]
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=package_env(), start_new_session=True)
         self._reader = threading.Thread(target=self._read, name=f"cutbench-tracer-{self.pid}", daemon=True)

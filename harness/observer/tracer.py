@@ -51,6 +51,7 @@ import sys
 import time
 import threading
 from pathlib import Path
+from typing import Any
 
 from cutbench.harness.model.boundaries import CALLS
 
@@ -237,6 +238,7 @@ class Tracer:
         self.ending = False  # told to end (SIGTERM): the program is let go, as by ``release``
         self.stops = 0  # what the tracing cost the program: how many times one of its threads stopped
         self.tgids: dict[int, int] = {}
+        self.log: Any = None  # --log: every stop and counted-name entry, for a hold that does not come
     @staticmethod
     def _link(pid: int, fd: int) -> str:
         try:
@@ -396,6 +398,9 @@ class Tracer:
         sig, event = os.WSTOPSIG(status), status >> 16
         self.tracees.add(tid)  # a new thread or child reports its first stop
         self.stops += 1
+        if self.log is not None:
+            self.log.write(f"{time.monotonic():.6f} stop tid={tid} sig={sig} event={event} held={self.held} "
+                           f"full={self.full} count={self.count}\n")
         if sig == signal.SIGTRAP | 0x80:
             if self._syscall(tid):
                 return  # held: it stays stopped
@@ -516,6 +521,8 @@ class Tracer:
         if not self.started or self.held is not None or self.rewind:
             return False  # held: the other threads' calls come after the boundary
         nr = int(self.info.nr)
+        if self.log is not None:
+            self.log.write(f"{time.monotonic():.6f} entry tid={tid} nr={nr} args={list(self.info.args)[:3]}\n")
         boundary = self._count(tid, nr, list(self.info.args))
         if boundary is None:
             return False
@@ -613,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attached", action="store_true",
                         help="--pid is the program itself, stopped (a restored copy held again at its call)")
     parser.add_argument("--hold-tid", type=int, default=0, help="with --attached: the thread whose call is held")
+    parser.add_argument("--log", default="", help="append every stop the tracer sees to this file (a diagnosis)")
     parser.add_argument("--stops", action="store_true",
                         help="count at a stop of every call, without the kernel's counters (as where there are none)")
     args = parser.parse_args(argv)
@@ -622,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     if tracer.full and counters is not None:
         tracer.counters, why = None, "the held call is near"
     say(mode="stops" if tracer.counters is None else "counters", why=why)
+    if args.log:
+        tracer.log = open(args.log, "a", buffering=1)
     try:
         tracer.seize(attached=args.attached)
     except OSError as exc:
