@@ -67,6 +67,7 @@ STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 
 NAMES = {nr: name for name, (nr, _) in CALLS.items()}
 EXIT_GROUP = CALLS["exit_group"][0]
+TGKILL = 234  # x86-64: a signal to one thread
 HEAD = 48  # bytes of a write read for its boundary's name
 # How many counted calls before the held one the tracer stops every call again (see the module docstring): a
 # margin for the calls other threads are making while it switches.
@@ -557,9 +558,18 @@ class Tracer:
             self.counters.disable()
         processes = {self._tgid(t) for t in self.tracees}
         if stop:
+            # The held thread's own process is stopped by a SIGSTOP sent to that thread: it takes it on its way back
+            # to user mode and starts the group stop there, at its call. A SIGSTOP sent to the process goes to
+            # another thread, which may take it late (one blocked in the CUDA driver, on an H100): the held thread,
+            # let go meanwhile, made its call untraced and ran on (the GPT-2 server's copy not held again).
+            held_pid = self._tgid(self.held) if self.held is not None else 0
             for pid in processes:
                 try:
-                    os.kill(pid, signal.SIGSTOP)
+                    if pid == held_pid:
+                        if libc.syscall(TGKILL, pid, self.held, signal.SIGSTOP) != 0:
+                            raise ProcessLookupError(pid)
+                    else:
+                        os.kill(pid, signal.SIGSTOP)
                 except ProcessLookupError:
                     pass
         pending = set(self.tracees)
