@@ -14,11 +14,12 @@ its checkpoint file), and the root process's ``exit_group``. Each counted call i
 
 A stop at every call is what tracing costs (a program's threads make tens of thousands of ``futex`` calls), so
 the kernel counts until near the held call (:class:`Counters`): a thread stops only after a call whose name
-counts, and is counted there by target as at a stop. ``MARGIN`` counted calls before the held one the tracer
-disables the counters and stops at every call (``full``); a thread that was inside such a call then is a
-*suspect* until its counter's signal has come, and a freeze or release waits for the suspects (``DRAIN_S``), as
-a signal that came after the tracer let go would kill the program. Without the counters (an older kernel, no
-tracefs, ``--stops``) every call stops from the start. The first line says which (``{"mode": "counters"}``).
+counts, and is counted there by target as at a stop. ``MARGIN`` counted calls before the held one (or as many
+as it traces threads, if more) the tracer disables the counters and stops at every call (``full``). A thread
+that was inside such a call then is a *suspect* until its counter's signal has come (the call counts then), and
+a freeze or release waits for the suspects (``DRAIN_S``), as a signal that came after the tracer let go would
+kill the program. Without the counters (an older kernel, no tracefs, ``--stops``) every call stops from the
+start. The first line says which (``{"mode": "counters"}``).
 
 With ``--stop-at K`` the program is held just before its K-th counted call: the thread that makes it is stopped
 at the call's entry, the call is skipped and the thread rewound onto it (``orig_rax = -1`` at entry; at exit the
@@ -69,8 +70,8 @@ NAMES = {nr: name for name, (nr, _) in CALLS.items()}
 EXIT_GROUP = CALLS["exit_group"][0]
 TGKILL = 234  # x86-64: a signal to one thread
 HEAD = 48  # bytes of a write read for its boundary's name
-# How many counted calls before the held one the tracer stops every call again (see the module docstring): a
-# margin for the calls other threads are making while it switches.
+# How many counted calls before the held one the tracer stops every call again (see the module docstring), at
+# least: as many as it traces threads, each of which may have one call in flight at the switch.
 MARGIN = 3
 # How long a freeze or a release waits for a thread that may still have a counter's signal to come.
 DRAIN_S = 1.0
@@ -465,7 +466,9 @@ class Tracer:
         boundary = self._count(tid, nr, [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9])
         if boundary is not None:
             say(**boundary)
-            if not self.full and self.stop_at and self.count >= self.stop_at - 1 - MARGIN:
+            # Each other thread may have one call in flight whose signal comes after the switch, and it counts
+            # then: switching that many calls early (and MARGIN at least) keeps the held call one to stop at.
+            if not self.full and self.stop_at and self.count >= self.stop_at - 1 - max(MARGIN, len(self.tracees)):
                 self._switch(tid)
 
     def _exiting(self, tid: int) -> None:
