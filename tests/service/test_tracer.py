@@ -164,13 +164,19 @@ def test_threads_writing_at_once_are_held_at_the_call_and_make_every_call_once(t
         out.close()
 
 
+# WRITERS at a pace (10 ms a line, a second at least): still writing when the harness ends its tracer.
+PACED_WRITERS = WRITERS.replace("for _ in range(20):\n            os.getppid()", "time.sleep(0.01)").replace(
+    "import os, threading", "import os, threading, time")
+
+
 def test_a_recording_tracer_ended_mid_run_lets_the_program_go_unharmed(tmp_path: Path):
     # The harness ends a tracer with SIGTERM (Tracer.close): it disables its counters and detaches, and no
     # counter's signal reaches the program after it (untraced, one would kill it with SIGTRAP).
-    child, tracer, out = start(tmp_path, WRITERS, calls=("write",))
+    child, tracer, out = start(tmp_path, PACED_WRITERS, calls=("write",))
     try:
         while len(tracer.boundaries) < 100:
             time.sleep(0.005)
+        assert len(tracer.boundaries) < 400  # mid-run
         tracer.close()
         assert tracer._proc.returncode == 0, "the tracer did not end on SIGTERM by itself"
         assert child.wait(30) == 0
