@@ -194,7 +194,7 @@ class ProgramRunner(TrialRunner):
     def _record(self, backend: Any, state: TrialState, duration_s: float) -> tuple[TrialRecord, pd.DataFrame]:
         """What the outside world saw: the record (with the final artefacts' digest when the program ran to its
         end) and the effects, numbered by the reference's order."""
-        spec, params, child, order = self.spec, self.spec.params, self.child, self.order
+        spec, child, order = self.spec, self.child, self.order
         completed = self._completed(state)
         checksum: str = ""
         compared: dict[str, str] = {}
@@ -227,7 +227,7 @@ class ProgramRunner(TrialRunner):
             # A server the harness stopped once its clients were done ended as it should: exit 0.
             exit_code=0 if self.served else child.returncode if child else None, restores=state.restores, cut_outcomes=state.outcomes,
             report=report, marker_op=host_op if completed else 0, progress_op=distinct, progress_phase="effect" if distinct else "",
-            workload_domains=sorted(program_api.Program.domains | program_api.Program.domains_for(params)),
+            workload_domains=list(self._domains()),
             covered_domains=sorted(backend.capabilities.covers), duration_s=duration_s,
             facts=state.facts, log_tail=words if state.status != "completed" or not completed else "",
             fresh_starts=self.fresh_starts, certificates=self.certificates, cut_evidence=state.evidence,
@@ -348,6 +348,10 @@ class ProgramRunner(TrialRunner):
             return False
         return True
 
+    def _domains(self) -> tuple[str, ...]:
+        """Return the state domains the program keeps, sorted: a plain process's and those its scenario declares."""
+        return tuple(sorted(program_api.Program.domains | program_api.Program.domains_for(self.spec.params)))
+
     def _certifier(self, backend: Any, i: int, cut: Any) -> ProgramCertifier | None:
         """The cut's certifier when the arm certifies (pipeline.certify), else None."""
         if self.spec.arm.certify == CERTIFY_OFF:
@@ -360,7 +364,7 @@ class ProgramRunner(TrialRunner):
 
         return ProgramCertifier(
             index=i, cut=cut, receiver_mode=self.spec.receiver_mode, certify_mode=self.spec.arm.certify,
-            phases=self.phases, domains=tuple(sorted(program_api.Program.domains | program_api.Program.domains_for(params))),
+            phases=self.phases, domains=self._domains(),
             covers=tuple(sorted(backend.capabilities.covers)), seen=effects, directory=self.tdir,
             checkpoint_file=params.get("checkpoint_file") or "",
             ignore=frozenset(getattr(self.child, "files", {}).values()), decision_file=optional(backend, "decision_file"),

@@ -55,8 +55,6 @@ class ProgramCertifier:
         self.certificates = certificates
         self.certificate: Certificate | None = None
         self.decision = ""  # what the decision file says, when there is one
-        self.said: dict[str, str] = {}
-        self.unclassified = ""
 
     @property
     def enforcing(self) -> bool:
