@@ -442,6 +442,31 @@ def slurm_down() -> None:
     say("stopped" if cluster.stop() else f"no Slurm of the project was running ({cluster.slurm_paths().root})")
 
 
+@slurm.command("install")
+@click.option("--prefix", type=click.Path(file_okay=False), default=None,
+              help="Install prefix (default: .slurm/ in the checkout; $CUTBENCH_SLURM_PREFIX).")
+@click.option("--download-only", type=click.Path(file_okay=False), default=None, help="Only download the .debs into DIR.")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Install from the .debs in DIR (no network).")
+@click.option("--suite", default="bookworm", show_default=True, help="The Debian suite whose Slurm is carried.")
+@click.option("--force", is_flag=True, help="Reinstall even if a bundled Slurm is there.")
+@click.option("--mirror", default=None, help="Debian mirror URL (default: read from this machine's apt configuration).")
+def slurm_install(prefix: str | None, download_only: str | None, from_dir: str | None, suite: str, force: bool,
+                  mirror: str | None) -> None:
+    """Carry Debian's Slurm and munge to a machine without them: unpacked into a prefix, run through their own
+    loader; `slurm up` then starts the local cluster from it."""
+    from cutbench.harness.provision import slurm_bundle
+
+    bundle = slurm_bundle.install(Path(prefix) if prefix else None, suite=suite, force=force, mirror=mirror,
+                                  download_only=Path(download_only) if download_only else None,
+                                  from_dir=Path(from_dir) if from_dir else None)
+    if bundle is None:
+        say(f"downloaded Slurm's packages ({', '.join(slurm_bundle.PACKAGES)} and what they need) into {download_only}")
+        return
+    say(f"Slurm {bundle.version} ready under {bundle.prefix} (its programs in {bundle.bin_dir}); "
+        f"`cutbench slurm up` starts the local cluster from it")
+
+
 @slurm.command("status")
 def slurm_status() -> None:
     """Which cluster the slurm backend reaches, whether it answers, its partitions."""

@@ -18,6 +18,10 @@ for checkpointing job scripts; measured with 22.05.8, a job's
 Slurm signals the job's steps only). Process tracking is
 ``proctrack/linuxproc`` (the job's processes are its batch script's
 descendants: no cgroup is needed, and none may be mounted here).
+
+Its programs are Debian's, installed (``apt-get install``) or carried (``cutbench slurm install``, a bundle under a
+prefix: :mod:`cutbench.harness.provision.slurm_bundle`); a bundle wins where there is one, as a bundled CRIU does,
+and is put first on the ``PATH`` of the daemons, the clients and the jobs (whose scripts call ``scontrol``, ``srun``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cutbench.errors import Unavailable
+from cutbench.harness.provision import slurm_bundle
 from cutbench.harness.provision.engines import log_tail, state_root
 from cutbench.procs import is_zombie_or_gone
 
@@ -46,6 +51,8 @@ KILL_WAIT_S = 2
 # Its ports: off Slurm's defaults (6817, 6818), so that a system Slurm on this machine is left alone.
 PORTS = (16817, 16818)
 PACKAGES = "slurmctld slurmd slurm-client munge"
+INSTALL_FIX = (f"`apt-get install {PACKAGES}` (Debian's), `make slurm` in a checkout, or `cutbench slurm install` "
+               "(Debian's packages into a prefix, for a machine without them)")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
@@ -66,7 +73,7 @@ SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
-ProctrackType=proctrack/linuxproc
+{plugin_dir}ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -124,10 +131,25 @@ def slurm_paths() -> SlurmPaths:
     return SlurmPaths(state_root() / "slurm")
 
 
-def client_env() -> dict[str, str]:
-    """The environment a Slurm client of the trials runs with: the caller's, with ``SLURM_CONF`` pointing at the
-    project's cluster when none is set and that cluster's configuration exists."""
+def programs_env() -> dict[str, str]:
+    """The caller's environment with a bundled Slurm's wrappers first on ``PATH`` where one is installed: the
+    environment Slurm's programs are found in, and that a job inherits."""
     env = dict(os.environ)
+    bundle = slurm_bundle.bundled()
+    if bundle is not None:
+        env["PATH"] = f"{bundle.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+    return env
+
+
+def which(name: str, env: dict[str, str] | None = None) -> str | None:
+    """The file Slurm program ``name`` runs from (a bundle's wrapper, else on ``PATH``), or None."""
+    return shutil.which(name, path=(env or programs_env()).get("PATH"))
+
+
+def client_env() -> dict[str, str]:
+    """The environment a Slurm client of the trials runs with: the caller's (a bundle's wrappers first on ``PATH``),
+    with ``SLURM_CONF`` pointing at the project's cluster when none is set and that cluster's configuration exists."""
+    env = programs_env()
     own = slurm_paths().conf
     if "SLURM_CONF" not in env and own.is_file():
         env["SLURM_CONF"] = str(own)
@@ -152,22 +174,22 @@ def scontrol(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[s
 def run_client(name: str, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run Slurm client ``name`` (``sbatch``, ``squeue``…) with ``args`` against :func:`client_env`'s cluster;
     returns what it did (never raises for its exit status). :class:`Unavailable` when it is not installed."""
-    exe = shutil.which(name)
+    env = client_env()
+    exe = which(name, env)
     if exe is None:
-        raise Unavailable(f"Slurm's {name} is not installed; fix: `apt-get install {PACKAGES}` (Debian's), or "
-                          "`make slurm` in a checkout")
+        raise Unavailable(f"Slurm's {name} is not installed; fix: {INSTALL_FIX}")
     try:
-        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=client_env())
+        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess([exe, *args], 124, "", f"{name} did not answer within {timeout:g}s")
 
 
 def unavailable_reason() -> str | None:
     """Why no Slurm cluster takes jobs from here (with the fix), or None."""
-    missing = [c for c in CLIENTS if shutil.which(c) is None]
+    env = programs_env()
+    missing = [c for c in CLIENTS if which(c, env) is None]
     if missing:
-        return (f"Slurm's clients are not installed ({', '.join(missing)}); fix: `apt-get install {PACKAGES}`, or "
-                "`make slurm` in a checkout")
+        return f"Slurm's clients are not installed ({', '.join(missing)}); fix: {INSTALL_FIX}"
     ping = scontrol("ping", timeout=15)
     if ping.returncode != 0 or "is UP" not in ping.stdout:
         said = (ping.stdout + ping.stderr).strip().splitlines()
@@ -193,7 +215,9 @@ def status() -> str:
     if why:
         return f"slurm: {why}"
     parts = ", ".join(f"{name} ({avail})" for name, avail in partitions().items())
-    return f"slurm: {which_cluster()} answers; partitions {parts or 'none'}"
+    bundle = slurm_bundle.bundled()
+    programs = f"; Slurm {bundle.version} bundled under {bundle.prefix}" if bundle else ""
+    return f"slurm: {which_cluster()} answers; partitions {parts or 'none'}{programs}"
 
 
 def start(timeout_s: float = 60.0) -> bool:
@@ -204,10 +228,11 @@ def start(timeout_s: float = 60.0) -> bool:
     paths = slurm_paths()
     if paths.conf.is_file() and _answers(paths):
         return False
-    missing = [d for d in DAEMONS if shutil.which(d) is None] + [c for c in CLIENTS if shutil.which(c) is None]
+    env = _daemon_env(paths)
+    missing = [name for name in (*DAEMONS, *CLIENTS) if which(name, env) is None]
     if missing:
-        raise Unavailable(f"Slurm is not installed ({', '.join(missing)} missing); fix: `apt-get install {PACKAGES}` "
-                          "(Debian's), or `make slurm` in a checkout")
+        raise Unavailable(f"Slurm is not installed ({', '.join(missing)} missing); fix: {INSTALL_FIX}")
+    bundle = slurm_bundle.bundled()
     stop()  # what a killed start left (a daemon without its partner, stale pid files)
     for sub in ("state", "spool", "munge"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
@@ -218,14 +243,13 @@ def start(timeout_s: float = 60.0) -> bool:
     paths.conf.write_text(SLURM_CONF.format(
         host=socket.gethostname().split(".")[0], ctld_port=PORTS[0], slurmd_port=PORTS[1], root=paths.root,
         munge_socket=paths.munge_socket, cpus=os.cpu_count() or 1, low=LOW, high=HIGH, grace=GRACE_S,
-        kill_wait=KILL_WAIT_S))
-    env = {**os.environ, "SLURM_CONF": str(paths.conf)}
+        kill_wait=KILL_WAIT_S, plugin_dir=f"PluginDir={bundle.plugin_dir}\n" if bundle else ""))
     commands = {
         "munged": ["munged", "--force", f"--socket={paths.munge_socket}", f"--key-file={paths.munge_key}",
                    f"--log-file={paths.log('munged')}", f"--pid-file={paths.pidfile('munged')}",
                    f"--seed-file={paths.root / 'munge' / 'seed'}"],
         "slurmctld": ["slurmctld"],
-        "slurmd": ["slurmd"],
+        "slurmd": ["slurmd", *(["-d", str(bundle.stepd)] if bundle else [])],
     }
     try:
         for daemon, argv in commands.items():
@@ -253,7 +277,7 @@ def stop(timeout_s: float = 30.0) -> bool:
     """Cancel the project's cluster's jobs and stop its daemons; True when one of them was running."""
     paths = slurm_paths()
     if paths.conf.is_file() and _answers(paths):
-        env = {**os.environ, "SLURM_CONF": str(paths.conf)}
+        env = _daemon_env(paths)
         subprocess.run(["scancel", "--full", "--user", str(os.getuid())], env=env, capture_output=True, timeout=30)
     stopped = [_stop_daemon(paths, daemon, timeout_s) for daemon in reversed(DAEMONS)]
     return any(stopped)
@@ -282,7 +306,7 @@ def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
     paths = slurm_paths()
     _stop_daemon(paths, "slurmctld", timeout_s)  # not running: it is only started
     time.sleep(down_s)
-    env = {**os.environ, "SLURM_CONF": str(paths.conf)}
+    env = _daemon_env(paths)
     subprocess.run(["slurmctld"], env=env, capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                    start_new_session=True)
     deadline = time.monotonic() + timeout_s
@@ -292,9 +316,14 @@ def restart_controller(down_s: float = 0.0, timeout_s: float = 60.0) -> None:
         time.sleep(0.3)
 
 
+def _daemon_env(paths: SlurmPaths) -> dict[str, str]:
+    """The environment the cluster of ``paths`` runs in, and is asked in: its programs found, its configuration."""
+    return {**programs_env(), "SLURM_CONF": str(paths.conf)}
+
+
 def _answers(paths: SlurmPaths, idle: bool = False) -> bool:
     """Whether the cluster of ``paths`` answers (and, with ``idle``, its node takes jobs)."""
-    env = {**os.environ, "SLURM_CONF": str(paths.conf)}
+    env = _daemon_env(paths)
     try:
         ping = subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=10)
         if "is UP" not in ping.stdout:

@@ -190,3 +190,35 @@ def tasks(state: str) -> list[str]:
     """The array tasks of cutbench's trials in squeue's ``state`` (``R``, ``PD``), as ``JOB_TASK``."""
     out = cluster.run_client("squeue", "-h", "-r", "-t", state, "-o", "%i %j").stdout
     return [line.split()[0] for line in out.splitlines() if "cutbench-trials-" in line]
+
+
+def test_a_slurm_carried_as_debian_s_packages_runs_the_cluster_and_its_jobs_from_its_prefix(tmp_path, monkeypatch):
+    """`cutbench slurm install` (downloaded, then --from, as for a machine without network): the cluster's daemons
+    and the clients a job script calls run from the bundle, and the job's own programs with the host's libraries."""
+    debs, prefix = tmp_path / "debs", tmp_path / "prefix"
+    got = cli("slurm", "install", "--download-only", str(debs), timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    got = cli("slurm", "install", "--from", str(debs), "--prefix", str(prefix), timeout=300)
+    assert got.returncode == 0 and "Slurm 22.05" in got.stdout + got.stderr, got.stderr[-2000:]
+    monkeypatch.setenv("CUTBENCH_SLURM_PREFIX", str(prefix))
+    monkeypatch.setenv("CUTBENCH_ENGINE_ROOT", str(tmp_path / "state"))
+    monkeypatch.setattr(cluster, "PORTS", (26817, 26818))  # beside the project's own cluster, which may be up
+    assert cluster.start() is True
+    try:
+        assert "bundled under " + str(prefix) in cluster.status()
+        loader = os.path.realpath(next(prefix.glob("root/lib/*/ld-linux*.so.*")))
+        for daemon in cluster.DAEMONS:
+            pid = int(cluster.slurm_paths().pidfile(daemon).read_text())
+            assert os.path.realpath(f"/proc/{pid}/exe") == loader, daemon
+        out = tmp_path / "job.out"
+        job = cluster.run_client("sbatch", "--parsable", f"--output={out}", "--wrap",
+                                 "command -v scontrol; srun --ntasks=1 echo step ran; ldd /bin/sh | grep -c libc")
+        assert job.returncode == 0, job.stderr
+        deadline = time.monotonic() + 60
+        while "COMPLETED" not in cluster.scontrol("show", "job", job.stdout.strip()).stdout:
+            assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
+            time.sleep(0.3)
+        said = out.read_text().split("\n")
+        assert said[:3] == [str(prefix / "bin" / "scontrol"), "step ran", "1"], said
+    finally:
+        assert cluster.stop() is True

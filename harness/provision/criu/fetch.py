@@ -118,8 +118,10 @@ def download_debs(
     keyring: str | None = None,
     etc_apt: Path = Path("/etc/apt"),
     cuda_plugin_source: bool = False,
+    packages: tuple[str, ...] = (PACKAGE,),
 ) -> list[Path]:
-    """Download ``criu`` and its recursive dependencies from ``suite`` into ``dest``; returns every .deb there, sorted.
+    """Download ``packages`` (``criu``) and their recursive dependencies from ``suite`` into ``dest``; returns every
+    .deb there, sorted.
 
     The mirror and keyring come from the machine's apt configuration unless
     given. apt runs with a private state directory, so the host's package
@@ -133,14 +135,15 @@ def download_debs(
     with apt_session(suite, mirror, keyring, etc_apt, sources=cuda_plugin_source) as (o, where):
         deps = _run_apt(
             ["apt-cache", *o, "depends", "--recurse", "--no-recommends", "--no-suggests",
-             "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", PACKAGE],
-            f"resolving the dependencies of {PACKAGE} in {suite}",
+             "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", *packages],
+            f"resolving the dependencies of {' '.join(packages)} in {suite}",
         )
-        packages = resolve_packages(deps)
-        if PACKAGE not in packages:
-            raise Unavailable(f"{where} has no {PACKAGE} package for {_arch()}")
+        closure = resolve_packages(deps)
+        absent = [name for name in packages if name not in closure]
+        if absent:
+            raise Unavailable(f"{where} has no {' '.join(absent)} package for {_arch()}")
         before = set(dest.glob("*.deb"))
-        _run_apt(["apt-get", *o, "download", *packages], f"apt-get download of {len(packages)} packages", cwd=dest)
+        _run_apt(["apt-get", *o, "download", *closure], f"apt-get download of {len(closure)} packages", cwd=dest)
         if cuda_plugin_source:
             shown = _run_apt(["apt-cache", *o, "show", "--no-all-versions", PACKAGE], f"apt-cache show {PACKAGE}")
             m = re.search(r"^Version:\s*(\S+)", shown, re.M)
@@ -148,7 +151,7 @@ def download_debs(
                 raise Unavailable(f"apt-cache show {PACKAGE} reports no version:\n{tail(shown)}")
             download_plugin_source(o, dest, upstream_version(m.group(1)), where)
     debs = sorted(dest.glob("*.deb"))
-    if not set(debs) - before and not any(d.name.startswith(PACKAGE + "_") for d in debs):
+    if not set(debs) - before and not any(d.name.startswith(packages[0] + "_") for d in debs):
         raise Unavailable(f"apt-get download wrote no .deb files into {dest}")
     return debs
 
