@@ -13,13 +13,18 @@
 #   writes it under pipeline.certify = "enforce" when the image's certificate is not eligible), the image is put
 #   aside and the program starts again from the beginning, in its directory as it was at the job's first start.
 # - --file-locks: a program may hold file locks (SQLite does); CRIU dumps and restores them.
+# - A program on a GPU: where NVIDIA's cuda-checkpoint is installed, each of the program's processes that it says
+#   runs CUDA is toggled first (its GPU state into its host memory: CRIU dumps no GPU), and toggled again once CRIU
+#   has resumed it (CRIU's post-resume action). A dump that fails toggles them back: the program runs on.
 #
-# cutbench submits it as: sbatch --partition=... criu.sh PROGRAM ARGS...; $CRIU names the project's CRIU.
+# cutbench submits it as: sbatch --partition=... criu.sh PROGRAM ARGS...; $CRIU names the project's CRIU,
+# $CUDA_CHECKPOINT NVIDIA's utility (default: cuda-checkpoint on PATH).
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -u
 images="$PWD/criu-images"
 criu=${CRIU:-criu}
+cuda=${CUDA_CHECKPOINT:-cuda-checkpoint}
 decision=${CUTBENCH_DECISION:-}
 job=$(scontrol show job "$SLURM_JOB_ID")
 out=$(printf '%s\n' "$job" | sed -n 's/^ *StdOut=//p')
@@ -33,18 +38,44 @@ if [ -f "$images/inventory.img" ] && [ -n "$decision" ] && [ "$(cat "$decision" 
     grep -qxF -- "$name" .job-start-files || rm -rf -- "$name"
   done
 fi
+tree() { echo "$1"; for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$child"; done; }
+dump() {  # the program of pid $1 into $images: its CUDA processes toggled first, then CRIU
+  local pids="" toggled="" p
+  if command -v "$cuda" >/dev/null; then
+    for p in $(tree "$1"); do
+      "$cuda" --get-state --pid "$p" 2>/dev/null | grep -qiw running && pids="$pids $p"
+    done
+  fi
+  rm -f "$images/cuda-pids"
+  for p in $pids; do "$cuda" --toggle --pid "$p" && toggled="$toggled $p" || break; done
+  if [ "$toggled" = "$pids" ]; then
+    [ -z "$pids" ] || echo $pids > "$images/cuda-pids"
+    "$criu" dump --file-locks -t "$1" -D "$images" -o dump.log && return 0
+  fi
+  for p in $toggled; do "$cuda" --toggle --pid "$p"; done
+  return 1
+}
 if [ -f "$images/inventory.img" ]; then
-  srun --ntasks=1 "$criu" restore --file-locks -D "$images" -o restore.log
+  resume=()
+  if [ -s "$images/cuda-pids" ]; then
+    printf '#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-resume ] || exit 0\nfor p in %s; do "%s" --toggle --pid "$p" || exit 1; done\n' \
+      "$(cat "$images/cuda-pids")" "$cuda" > "$images/cuda-resume.sh"
+    chmod +x "$images/cuda-resume.sh"
+    resume=(--action-script "$images/cuda-resume.sh")
+  fi
+  srun --ntasks=1 "$criu" restore --file-locks -D "$images" -o restore.log "${resume[@]}"
   status=$?
 else
   mkdir -p "$images"
+  export -f tree dump
+  export images criu cuda
   srun --ntasks=1 bash -c '
-    images=$1 criu=$2 out=$3 err=$4; shift 4
+    out=$1 err=$2; shift 2
     (trap "" TERM; exec setsid "$@" < /dev/null >> "$out" 2>> "$err") &
     pid=$!
-    trap "\"\$criu\" dump --file-locks -t $pid -D \"\$images\" -o dump.log && exit 143; exit 1" TERM
+    trap "dump $pid && exit 143; exit 1" TERM
     wait "$pid"
-  ' step "$images" "$criu" "$out" "$err" "$@"
+  ' step "$out" "$err" "$@"
   status=$?
 fi
 if [ "$status" -ne 0 ]; then
