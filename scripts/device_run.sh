@@ -73,6 +73,12 @@ step_repro() {
 # wrote on a machine with network (CRIU_OFFLINE, default .carry/criu-offline).
 step_criu() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" 2>&1 | tail -3; }
 step_plugin() { $CB criu install --from "${CRIU_OFFLINE:-.carry/criu-offline}" --with-cuda-plugin 2>&1 | tail -5; }
+# Slurm from the files `cutbench slurm install --download-only DIR` wrote on a machine with network (SLURM_OFFLINE,
+# default .carry/slurm-offline), unpacked into .slurm/, and its local cluster started; slurm_down stops it, its logs
+# kept under $RES/slurm-logs. slurm_run: examples/slurm/$SLURM_SCENARIO.toml (default training) with SCENARIO_ARGS.
+step_slurm() { $CB slurm install --from "${SLURM_OFFLINE:-.carry/slurm-offline}" 2>&1 | tail -3; $CB slurm up 2>&1 | tail -3; }
+step_slurm_run() { set -f; timeout -s INT ${SCENARIO_TIMEOUT:-580} $CB run "examples/slurm/${SLURM_SCENARIO:-training}.toml" --out "$RES" ${SCENARIO_ARGS:-} 2>&1 | tail -45; set +f; }
+step_slurm_down() { $CB slurm down; mkdir -p "$RES/slurm-logs"; cp /var/lib/cutbench/slurm/*.log "$RES/slurm-logs/" 2>/dev/null; }
 # The six criteria over the newest run (criteria.parquet and the report's section in it).
 step_criteria() { $CB criteria "$RES/latest" 2>&1 | tail -70; }
 # CPH_NAME: a suffix for the output folder (several configurations in one call); CPH_IMAGES_DIR: --images-dir.
