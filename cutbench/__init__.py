@@ -30,6 +30,7 @@ that imports none of them: ``errors`` (the error types and exit codes),
 
 __version__ = "0.1.0"
 
+import os
 from pathlib import Path
 
 # The folder that holds the package: the repository root in a checkout
@@ -40,6 +41,17 @@ IMPORT_ROOT = Path(__file__).resolve().parent.parent
 def source_checkout() -> Path | None:
     """The repository root when cutbench runs from a source checkout, else None."""
     return IMPORT_ROOT if (IMPORT_ROOT / "pyproject.toml").is_file() and (IMPORT_ROOT / "harness").is_dir() else None
+
+
+def tool_prefix(name: str, env: str) -> Path:
+    """Where the project keeps a tool it carries (``criu``, ``slurm``): ``$ENV`` if set, else ``<checkout>/.NAME``
+    in a source checkout, else ``$XDG_DATA_HOME/cutbench/NAME`` (``~/.local/share/cutbench/NAME``)."""
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
+    repo = source_checkout()
+    if repo is not None:
+        return repo / f".{name}"
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "cutbench" / name
 
 
 # A checkout: harness/, workloads/ and receivers/ sit beside this folder, not in it. Searched after it, the

@@ -78,14 +78,7 @@ class SlurmBundle:
 def default_prefix() -> Path:
     """Where a bundled Slurm lives: ``$CUTBENCH_SLURM_PREFIX``, else ``<checkout>/.slurm`` in a source checkout,
     else ``$XDG_DATA_HOME/cutbench/slurm``."""
-    env = os.environ.get(PREFIX_ENV)
-    if env:
-        return Path(env).expanduser()
-    repo = cutbench.source_checkout()
-    if repo is not None:
-        return repo / ".slurm"
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "cutbench" / "slurm"
+    return cutbench.tool_prefix("slurm", PREFIX_ENV)
 
 
 def bundled(prefix: Path | None = None) -> SlurmBundle | None:

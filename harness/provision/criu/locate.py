@@ -61,14 +61,7 @@ def default_prefix() -> Path:
     source checkout (:func:`cutbench.source_checkout`); else
     ``$XDG_DATA_HOME/cutbench/criu`` (``~/.local/share/cutbench/criu``).
     """
-    env = os.environ.get("CUTBENCH_CRIU_PREFIX")
-    if env:
-        return Path(env).expanduser()
-    repo = cutbench.source_checkout()
-    if repo is not None:
-        return repo / ".criu"
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "cutbench" / "criu"
+    return cutbench.tool_prefix("criu", "CUTBENCH_CRIU_PREFIX")
 
 
 def prefix_or_default(prefix: Path | str | None) -> Path:
