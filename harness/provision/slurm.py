@@ -131,10 +131,10 @@ def slurm_paths() -> SlurmPaths:
     return SlurmPaths(state_root() / "slurm")
 
 
-def programs_env() -> dict[str, str]:
-    """The caller's environment with a bundled Slurm's wrappers first on ``PATH`` where one is installed: the
-    environment Slurm's programs are found in, and that a job inherits."""
-    env = dict(os.environ)
+def programs_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default the caller's environment) with a bundled Slurm's wrappers first on ``PATH`` where one is
+    installed: the environment Slurm's programs are found in, and that a job inherits."""
+    env = dict(os.environ if base is None else base)
     bundle = slurm_bundle.bundled()
     if bundle is not None:
         env["PATH"] = f"{bundle.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
@@ -146,10 +146,11 @@ def which(name: str, env: dict[str, str] | None = None) -> str | None:
     return shutil.which(name, path=(env or programs_env()).get("PATH"))
 
 
-def client_env() -> dict[str, str]:
-    """The environment a Slurm client of the trials runs with: the caller's (a bundle's wrappers first on ``PATH``),
-    with ``SLURM_CONF`` pointing at the project's cluster when none is set and that cluster's configuration exists."""
-    env = programs_env()
+def client_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a Slurm client of the trials runs with: ``base`` (default the caller's; a job submitted with
+    it inherits it) with a bundle's wrappers first on ``PATH``, and ``SLURM_CONF`` pointing at the project's
+    cluster when none is set and that cluster's configuration exists."""
+    env = programs_env(base)
     own = slurm_paths().conf
     if "SLURM_CONF" not in env and own.is_file():
         env["SLURM_CONF"] = str(own)

@@ -185,7 +185,7 @@ class SlurmTrials:
             ["sbatch", "--parsable", f"--array={array}", f"--job-name={JOB_PREFIX}{self.run_id}",
              f"--chdir={self.directory}", f"--output={self.directory}/task-%a.log", "--no-requeue",
              f"--wrap={wrap}"],
-            capture_output=True, text=True, timeout=60, env={**cluster.client_env(), **package_env()})
+            capture_output=True, text=True, timeout=60, env=cluster.client_env(package_env()))
         if done.returncode != 0:
             raise Unavailable(f"run.executor = \"slurm\": sbatch refused the trials' job array: "
                               f"{(done.stderr or done.stdout).strip()}")

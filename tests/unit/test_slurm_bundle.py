@@ -51,3 +51,11 @@ def test_a_bundle_s_programs_come_first_on_the_path_of_the_cluster_and_its_jobs(
     make_bundle(tmp_path)
     assert cluster.programs_env()["PATH"] == f"{tmp_path / 'bin'}:/usr/bin:/bin"
     assert cluster.which("sbatch") == str(tmp_path / "bin" / "sbatch")
+
+
+def test_a_job_submitted_with_the_program_s_own_environment_still_finds_the_bundle(tmp_path, monkeypatch):
+    # The backend submits with the program's environment (its own PATH among it): the bundle goes first on that.
+    monkeypatch.setenv("CUTBENCH_SLURM_PREFIX", str(tmp_path))
+    make_bundle(tmp_path)
+    env = cluster.client_env({"PATH": "/opt/program/bin:/usr/bin", "PROGRAM_SETTING": "1"})
+    assert env["PATH"] == f"{tmp_path / 'bin'}:/opt/program/bin:/usr/bin" and env["PROGRAM_SETTING"] == "1"

@@ -33,6 +33,7 @@ naming the process (the node Slurm gave away was never free).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -249,7 +250,7 @@ class SlurmCheckpointer:
         Raises :class:`StageRefused` when the job is not running within ``pending_s``."""
         settings = program_api.Program.slurm_settings(params or {})
         label = (labels or {}).get("cutbench.trial") or Path(cwd).name
-        environment = {**cluster.client_env(), **(env or {}),
+        environment = {**cluster.client_env({**os.environ, **(env or {})}),
                        "RESUME_ARGS": shlex.join((params or {}).get("resume") or []), "CRIU": _criu(),
                        "CUTBENCH_DECISION": str(Path(cwd) / DECISION)}
         submit = subprocess.run(
