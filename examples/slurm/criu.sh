@@ -1,14 +1,17 @@
 #!/bin/bash
 # CRIU from the job script: on the preemption's signal the program is dumped, and the requeued job restores it.
 #
-# - The job step (srun) starts the program in a session of its own, writing to the job's output files (CRIU
-#   reopens a file by its path on restore; a pipe to Slurm's step would come back connected to nothing), with
-#   SIGTERM ignored: Slurm signals every process of the step when the grace time begins, and the program must be
-#   there to be dumped.
-# - The step's shell traps that SIGTERM and dumps the program into criu-images/ in the job's directory (CRIU kills
-#   it once dumped), then ends the step with 143, and the script requeues the job (as requeue-resume.sh does).
-# - Requeued, with an image there, the step is `criu restore` in the foreground: CRIU stays the restored program's
-#   parent, so the program is the job's (Slurm tracks the step's descendants), and the step ends when it does.
+# - The batch script starts the program in a session of its own, writing to the job's output files (CRIU reopens a
+#   file by its path on restore; a pipe to Slurm's step would come back connected to nothing). Outside any job
+#   step: Slurm signals every process of the job's steps when the grace time begins, and a program's own handler
+#   may end it there (PyTorch's DataLoader workers install one for SIGTERM, whatever their parent ignores), before
+#   it can be dumped. The batch script is not signalled (foreground.sh).
+# - A job step watches it instead: Slurm's SIGTERM ends the step with 143, and the script dumps the program into
+#   criu-images/ in the job's directory (CRIU kills it once dumped) and requeues the job (as requeue-resume.sh
+#   does). A step that ends with the program ended normally.
+# - Requeued, with an image there, the script runs `criu restore` where it ran the program: CRIU stays the
+#   restored program's parent, so the program is the job's (Slurm tracks the job's descendants); the step watches
+#   CRIU, which ends when the program does, with its status. The restored program has its pid again.
 # - Unless the scheduler decided otherwise: where $CUTBENCH_DECISION names a file that says "restart" (cutbench
 #   writes it under pipeline.certify = "enforce" when the image's certificate is not eligible), the image is put
 #   aside and the program starts again from the beginning, in its directory as it was at the job's first start.
@@ -63,19 +66,20 @@ if [ -f "$images/inventory.img" ]; then
     chmod +x "$images/cuda-resume.sh"
     resume=(--action-script "$images/cuda-resume.sh")
   fi
-  srun --ntasks=1 "$criu" restore --file-locks -D "$images" -o restore.log "${resume[@]}"
-  status=$?
+  "$criu" restore --file-locks -D "$images" -o restore.log "${resume[@]}" &
+  runner=$!
+  pid=$(cat "$images/program.pid")
 else
   mkdir -p "$images"
-  export -f tree dump
-  export images criu cuda
-  srun --ntasks=1 bash -c '
-    out=$1 err=$2; shift 2
-    (trap "" TERM; exec setsid "$@" < /dev/null >> "$out" 2>> "$err") &
-    pid=$!
-    trap "dump $pid && exit 143; exit 1" TERM
-    wait "$pid"
-  ' step "$out" "$err" "$@"
+  setsid "$@" < /dev/null >> "$out" 2>> "$err" &
+  runner=$! pid=$!
+  echo "$pid" > "$images/program.pid"
+fi
+srun --ntasks=1 bash -c 'trap "exit 143" TERM; while kill -0 "$1" 2>/dev/null; do sleep 0.2; done' watch "$runner"
+if [ $? -eq 143 ]; then
+  dump "$pid" && status=143 || status=1
+else
+  wait "$runner"
   status=$?
 fi
 if [ "$status" -ne 0 ]; then
