@@ -132,7 +132,7 @@ def slurm_paths() -> SlurmPaths:
 
 
 def programs_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default the caller's environment) with a bundled Slurm's wrappers first on ``PATH`` where one is
+    """Return ``base`` (default the caller's environment) with a bundled Slurm's wrappers first on ``PATH`` where one is
     installed: the environment Slurm's programs are found in, and that a job inherits."""
     env = dict(os.environ if base is None else base)
     bundle = slurm_bundle.bundled()
