@@ -1,8 +1,8 @@
 #!/bin/bash
-# Broken on purpose: criu.sh with the requeued job's restore detached (`criu restore -d`). CRIU restores the
-# program and exits, the restored program is re-parented to init, outside the job, and the job ends COMPLETED
-# at once: Slurm counts the node free while the program runs on (as CRIU issues #3078 and #2605 describe a
-# restore outside the job's cgroup), and the next preemption cannot reach it.
+# Broken on purpose: criu.sh as it was (the program in the job step), the requeued job's restore detached (`criu
+# restore -d`). CRIU restores the program and exits, the restored program is re-parented to init, outside the job,
+# and the job ends COMPLETED at once: Slurm counts the node free while the program runs on (as CRIU issues #3078
+# and #2605 describe a restore outside the job's cgroup), and the next preemption cannot reach it.
 #
 # cutbench submits it as: sbatch --partition=... criu-detached.sh PROGRAM ARGS...; $CRIU names the project's CRIU.
 #SBATCH --requeue

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Broken on purpose: criu.sh with the dump made with `--leave-running`. The program runs on after its image is
-# taken, until Slurm kills the job at the end of its grace time: what it writes meanwhile (its database, its
-# output) is ahead of the image the requeued job restores, a moment that never existed. Under
-# pipeline.certify = "enforce" the certificate sees the program's files written after the image (with
-# workload.params.domains = ["disk"] and checkpoint_file = "criu-images/inventory.img") and decides "restart".
+# Broken on purpose: criu.sh as it was (the program in the job step), the dump made `--leave-running`. The program
+# runs on after its image is taken, until Slurm kills the job at the end of its grace time: what it writes
+# meanwhile (its database, its output) is ahead of the image the requeued job restores, a moment that never
+# existed. Under pipeline.certify = "enforce" the certificate sees the program's files written after the image
+# (with workload.params.domains = ["disk"] and checkpoint_file = "criu-images/inventory.img") and decides
+# "restart".
 #
 # What criu.sh does otherwise:
 #
