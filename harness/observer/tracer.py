@@ -18,7 +18,9 @@ counts, and is counted there by target as at a stop. ``MARGIN`` counted calls be
 as it traces threads, if more) the tracer disables the counters and stops at every call (``full``). A thread
 that was inside such a call then is a *suspect* until its counter's signal has come (the call counts then), and
 a freeze or release waits for the suspects (``DRAIN_S``), as a signal that came after the tracer let go would
-kill the program. Without the counters (an older kernel, no tracefs, ``--stops``) every call stops from the
+kill the program. Such a signal may come after other threads' later calls: a call whose count the signals still
+due could push past the held one is *parked* at its entry until they have come (``DRAIN_S`` at most). Without
+the counters (an older kernel, no tracefs, ``--stops``) every call stops from the
 start. The first line says which (``{"mode": "counters"}``).
 
 With ``--stop-at K`` the program is held just before its K-th counted call: the thread that makes it is stopped
@@ -235,6 +237,7 @@ class Tracer:
         self.full = counters is None or bool(stop_at and count_from >= stop_at - 1 - MARGIN)
         self.switching: set[int] = set()  # threads interrupted at the switch, their first stop not seen yet
         self.suspects: set[int] = set()  # threads that may have a counter's signal still to come
+        self.parked: list[tuple[int, int, list[int]]] = []  # entries at the held call, waiting for those signals
         self.exits: set[int] = set()  # threads whose exit_group was counted at its entry
         self.drain_until: float | None = None
         self.ending = False  # told to end (SIGTERM): the program is let go, as by ``release``
@@ -350,16 +353,18 @@ class Tracer:
                     self._await_command()
                 if self.command in ("freeze", "release") and self._drained():
                     return self._detach(stop=self.command == "freeze")
-            polling = self.held is not None or self.ending
+            polling = self.held is not None or self.ending or bool(self.parked)
             try:
                 tid, status = os.waitpid(-1, WALL | (os.WNOHANG if polling else 0))
             except ChildProcessError:
                 break
             if tid == 0:
-                if self.ending and self.held is None:
+                self._unpark()
+                if (self.ending or self.parked) and self.held is None:
                     time.sleep(0.001)
                 continue
             self._stop(tid, status)
+            self._unpark()
         say(ended=self.count, stops=self.stops)
         return 0
 
@@ -380,8 +385,9 @@ class Tracer:
             self.command = line.strip() if line else "release"  # stdin closed: let it go
 
     def _drained(self) -> bool:
-        """Whether no thread may still get a counter's signal, or the wait for them is over (``DRAIN_S``)."""
-        if not self.suspects:
+        """Whether no thread may still get a counter's signal (none interrupted at the switch and not yet seen,
+        none inside a counted call), or the wait for them is over (``DRAIN_S``)."""
+        if not (self.suspects or self.switching):
             return True
         if self.drain_until is None:
             self.drain_until = time.monotonic() + DRAIN_S
@@ -524,10 +530,34 @@ class Tracer:
         self.suspects.discard(tid)  # a new call: what the last one brought has come
         if not self.started or self.held is not None or self.rewind:
             return False  # held: the other threads' calls come after the boundary
-        nr = int(self.info.nr)
+        nr, args = int(self.info.nr), list(self.info.args)
+        due = self.switching | self.suspects  # threads each of which may still bring one counted call
+        if self.full and self.stop_at and nr in self.calls and self.count + 1 + len(due) >= self.stop_at \
+                and not self._drained():
+            # A counter's signal still to come counts a call made before this one, however late it comes: where
+            # those could reach the held call, this one waits for them, stopped at its entry (_unpark).
+            self.parked.append((tid, nr, args))
+            return True
+        return self._entry(tid, nr, args)
+
+    def _unpark(self) -> None:
+        """Count the entries parked at the held call once no counter's signal may still come (or ``DRAIN_S`` is
+        over), in the order they came; returns nothing."""
+        if not self.parked or not self._drained():
+            return
+        parked, self.parked = self.parked, []
+        for tid, nr, args in parked:
+            self._entry(tid, nr, args)
+            self._resume(tid)
+
+    def _entry(self, tid: int, nr: int, args: list[int]) -> bool:
+        """Count call ``nr`` of ``tid`` at its entry, and hold it there if it is the plan's; returns False (a held
+        call is rewound and held at its exit stop)."""
+        if self.held is not None or self.rewind:
+            return False  # held: the other threads' calls come after the boundary
         if self.log is not None:
-            self.log.write(f"{time.monotonic():.6f} entry tid={tid} nr={nr} args={list(self.info.args)[:3]}\n")
-        boundary = self._count(tid, nr, list(self.info.args))
+            self.log.write(f"{time.monotonic():.6f} entry tid={tid} nr={nr} args={args[:3]}\n")
+        boundary = self._count(tid, nr, args)
         if boundary is None:
             return False
         if nr == EXIT_GROUP:
