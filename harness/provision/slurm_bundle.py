@@ -169,19 +169,15 @@ def _write_wrappers(root: Path, bin_dir: Path) -> None:
     """``bin_dir/<program>`` for each of :data:`PROGRAMS`: runs it from ``root`` (found beside ``bin_dir``, so the
     prefix may move) through the bundled loader; returns nothing. Raises :class:`Unavailable` naming what the
     packages lack."""
+    from cutbench.harness.provision.criu.prefix import write_wrapper
+
     loaders = sorted(root.glob("lib/*/ld-linux*.so.*")) + sorted(root.glob("usr/lib/*/ld-linux*.so.*"))
     absent = [path for path in PROGRAMS.values() if not (root / path).is_file()]
     if not loaders or absent:
         raise Unavailable(f"the unpacked packages lack {', '.join(absent) or 'a dynamic loader'}")
     loader = loaders[0].relative_to(root)
     triple = loader.parent.name
-    libraries = ":".join(f'$R/{d}' for d in (f"lib/{triple}", f"usr/lib/{triple}", f"usr/lib/{triple}/slurm-wlm"))
-    bin_dir.mkdir()
+    libraries = [f"lib/{triple}", f"usr/lib/{triple}", f"usr/lib/{triple}/slurm-wlm"]
     for name, path in PROGRAMS.items():
-        wrapper = bin_dir / name
-        wrapper.write_text(
-            "#!/bin/sh\n"
-            f"# Written by `cutbench slurm install`: runs the bundled {name} through the bundled loader.\n"
-            'R="$(dirname "$(readlink -f "$0")")/../root"\n'
-            f'exec "$R/{loader}" --library-path "{libraries}" "$R/{path}" "$@"\n')
-        wrapper.chmod(0o755)
+        write_wrapper(bin_dir / name, loader=str(loader), libraries=libraries, program=path,
+                      what="cutbench slurm install")

@@ -28,7 +28,7 @@ from cutbench.harness.provision.criu.locate import (
     version_of,
 )
 from cutbench.harness.provision.criu.plugin_build import install_cuda_plugin, plugin_source_in
-from cutbench.harness.provision.criu.prefix import provision, swap_in, write_record
+from cutbench.harness.provision.criu.prefix import provision, swap_in, write_record, write_wrapper
 from cutbench.harness.provision.criu.tools import tail
 from cutbench.harness.provision.criu.unpack import unpack_deb
 
@@ -138,15 +138,5 @@ def _stage_and_swap(prefix: Path, staging: Path, *, from_dir: Path | None, suite
 def _write_wrapper(prefix: Path, argv: tuple[str, ...]) -> None:
     """PREFIX/bin/criu: a relocatable wrapper, for tools (docker) that exec `criu` from PATH."""
     root = prefix / "root"
-    rel = [str(Path(a).relative_to(root)) if a.startswith(str(root)) else a for a in argv]
-    loader, _, lib, criu = rel
-    text = (
-        "#!/bin/sh\n"
-        "# Written by `cutbench criu install`: runs the bundled CRIU through its bundled loader.\n"
-        'R="$(dirname "$(readlink -f "$0")")/../root"\n'
-        f'exec "$R/{loader}" --library-path "$R/{lib}" "$R/{criu}" "$@"\n'
-    )
-    (prefix / "bin").mkdir(exist_ok=True)
-    w = prefix / "bin" / "criu"
-    w.write_text(text)
-    w.chmod(0o755)
+    loader, _, lib, criu = (str(Path(a).relative_to(root)) if a.startswith(str(root)) else a for a in argv)
+    write_wrapper(prefix / "bin" / "criu", loader=loader, libraries=[lib], program=criu, what="cutbench criu install")

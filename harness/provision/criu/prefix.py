@@ -4,8 +4,9 @@ Owns the protocol both CRIU's tree (``install``) and the CUDA plugin
 (``plugin_build``) are installed by: :func:`provision` (take ``PREFIX/.lock``,
 look again for what another process may have finished meanwhile, hand out a
 staging directory under the prefix) and :func:`swap_in` (the rename that
-replaces the old with the new), and how a record of what was installed is
-written (:func:`write_record`).
+replaces the old with the new), how a record of what was installed is
+written (:func:`write_record`), and the wrapper that runs a bundled program
+through its bundled loader (:func:`write_wrapper`; a carried Slurm's too).
 
 Must not know what is installed: callers say what counts as already there and
 how to build it. Where the prefix is: ``locate.default_prefix``.
@@ -17,7 +18,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,3 +66,17 @@ def swap_in(new: Path, final: Path, staging: Path) -> None:
 def write_record(path: Path, record: dict[str, Any]) -> None:
     """Write ``record`` as indented JSON to ``path`` (``install.json``, ``cuda_plugin.json``); returns nothing."""
     path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def write_wrapper(path: Path, *, loader: str, libraries: Sequence[str], program: str, what: str) -> None:
+    """Write ``path``: a shell wrapper that runs ``program`` through ``loader`` with ``--library-path``
+    ``libraries``, each a path under the ``root`` folder beside the wrapper's own (found from the wrapper, so the
+    prefix may move); ``what`` names the command that wrote it. Returns nothing."""
+    library_path = ":".join(f"$R/{d}" for d in libraries)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\n"
+        f"# Written by `{what}`: runs the bundled {path.name} through the bundled loader.\n"
+        'R="$(dirname "$(readlink -f "$0")")/../root"\n'
+        f'exec "$R/{loader}" --library-path "{library_path}" "$R/{program}" "$@"\n')
+    path.chmod(0o755)
